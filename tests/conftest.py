@@ -1,0 +1,31 @@
+"""Shared fixtures: the real coco-mini subset (skipped when absent) and a fixed seed per test."""
+
+from __future__ import annotations
+
+import os
+import random
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+
+# ../shared/data/coco-mini beside the project checkout; COCO_MINI overrides it.
+COCO_MINI = Path(
+    os.environ.get("COCO_MINI", Path(__file__).resolve().parents[1].parent / "shared/data/coco-mini")
+)
+
+
+@pytest.fixture(autouse=True)
+def _seed_everything() -> None:
+    random.seed(0)
+    np.random.seed(0)
+    torch.manual_seed(0)
+
+
+@pytest.fixture(scope="session")
+def coco_mini() -> Path:
+    """Root of coco-mini (annotations/, train2017/, val2017/); skips the test when it is absent."""
+    if not (COCO_MINI / "annotations" / "instances_train2017.json").is_file():
+        pytest.skip(f"coco-mini not found at {COCO_MINI}")
+    return COCO_MINI
