@@ -16,6 +16,7 @@ import numpy as np
 import torch
 from torch.utils.data import get_worker_info
 
+from seg_datamodule.geometry import clip_polygons, concat_polygons, polygon_boxes
 from seg_datamodule.raster import grid_size, rasterize_flat
 from seg_datamodule.sample import DetectionBatch, Sample
 
@@ -42,11 +43,9 @@ def boxes_from_polygons(
     Returns:
         ndarray[N, 4] float32 xyxy; an instance with nothing on the canvas gets a zero-size box.
     """
-    from seg_datamodule.geometry import boxes_of_polygons, clip_polygons
-
     height, width = canvas_size
     clipped = clip_polygons(vertices, ring_offsets, instance_offsets, (0.0, 0.0, float(width), float(height)))
-    return boxes_of_polygons(*clipped).astype(np.float32)
+    return polygon_boxes(*clipped).astype(np.float32)
 
 
 def _empty(shape: tuple[int, ...], dtype: torch.dtype, shared: bool) -> torch.Tensor:
@@ -119,7 +118,9 @@ class DetectionCollate:
             images[b].copy_(torch.from_numpy(np.ascontiguousarray(sample.image)).permute(2, 0, 1))
 
         # 2. Masks: all instances of the batch in one vectorised rasterisation.
-        vertices, ring_offsets, instance_offsets = _concatenate_polygons(samples)
+        vertices, ring_offsets, instance_offsets = concat_polygons(
+            [(s.vertices, s.ring_offsets, s.instance_offsets) for s in samples]
+        )
         masks = _zeros((total, hp, wp), torch.bool, shared)
         rasterize_flat(vertices, ring_offsets, instance_offsets, (height, width), stride, out=masks.numpy())
 
@@ -163,25 +164,6 @@ class DetectionCollate:
             ).reshape(-1, 2),
             mask_stride=stride,
         )
-
-
-def _concatenate_polygons(samples: Sequence[Sample]) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """Join the samples' flat polygons, shifting offsets, in batch order."""
-    vertices = [s.vertices for s in samples]
-    ring_parts = [np.zeros(1, np.int64)]
-    instance_parts = [np.zeros(1, np.int64)]
-    num_vertices = 0
-    num_rings = 0
-    for s in samples:
-        ring_parts.append(s.ring_offsets[1:] + num_vertices)
-        instance_parts.append(s.instance_offsets[1:] + num_rings)
-        num_vertices += len(s.vertices)
-        num_rings += len(s.ring_offsets) - 1
-    return (
-        np.concatenate(vertices).astype(np.float64, copy=False).reshape(-1, 2),
-        np.concatenate(ring_parts),
-        np.concatenate(instance_parts),
-    )
 
 
 def collate_detection(samples: Sequence[Sample], mask_stride: int = 4) -> DetectionBatch:

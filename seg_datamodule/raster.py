@@ -156,9 +156,11 @@ def rasterize_flat(
     x1 = x0[nxt]
     y1 = y0[nxt]
 
-    # 2. Rows each edge crosses: centres with min(y0, y1) <= py < max(y0, y1).
-    row_start = _count_centres_below(np.minimum(y0, y1), stride, hp)
-    row_stop = _count_centres_below(np.maximum(y0, y1), stride, hp)
+    # 2. Rows each edge crosses: centres with min(y0, y1) <= py < max(y0, y1). The count is
+    # monotonic in y, so counting once per vertex and taking min / max per edge is the same.
+    below = _count_centres_below(y0, stride, hp)
+    row_start = np.minimum(below, below[nxt])
+    row_stop = np.maximum(below, below[nxt])
     rows_per_edge = row_stop - row_start
     active = np.flatnonzero(rows_per_edge > 0)
     if len(active) == 0:
@@ -173,7 +175,8 @@ def rasterize_flat(
     ex0 = x0[edge]
     ey0 = y0[edge]
     py = (row + 0.5) * stride
-    x = ex0 + (py - ey0) * (x1[edge] - ex0) / (y1[edge] - ey0)
+    with np.errstate(over="ignore"):  # a near-horizontal edge may give +-inf: still exact
+        x = ex0 + (py - ey0) * (x1[edge] - ex0) / (y1[edge] - ey0)
     col = _count_centres_below(x, stride, wp)
 
     # 4. Sort crossings by (ring, row, column); consecutive pairs are a row's inside spans.
@@ -200,18 +203,18 @@ def rasterize_flat(
 
 
 def _fill_spans(flat: np.ndarray, starts: np.ndarray, lengths: np.ndarray) -> None:
-    """Set ``flat[s:s + l] = True`` for every span, in bounded chunks of cells."""
+    """Set ``flat[s:s + l] = True`` for every span (lengths > 0), in bounded chunks of cells."""
     ends = np.cumsum(lengths)
     begin = 0
     while begin < len(starts):
         base = int(ends[begin - 1]) if begin else 0
-        stop = int(np.searchsorted(ends, base + _FILL_CHUNK, side="right"))
-        stop = max(stop, begin + 1)
-        lens = lengths[begin:stop]
-        n_cells = int(ends[stop - 1]) - base
-        offsets = np.repeat(starts[begin:stop] - (ends[begin:stop] - lens - base), lens)
-        offsets += np.arange(n_cells, dtype=np.int64)
-        flat[offsets] = True
+        stop = max(int(np.searchsorted(ends, base + _FILL_CHUNK, side="right")), begin + 1)
+        # Cell offsets as a running sum of steps: 1 inside a span, a jump at each span's start.
+        steps = np.ones(int(ends[stop - 1]) - base, np.int64)
+        steps[0] = starts[begin]
+        jumps_at = ends[begin : stop - 1] - base
+        steps[jumps_at] = starts[begin + 1 : stop] - (starts[begin : stop - 1] + lengths[begin : stop - 1] - 1)
+        flat[np.cumsum(steps, out=steps)] = True
         begin = stop
 
 

@@ -32,7 +32,7 @@ def reference_rasterize(
                 x0, y0 = ring[a]
                 x1, y1 = ring[(a + 1) % k]
                 straddles = (y0 > py) != (y1 > py)  # (hp, 1)
-                with np.errstate(divide="ignore", invalid="ignore"):
+                with np.errstate(divide="ignore", invalid="ignore", over="ignore"):
                     crosses = straddles & (px < x0 + (py - y0) * (x1 - x0) / (y1 - y0))
                 inside ^= crosses
             out[n] |= inside
