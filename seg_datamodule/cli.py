@@ -1,0 +1,41 @@
+"""LightningCLI entry point: ``python -m seg_datamodule fit --config configs/demo.yaml``.
+
+The DataModule is fixed (:class:`~seg_datamodule.datamodule.COCOSegDataModule`); the model is
+any ``LightningModule`` chosen by ``class_path``. ``data.num_classes`` (read from the annotation
+file) is linked into ``model.init_args.num_classes``, so a config never repeats it.
+"""
+
+from __future__ import annotations
+
+from lightning.pytorch import LightningModule
+from lightning.pytorch.cli import ArgsType, LightningCLI
+
+from seg_datamodule.datamodule import COCOSegDataModule
+
+__all__ = ["SegCLI", "main"]
+
+
+class SegCLI(LightningCLI):
+    """LightningCLI with the DataModule's class count linked into the model."""
+
+    def add_arguments_to_parser(self, parser) -> None:  # noqa: ANN001 (jsonargparse parser)
+        parser.link_arguments("data.num_classes", "model.init_args.num_classes", apply_on="instantiate")
+
+
+def main(args: ArgsType = None) -> SegCLI:
+    """Run the CLI (also the ``seg-datamodule`` console script).
+
+    Args:
+        args: command-line arguments; ``None`` reads ``sys.argv``.
+    """
+    return SegCLI(
+        LightningModule,
+        COCOSegDataModule,
+        subclass_mode_model=True,
+        save_config_kwargs={"overwrite": True},
+        args=args,
+    )
+
+
+if __name__ == "__main__":
+    main()
