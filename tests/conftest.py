@@ -29,3 +29,13 @@ def coco_mini() -> Path:
     if not (COCO_MINI / "annotations" / "instances_train2017.json").is_file():
         pytest.skip(f"coco-mini not found at {COCO_MINI}")
     return COCO_MINI
+
+
+@pytest.fixture(scope="session")
+def demo_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The embedded demo dataset, generated once per test session."""
+    from seg_datamodule.demo_data import ensure_demo_dataset
+
+    root = tmp_path_factory.mktemp("demo") / "demo-v1"
+    ensure_demo_dataset(root)
+    return root

@@ -1,0 +1,142 @@
+"""Look at a batch: images with their instance masks (upsampled from the stride grid) and boxes.
+
+:func:`draw_instances` is a pure function over one image's arrays; :func:`save_batch_png` lays a
+:class:`~seg_datamodule.sample.DetectionBatch` out as a grid and writes it as a PNG.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import cv2
+import numpy as np
+
+from seg_datamodule.sample import DetectionBatch
+
+__all__ = ["batch_grid", "draw_instances", "save_batch_png"]
+
+
+def _palette(n: int) -> np.ndarray:
+    """``n`` distinct saturated RGB colours, ``uint8 (n, 3)`` (golden-ratio hues)."""
+    hues = (np.arange(n) * 0.618033988749895 % 1.0 * 180).astype(np.uint8)
+    hsv = np.stack([hues, np.full(n, 220, np.uint8), np.full(n, 255, np.uint8)], axis=1)
+    return cv2.cvtColor(hsv[None], cv2.COLOR_HSV2RGB)[0]
+
+
+def draw_instances(
+    image: np.ndarray,
+    masks: np.ndarray,
+    boxes: np.ndarray,
+    labels: np.ndarray | None = None,
+    mask_stride: int = 4,
+    ignore_mask: np.ndarray | None = None,
+    alpha: float = 0.45,
+) -> np.ndarray:
+    """Overlay masks (nearest-upsampled from the stride grid), boxes and labels on one image.
+
+    Args:
+        image (ndarray[H, W, 3] uint8): RGB image.
+        masks (ndarray[N, Hp, Wp] bool): instance masks on the stride grid.
+        boxes (ndarray[N, 4] float): xyxy boxes in image pixels.
+        labels (ndarray[N] int | None): class indices, written at each box's corner.
+        mask_stride (int): stride of the mask grid.
+        ignore_mask (ndarray[Hp, Wp] bool | None): crowd regions, hatched in grey.
+        alpha (float): mask opacity.
+
+    Returns:
+        ndarray[H, W, 3] uint8: a new RGB image.
+
+    Raises:
+        ValueError: ``masks`` and ``boxes`` disagree on N, or ``mask_stride`` is not positive.
+    """
+    if mask_stride < 1:
+        raise ValueError(f"mask_stride must be a positive int, got {mask_stride!r}")
+    if len(masks) != len(boxes):
+        raise ValueError(f"masks has {len(masks)} instances but boxes has {len(boxes)}")
+    h, w = image.shape[:2]
+    out = image.astype(np.float32)
+    colours = _palette(max(len(masks), 1))
+
+    def up(m: np.ndarray) -> np.ndarray:
+        big = np.repeat(np.repeat(m, mask_stride, axis=0), mask_stride, axis=1)
+        return big[:h, :w]
+
+    # 1. Masks, blended; crowd regions as a grey checkerboard.
+    for mask, colour in zip(masks, colours):
+        big = up(np.asarray(mask, bool))
+        out[big] = (1 - alpha) * out[big] + alpha * colour
+    if ignore_mask is not None and np.any(ignore_mask):
+        big = up(np.asarray(ignore_mask, bool))
+        yy, xx = np.indices((h, w))
+        hatch = big & (((yy + xx) // 6) % 2 == 0)
+        out[hatch] = 0.5 * out[hatch] + 0.5 * 128
+    out = np.ascontiguousarray(out.clip(0, 255).astype(np.uint8))
+
+    # 2. Boxes and labels.
+    for k, (box, colour) in enumerate(zip(np.asarray(boxes, np.float64), colours)):
+        x0, y0, x1, y1 = (int(round(v)) for v in box)
+        c = tuple(int(v) for v in colour)
+        cv2.rectangle(out, (x0, y0), (max(x1 - 1, x0), max(y1 - 1, y0)), c, 1, cv2.LINE_AA)
+        if labels is not None:
+            cv2.putText(out, str(int(labels[k])), (x0 + 2, max(y0 + 10, 10)),
+                        cv2.FONT_HERSHEY_SIMPLEX, 0.35, c, 1, cv2.LINE_AA)
+    return out
+
+
+def batch_grid(batch: DetectionBatch, max_images: int = 16, columns: int = 4) -> np.ndarray:
+    """Draw every image of a batch (up to ``max_images``) and tile them in a grid.
+
+    Args:
+        batch (DetectionBatch): a collated batch.
+        max_images (int): at most this many images.
+        columns (int): images per row.
+
+    Returns:
+        ndarray[rows * H, columns * W, 3] uint8: RGB grid (fill 0 where no image).
+    """
+    images = batch.images[:max_images].permute(0, 2, 3, 1).cpu().numpy()
+    masks = batch.split_masks()
+    counts = batch.boxes_per_image.tolist()
+    starts = np.cumsum([0, *counts])
+    b, h, w = images.shape[:3]
+    columns = max(1, min(columns, b))
+    rows = -(-b // columns)
+    grid = np.zeros((rows * h, columns * w, 3), np.uint8)
+    for i in range(b):
+        sl = slice(int(starts[i]), int(starts[i + 1]))
+        drawn = draw_instances(
+            images[i],
+            masks[i].cpu().numpy(),
+            batch.boxes[sl].cpu().numpy(),
+            batch.labels[sl].cpu().numpy(),
+            mask_stride=batch.mask_stride,
+            ignore_mask=batch.ignore_masks[i].cpu().numpy(),
+        )
+        r, c = divmod(i, columns)
+        grid[r * h : (r + 1) * h, c * w : (c + 1) * w] = drawn
+    return grid
+
+
+def save_batch_png(
+    batch: DetectionBatch, path: str | Path, max_images: int = 16, columns: int = 4
+) -> Path:
+    """Write :func:`batch_grid` of ``batch`` as a PNG.
+
+    Args:
+        batch (DetectionBatch): a collated batch.
+        path (str | Path): output file (parent folders are created).
+        max_images (int): at most this many images.
+        columns (int): images per row.
+
+    Returns:
+        Path: the written file.
+
+    Raises:
+        OSError: the file could not be written.
+    """
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    grid = batch_grid(batch, max_images=max_images, columns=columns)
+    if not cv2.imwrite(str(path), cv2.cvtColor(grid, cv2.COLOR_RGB2BGR)):
+        raise OSError(f"could not write PNG {str(path)!r}")
+    return path
