@@ -37,8 +37,9 @@ Non-crowd RLE instances
 
 Cache
     The built arrays are saved as one uncompressed ``.npz`` in ``cache_dir`` (default
-    ``$SEG_DATAMODULE_CACHE_DIR``, else ``$XDG_CACHE_HOME/seg_datamodule/coco_index``, else
-    ``~/.cache/seg_datamodule/coco_index``; datasets are often read-only), named after the
+    ``coco_index/`` in :func:`~seg_datamodule.paths.cache_root`: ``$SEG_DATAMODULE_CACHE``, else
+    ``$XDG_CACHE_HOME/seg_datamodule``, else ``~/.cache/seg_datamodule``; datasets are often
+    read-only), named after the
     annotation file's stem and a hash of its absolute path. Inside, the key is the absolute path,
     the file's size and ``st_mtime_ns`` and the format version: a file that changed is rebuilt
     and the cache overwritten; a cache that fails to read (truncated, corrupt: the zip CRCs are
@@ -88,6 +89,7 @@ import cv2
 import numpy as np
 from pycocotools import mask as mask_utils
 
+from seg_datamodule.paths import cache_root
 from seg_datamodule.images import (
     IMAGE_ERROR_REASONS,
     BadImageError,
@@ -1093,16 +1095,8 @@ def _assemble(
 
 
 def default_cache_dir() -> Path:
-    """Where indexes are cached when ``cache_dir`` is None.
-
-    ``$SEG_DATAMODULE_CACHE_DIR`` if set, else ``$XDG_CACHE_HOME/seg_datamodule/coco_index``,
-    else ``~/.cache/seg_datamodule/coco_index``.
-    """
-    env = os.environ.get("SEG_DATAMODULE_CACHE_DIR")
-    if env:
-        return Path(env)
-    base = os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache"
-    return Path(base) / "seg_datamodule" / "coco_index"
+    """Where indexes are cached when ``cache_dir`` is None: ``cache_root() / "coco_index"``."""
+    return cache_root() / "coco_index"
 
 
 def _cache_key(ann_file: Path) -> dict[str, Any]:

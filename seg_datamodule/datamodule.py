@@ -273,7 +273,7 @@ class COCOSegDataModule(LightningDataModule):
         out: dict[str, dict[str, int]] = {}
         for name, index in (("train_index", self.train_index), ("val_index", self.val_index)):
             if index is not None:
-                out[name] = dict(index.skip_counts)
+                out[name] = {**index.skip_counts, **index.dropped_counts}
         for name, dataset in (("train", self.train_dataset), ("val", self.val_dataset)):
             if dataset is not None:
                 out[name] = dict(dataset.counts)

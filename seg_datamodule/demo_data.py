@@ -37,6 +37,8 @@ import cv2
 import numpy as np
 from pycocotools import mask as mask_utils
 
+from seg_datamodule.paths import cache_root
+
 __all__ = [
     "DEMO_CATEGORIES",
     "DemoInstance",
@@ -591,16 +593,10 @@ def _file_lock(path: Path) -> Iterator[None]:
 def default_demo_root() -> Path:
     """Where :func:`ensure_demo_dataset` keeps the dataset when no folder is given.
 
-    ``$SEG_DATAMODULE_CACHE/demo-v1`` if set, else ``$XDG_CACHE_HOME/seg_datamodule/demo-v1``,
-    else ``~/.cache/seg_datamodule/demo-v1``.
+    ``demo-v<N>`` in :func:`~seg_datamodule.paths.cache_root` (``$SEG_DATAMODULE_CACHE``, else
+    ``$XDG_CACHE_HOME/seg_datamodule``, else ``~/.cache/seg_datamodule``).
     """
-    name = f"demo-v{DEMO_VERSION}"
-    cache = os.environ.get("SEG_DATAMODULE_CACHE")
-    if cache:
-        return Path(cache).expanduser() / name
-    xdg = os.environ.get("XDG_CACHE_HOME")
-    base = Path(xdg).expanduser() if xdg else Path.home() / ".cache"
-    return base / "seg_datamodule" / name
+    return cache_root() / f"demo-v{DEMO_VERSION}"
 
 
 def ensure_demo_dataset(cache_dir: str | Path | None = None) -> DemoPaths:

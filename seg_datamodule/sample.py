@@ -160,7 +160,8 @@ class DetectionBatch:
     """A collated batch, ready for a YOLACT-style loss.
 
     Attributes:
-        images (Tensor[B, 3, H, W] uint8): RGB images.
+        images (Tensor[B, 3, H, W] uint8): RGB images (channels-last memory format by default;
+            see :class:`~seg_datamodule.collate.DetectionCollate`).
         boxes (Tensor[sum_N, 4] float32): xyxy boxes in canvas pixels, image after image.
         labels (Tensor[sum_N] int64): contiguous class indices.
         masks (Tensor[sum_N, Hp, Wp] bool): instance masks on the stride grid, in the order of

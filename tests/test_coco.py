@@ -692,10 +692,10 @@ def test_cache_built_in_skip_mode_still_raises_in_raise_mode(tmp_path: Path) -> 
 
 
 def test_default_cache_dir_honours_the_environment(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setenv("SEG_DATAMODULE_CACHE_DIR", str(tmp_path / "env_cache"))
+    monkeypatch.setenv("SEG_DATAMODULE_CACHE", str(tmp_path / "env_cache"))
     path = _write(tmp_path, _base())
     index = CocoIndex.build(path, tmp_path)
-    assert index.cache_path is not None and index.cache_path.parent == tmp_path / "env_cache"
+    assert index.cache_path is not None and index.cache_path.parent == tmp_path / "env_cache" / "coco_index"
 
 
 # --------------------------------------------------------------------------------------------

@@ -182,3 +182,19 @@ def test_in_real_dataloader_workers_with_pin_memory():
             assert torch.equal(masks, want), f"image {image_id}"
             seen.append(image_id)
     assert seen == list(range(12))
+
+
+@pytest.mark.parametrize("shared", [False, True])
+def test_image_memory_formats_hold_the_same_pixels(shared):
+    samples = make_samples()
+    last = DetectionCollate(mask_stride=4, shared_memory=shared)(samples).images
+    plain = DetectionCollate(mask_stride=4, shared_memory=shared, channels_last=False)(samples).images
+    assert last.shape == plain.shape == (4, 3, 37, 50)
+    assert last.is_contiguous(memory_format=torch.channels_last) and plain.is_contiguous()
+    assert torch.equal(last, plain)
+    assert last.is_shared() == plain.is_shared() == shared
+    # It survives the trip between processes with its strides.
+    again = pickle.loads(pickle.dumps(last))
+    assert again.stride() == last.stride() and torch.equal(again, last)
+    with pytest.raises(TypeError, match="channels_last must be a bool"):
+        DetectionCollate(channels_last=1)

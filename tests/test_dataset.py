@@ -311,6 +311,32 @@ def test_geometric_albumentations_are_clipped_again() -> None:
         np.testing.assert_allclose(s.boxes, polygon_boxes(s.vertices, s.ring_offsets, s.instance_offsets), rtol=1e-6)
 
 
+def test_random_hsv_is_ultralytics_hsv_and_serialises(tmp_path: Path) -> None:
+    from seg_datamodule.augment import RandomHSV, hsv_jitter
+
+    rng = np.random.default_rng(0)
+    image = rng.integers(0, 256, (37, 50, 3), dtype=np.uint8)
+    gains = np.array([0.012, -0.5, 0.3])
+    # Ultralytics' RandomHSV.apply_image (on BGR there, RGB here), written out independently.
+    hue, sat, val = cv2.split(cv2.cvtColor(image, cv2.COLOR_RGB2HSV))
+    x = np.arange(0, 256, dtype=gains.dtype)
+    lut_hue = ((x + gains[0] * 180) % 180).astype(np.uint8)
+    lut_sat = np.clip(x * (gains[1] + 1), 0, 255).astype(np.uint8)
+    lut_val = np.clip(x * (gains[2] + 1), 0, 255).astype(np.uint8)
+    lut_sat[0] = 0
+    hsv = cv2.merge((cv2.LUT(hue, lut_hue), cv2.LUT(sat, lut_sat), cv2.LUT(val, lut_val)))
+    np.testing.assert_array_equal(hsv_jitter(image, gains), cv2.cvtColor(hsv, cv2.COLOR_HSV2RGB))
+    # An albumentations transform: drawn from the pipeline's generator, saved and loaded by A.
+    path = tmp_path / "hsv.json"
+    A.save(A.Compose([RandomHSV(hgain=0.02, p=1.0)]), str(path))
+    a, b = A.Compose([RandomHSV(hgain=0.02, p=1.0)], seed=3), A.load(str(path))
+    b.set_random_seed(3)
+    np.testing.assert_array_equal(a(image=image)["image"], b(image=image)["image"])
+    assert not np.array_equal(a(image=image)["image"], image)
+    with pytest.raises(ValueError, match="sgain"):
+        RandomHSV(sgain=-1.0)
+
+
 def test_transforms_argument_errors(tmp_path: Path) -> None:
     with pytest.raises(TypeError, match="transforms must be"):
         SegDataset(FakeIndex(), transforms=A.HorizontalFlip())  # type: ignore[arg-type]
