@@ -113,8 +113,9 @@ class SegDataset(Dataset[Sample]):
             value the index was built with). Skipping replaces a training tile by another image
             drawn from the sample's generator, and gives an empty (grey, no instances)
             validation sample; both are counted.
-        cache_images (int): decoded images kept per worker (least recently used out); 0 keeps
-            none. Pays off when the dataset, or the part of it a worker sees, is small.
+        cache_images (int): decoded images (and crowd masks) kept per worker, least recently
+            used out; 0 keeps none. Pays off when the dataset, or the part of it a worker sees,
+            is small (Ultralytics buffers ``min(n, 8 * batch, 1000)`` images per worker).
         max_retries (int): bad images tolerated per sample before giving up.
 
     Raises:
@@ -190,7 +191,7 @@ class SegDataset(Dataset[Sample]):
         self._state = torch.tensor([0, -1 if max_epochs is None else max_epochs], dtype=torch.int64)
         self._state.share_memory_()
         self.counter = SkipCounter(COUNT_KEYS)
-        self._cache: OrderedDict[tuple[int, int], np.ndarray] | None = None
+        self._cache: OrderedDict[tuple[int, int], Any] | None = None
 
     # ------------------------------------------------------------------ state
 
@@ -277,20 +278,26 @@ class SegDataset(Dataset[Sample]):
         The cache is keyed by ``(i, reduce)``: serving a finer decode would change the pixels,
         and then a sample would depend on what its worker happened to decode before.
         """
+        return self._cached((i, reduce), lambda: self.index.load_image(i, reduce=reduce))
+
+    def _crowd(self, i: int) -> np.ndarray | None:
+        """Image ``i``'s crowd mask (decoded from RLE), through the per-worker cache."""
+        return self._cached((i, 0), lambda: self.index.crowd_mask(i))
+
+    def _cached(self, key: tuple[int, int], make: Any) -> Any:
+        """LRU cache of at most ``cache_images`` entries (images and crowd masks)."""
         if self.cache_images == 0:
-            return self.index.load_image(i, reduce=reduce)
+            return make()
         if self._cache is None:
             self._cache = OrderedDict()
-        key = (i, reduce)
-        image = self._cache.get(key)
-        if image is not None:
+        if key in self._cache:
             self._cache.move_to_end(key)
-            return image
-        image = self.index.load_image(i, reduce=reduce)
-        self._cache[key] = image
+            return self._cache[key]
+        value = make()
+        self._cache[key] = value
         while len(self._cache) > self.cache_images:
             self._cache.popitem(last=False)
-        return image
+        return value
 
     def _bad(self, err: BadImageError, i: int) -> None:
         """Count a bad image (and its annotations), or re-raise it."""
@@ -389,7 +396,7 @@ class SegDataset(Dataset[Sample]):
 
         # 4. Crowd regions through the same matrices (nearest), if the index keeps them.
         visible = visible_tiles(plan)  # cached on the plan
-        crowd_tiles = [self.index.crowd_mask(int(i)) if v else None for i, v in zip(ids, visible)]
+        crowd_tiles = [self._crowd(int(i)) if v else None for i, v in zip(ids, visible)]
         crowd = None
         if any(c is not None for c in crowd_tiles):
             sel = [k for k, c in enumerate(crowd_tiles) if c is not None]

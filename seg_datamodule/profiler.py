@@ -86,6 +86,7 @@ from seg_datamodule.profiler_plot import plot_step_split
 
 __all__ = [
     "PHASES",
+    "format_table",
     "StepTimeAccumulator",
     "StepTimeProfiler",
     "plot_step_split",
@@ -866,7 +867,7 @@ class StepTimeProfiler(Callback):
             )
             return
         measured = len(self.accumulator) - self.warmup_steps
-        rank_zero_info(_format_table(summary, self.rank_medians_ms, measured))
+        rank_zero_info(format_table(summary, self.rank_medians_ms, measured))
         if dirpath is not None:
             self.report_paths = self._write(Path(dirpath))
 
@@ -1043,7 +1044,7 @@ def _finite(value: Any) -> Any:
     return value
 
 
-def _format_table(
+def format_table(
     summary: Mapping[str, Mapping[str, float]],
     rank_medians_ms: Mapping[str, Sequence[float]] | None = None,
     num_steps: int | None = None,
