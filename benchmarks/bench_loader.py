@@ -12,8 +12,12 @@ is never a dependency).
 Both sides do the same work per image: decode (or take from a per-worker cache), mosaic, affine,
 HSV jitter plus Blur / MedianBlur / ToGray / CLAHE at p=0.01, flip, polygon handling, masks at
 stride 4, collate. Ultralytics keeps a buffer of recently decoded images per worker
-(``min(n, 8 * batch, 1000)`` images: all 80 of coco-mini); ours is measured without a cache
-(``cache_images=0``: every tile decoded) and with one of the same size (``cache_images=80``).
+(``min(n, 8 * batch, 1000)`` images: all 80 of coco-mini) and draws the three mosaic partners
+from it, so on any dataset a mosaic decodes at most one new image. Ours draws partners uniformly
+over the dataset (so a sample does not depend on which worker built it) and decodes every
+visible tile unless its cache holds it. Rows: ours without a cache (``cache_images=0``) against
+Ultralytics without its buffer (partners uniform, every tile decoded: the same work), and ours
+with a cache of the buffer's size (``cache_images=80``) against Ultralytics as it ships.
 
 Timing: after ``--warmup`` batches (worker start-up, cache fill), images per second over
 ``--batches`` batches, best of ``--repeat`` runs, the contenders interleaved run by run (the
@@ -65,14 +69,24 @@ def yolo_recipe() -> A.Compose:
     ])
 
 
-def _time_batches(batches: Iterator[Any], warmup: int, count: int, batch_size: int) -> float:
-    """Images per second over ``count`` batches after ``warmup`` batches."""
+def _batch_len(batch: Any) -> int:
+    """Images in a batch: ours (``DetectionBatch``) or Ultralytics' (a dict with ``img``)."""
+    return len(batch["img"]) if isinstance(batch, dict) else len(batch)
+
+
+def _time_batches(batches: Iterator[Any], warmup: int, count: int) -> float:
+    """Images per second over ``count`` batches after ``warmup`` batches.
+
+    Counts the images each batch really holds: Ultralytics' loader ends each pass over the 80
+    images with a batch of 16.
+    """
     for _ in range(warmup):
         next(batches)
+    images = 0
     start = time.perf_counter()
     for _ in range(count):
-        next(batches)
-    return count * batch_size / (time.perf_counter() - start)
+        images += _batch_len(next(batches))
+    return images / (time.perf_counter() - start)
 
 
 # ----------------------------------------------------------------------------- ours
@@ -96,7 +110,7 @@ def measure_ours(ds: SegDataset, workers: int, batch_size: int, warmup: int, cou
         worker_init_fn=worker_init_fn if workers else None,
     )
     ds.on_worker_start()  # an empty cache for the main process too
-    return _time_batches(iter(loader), warmup, count, batch_size)
+    return _time_batches(iter(loader), warmup, count)
 
 
 @contextlib.contextmanager
@@ -173,14 +187,10 @@ def prepare_ultralytics(root: Path, work: Path) -> Path:
 
 
 def measure_ultralytics(images: Path, workers: int, batch_size: int, image_size: int, warmup: int,
-                        count: int) -> float:
-    from ultralytics.cfg import get_cfg
-    from ultralytics.data.build import build_dataloader, build_yolo_dataset
+                        count: int, buffer: bool = True) -> float:
+    from ultralytics.data.build import build_dataloader
 
-    cfg = get_cfg(overrides={"imgsz": image_size, "mosaic": 1.0, "mask_ratio": 4, "overlap_mask": False,
-                             "task": "segment", "cache": False})
-    data = {"names": {i: str(i) for i in range(80)}, "nc": 80, "channels": 3}
-    dataset = build_yolo_dataset(cfg, str(images), batch=batch_size, data=data, mode="train", stride=32)
+    dataset = ultralytics_dataset(images, batch_size, image_size, buffer)
     loader = build_dataloader(dataset, batch=batch_size, workers=workers, shuffle=True, pin_memory=False,
                               device="cpu")
 
@@ -188,10 +198,77 @@ def measure_ultralytics(images: Path, workers: int, batch_size: int, image_size:
         while True:
             yield from loader
 
-    return _time_batches(forever(), warmup, count, batch_size)
+    return _time_batches(forever(), warmup, count)
+
+
+# ----------------------------------------------------------------------------- CPU time
+
+
+def cpu_ms_per_image(get: Any, collate: Any, n: int, batch_size: int, repeat: int = 7) -> float:
+    """Single-thread CPU ms per image (sample + collate), the best of ``repeat`` passes.
+
+    CPU time of one thread, unlike wall time, barely moves when other processes share the
+    machine, so this ratio is the stable one; the wall-clock loader figures above are the goal.
+    """
+    best = float("inf")
+    for r in range(repeat):
+        start = time.thread_time()
+        collate([get((r * batch_size + j) % n) for j in range(batch_size)])
+        best = min(best, (time.thread_time() - start) / batch_size * 1e3)
+    return best
+
+
+def _ultralytics_mosaics(transform: Any) -> Iterator[Any]:
+    """Every ``Mosaic`` inside Ultralytics' nested transforms."""
+    from ultralytics.data.augment import Mosaic
+
+    if isinstance(transform, Mosaic):
+        yield transform
+    for child in getattr(transform, "transforms", None) or []:
+        yield from _ultralytics_mosaics(child)
+    if getattr(transform, "pre_transform", None) is not None:
+        yield from _ultralytics_mosaics(transform.pre_transform)
+
+
+def ultralytics_dataset(images: Path, batch_size: int, image_size: int, buffer: bool = True) -> Any:
+    """Ultralytics' training dataset.
+
+    With ``buffer=False`` it works as ours does without a cache: mosaic partners drawn uniformly
+    from the whole dataset (``Mosaic.buffer_enabled = False``; by default Ultralytics draws them
+    from its buffer of recently decoded images, so a mosaic decodes one new image, not four) and
+    no decoded image kept (``max_buffer_length = 2`` keeps one).
+    """
+    from ultralytics.cfg import get_cfg
+    from ultralytics.data.build import build_yolo_dataset
+
+    cfg = get_cfg(overrides={"imgsz": image_size, "mosaic": 1.0, "mask_ratio": 4, "overlap_mask": False,
+                             "task": "segment", "cache": False})
+    data = {"names": {i: str(i) for i in range(80)}, "nc": 80, "channels": 3}
+    dataset = build_yolo_dataset(cfg, str(images), batch=batch_size, data=data, mode="train", stride=32)
+    if not buffer:
+        dataset.max_buffer_length = 2  # BaseDataset.load_image then keeps one image
+        for mosaic in _ultralytics_mosaics(dataset.transforms):
+            mosaic.buffer_enabled = False
+    return dataset
 
 
 # ----------------------------------------------------------------------------- main
+
+#: The peer rows: Ultralytics as it ships (a buffer of decoded images that mosaic partners come
+#: from), and without the buffer (partners uniform over the dataset, every tile decoded, as ours).
+PEERS = {"ultralytics": True, "ultralytics no buffer": False}
+
+
+def _ratio(name: str, row: dict[str, float], value: float, inverse: bool = False) -> str:
+    """Ours against the peer that caches alike: no cache <-> no buffer, a cache <-> its buffer."""
+    if not name.startswith("ours"):
+        return ""
+    peer = "ultralytics no buffer" if name.endswith("cache_images=0") else "ultralytics"
+    if peer not in row:
+        return ""
+    ratio = row[peer] / value if inverse else value / row[peer]
+    return f"  ({ratio:.2f}x {peer})"
+
 
 
 def main() -> None:
@@ -235,18 +312,35 @@ def main() -> None:
                     runs[f"ours cache_images={c}"].append(
                         measure_ours(ds, workers, args.batch_size, args.warmup, args.batches))
                 if peer is not None:
-                    with contextlib.redirect_stdout(io.StringIO()), contextlib.redirect_stderr(io.StringIO()):
-                        runs["ultralytics"].append(
-                            measure_ultralytics(peer, workers, args.batch_size, args.image_size, args.warmup,
-                                                args.batches))
+                    for name, buffer in PEERS.items():
+                        with contextlib.redirect_stdout(io.StringIO()), contextlib.redirect_stderr(io.StringIO()):
+                            runs[name].append(measure_ultralytics(peer, workers, args.batch_size, args.image_size,
+                                                                  args.warmup, args.batches, buffer))
             row = {name: max(values) for name, values in runs.items()}
             for name, value in row.items():
-                ratio = ""
-                if "ultralytics" in row and name != "ultralytics":
-                    ratio = f"  ({value / row['ultralytics']:.2f}x ultralytics)"
                 spread = ", ".join(f"{v:.0f}" for v in runs[name])
-                print(f"  workers={workers}  {name:24s} {value:7.1f} img/s{ratio}   [runs: {spread}]")
+                print(f"  workers={workers}  {name:30s} {value:7.1f} img/s{_ratio(name, row, value)}   "
+                      f"[runs: {spread}]")
             sys.stdout.flush()
+
+        # Single-thread CPU per image, warm caches / buffers on both sides.
+        print("single-thread CPU time per image (sample + collate), best of 7 batches:")
+        cpu: dict[str, float] = {}
+        for c, ds in datasets.items():
+            collate = DetectionCollate(mask_stride=4)
+            ds.on_worker_start()
+            for i in range(2 * len(ds)):
+                ds[i % len(ds)]
+            cpu[f"ours cache_images={c}"] = cpu_ms_per_image(ds.__getitem__, collate, len(ds), args.batch_size)
+        if peer is not None:
+            for name, buffer in PEERS.items():
+                with contextlib.redirect_stdout(io.StringIO()), contextlib.redirect_stderr(io.StringIO()):
+                    udata = ultralytics_dataset(peer, args.batch_size, args.image_size, buffer)
+                    for i in range(2 * len(udata)):
+                        udata[i % len(udata)]
+                    cpu[name] = cpu_ms_per_image(udata.__getitem__, udata.collate_fn, len(udata), args.batch_size)
+        for name, value in cpu.items():
+            print(f"  {name:30s} {value:6.2f} ms/image{_ratio(name, cpu, value, inverse=True)}")
         if args.breakdown:
             for ds in datasets.values():
                 breakdown(ds, args.batch_size, args.batches)

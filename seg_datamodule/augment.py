@@ -19,14 +19,13 @@ import albumentations as A
 import cv2
 import numpy as np
 
-from seg_datamodule.geometry import clip_polygons, compose_affine, make_affine
+from seg_datamodule.geometry import compose_affine, make_affine
 from seg_datamodule.mosaic import TilePlan, letterbox_layout, mosaic_layout, snap_for_resize
 
 __all__ = [
     "AlbumentationsTransform",
     "GlobalDraw",
     "Letterbox",
-    "clip_to_image",
     "MosaicAffine",
     "RandomAffine",
     "RandomFlipLR",
@@ -359,14 +358,17 @@ class RandomHSV(A.ImageOnlyTransform):
         self.vgain = _check_nonneg("vgain", vgain)
 
     def get_params(self) -> dict[str, np.ndarray]:
+        """Draw the three gains from the pipeline's generator."""
         return {"gains": self.random_generator.uniform(-1, 1, 3) * (self.hgain, self.sgain, self.vgain)}
 
     def apply(self, img: np.ndarray, gains: np.ndarray, **params: object) -> np.ndarray:
+        """:func:`hsv_jitter` on 3-channel uint8 images; anything else passes unchanged."""
         if img.ndim != 3 or img.shape[2] != 3 or img.dtype != np.uint8:
             return img
         return hsv_jitter(img, gains)
 
     def get_transform_init_args_names(self) -> tuple[str, ...]:
+        """Arguments ``A.save`` records (``p`` is added by albumentations)."""
         return ("hgain", "sgain", "vgain")
 
 
@@ -484,14 +486,3 @@ class AlbumentationsTransform:
         if len(kp) != len(v):  # pragma: no cover - guarded by remove_invisible=False
             raise RuntimeError(f"albumentations returned {len(kp)} keypoints for {len(v)} vertices")
         return out["image"], (None if vertices is None else kp), out.get("mask", crowd_mask)
-
-
-def clip_to_image(
-    vertices: np.ndarray,
-    ring_offsets: np.ndarray,
-    instance_offsets: np.ndarray,
-    image_size_hw: tuple[int, int],
-) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """Exact clip of flat polygons to ``[0, W] x [0, H]`` (after a geometric albumentations step)."""
-    h, w = image_size_hw
-    return clip_polygons(vertices, ring_offsets, instance_offsets, (0.0, 0.0, float(w), float(h)))

@@ -36,7 +36,10 @@ from seg_datamodule.dataset import SegDataset, worker_init_fn
 from seg_datamodule.demo_data import ensure_demo_dataset
 from seg_datamodule.sampler import EpochShardSampler
 
-__all__ = ["COCOSegDataModule"]
+__all__ = ["AUTO_CACHE_MAX_IMAGES", "COCOSegDataModule"]
+
+#: With ``cache_images=None``, datasets up to this many images are cached whole in each worker.
+AUTO_CACHE_MAX_IMAGES = 512
 
 log = logging.getLogger(__name__)
 
@@ -74,7 +77,11 @@ class COCOSegDataModule(LightningDataModule):
         drop_empty: leave out images without target instances (kept as negatives by default).
         verify_images: decode every image at setup and check its size.
         cache_dir: where the annotation index cache lives (default: the user cache dir).
-        cache_images: decoded images kept per worker (LRU); 0 keeps none.
+        cache_images: decoded images kept per worker (LRU); 0 keeps none. ``None`` (default)
+            keeps every image of a dataset of at most ``AUTO_CACHE_MAX_IMAGES`` images (the demo,
+            a small fine-tuning set) and none of a larger one: mosaic partners are drawn
+            uniformly, so a cache far smaller than the dataset is rarely hit, and each cached
+            640 px image costs about 1 MB per worker.
         pin_memory: page-lock batches for faster host-to-device copies.
         persistent_workers: keep workers alive between epochs (when ``num_workers > 0``).
         prefetch_factor: batches each worker prepares ahead (when ``num_workers > 0``).
@@ -108,7 +115,7 @@ class COCOSegDataModule(LightningDataModule):
         drop_empty: bool = False,
         verify_images: bool = False,
         cache_dir: str | None = None,
-        cache_images: int = 0,
+        cache_images: int | None = None,
         pin_memory: bool = True,
         persistent_workers: bool = True,
         prefetch_factor: int | None = 2,
@@ -208,9 +215,13 @@ class COCOSegDataModule(LightningDataModule):
         if self.trainer is not None and self.trainer.max_epochs is not None and self.trainer.max_epochs > 0:
             max_epochs = int(self.trainer.max_epochs)
         if self.train_dataset is None:
+            kwargs = dict(self.augment_kwargs)
+            if kwargs["cache_images"] is None:
+                n = len(self.train_index)
+                kwargs["cache_images"] = n if n <= AUTO_CACHE_MAX_IMAGES else 0
             self.train_dataset = SegDataset(
                 self.train_index, image_size=self.image_size, train=True, max_epochs=max_epochs,
-                seed=self.seed, on_bad_sample=self.on_bad_sample, **self.augment_kwargs,
+                seed=self.seed, on_bad_sample=self.on_bad_sample, **kwargs,
             )
         if self.val_index is not None and self.val_dataset is None:
             self.val_dataset = SegDataset(

@@ -191,7 +191,7 @@ class SegDataset(Dataset[Sample]):
         self._state = torch.tensor([0, -1 if max_epochs is None else max_epochs], dtype=torch.int64)
         self._state.share_memory_()
         self.counter = SkipCounter(COUNT_KEYS)
-        self._cache: OrderedDict[tuple[int, int], Any] | None = None
+        self._cache: dict[str, OrderedDict[Any, Any]] | None = None
 
     # ------------------------------------------------------------------ state
 
@@ -278,25 +278,26 @@ class SegDataset(Dataset[Sample]):
         The cache is keyed by ``(i, reduce)``: serving a finer decode would change the pixels,
         and then a sample would depend on what its worker happened to decode before.
         """
-        return self._cached((i, reduce), lambda: self.index.load_image(i, reduce=reduce))
+        return self._cached("images", (i, reduce), lambda: self.index.load_image(i, reduce=reduce))
 
     def _crowd(self, i: int) -> np.ndarray | None:
         """Image ``i``'s crowd mask (decoded from RLE), through the per-worker cache."""
-        return self._cached((i, 0), lambda: self.index.crowd_mask(i))
+        return self._cached("crowd", i, lambda: self.index.crowd_mask(i))
 
-    def _cached(self, key: tuple[int, int], make: Any) -> Any:
-        """LRU cache of at most ``cache_images`` entries (images and crowd masks)."""
+    def _cached(self, kind: str, key: Any, make: Any) -> Any:
+        """Per-kind LRU caches of at most ``cache_images`` entries each."""
         if self.cache_images == 0:
             return make()
         if self._cache is None:
-            self._cache = OrderedDict()
-        if key in self._cache:
-            self._cache.move_to_end(key)
-            return self._cache[key]
+            self._cache = {}
+        cache = self._cache.setdefault(kind, OrderedDict())
+        if key in cache:
+            cache.move_to_end(key)
+            return cache[key]
         value = make()
-        self._cache[key] = value
-        while len(self._cache) > self.cache_images:
-            self._cache.popitem(last=False)
+        cache[key] = value
+        while len(cache) > self.cache_images:
+            cache.popitem(last=False)
         return value
 
     def _bad(self, err: BadImageError, i: int) -> None:
@@ -400,7 +401,8 @@ class SegDataset(Dataset[Sample]):
         crowd = None
         if any(c is not None for c in crowd_tiles):
             sel = [k for k, c in enumerate(crowd_tiles) if c is not None]
-            sub = TilePlan(plan.matrices[sel], plan.regions[sel], plan.output_size)
+            sub = TilePlan(plan.matrices[sel], plan.regions[sel], plan.output_size,
+                           None if plan.resize is None else plan.resize[sel])
             crowd = warp_tiles(
                 [crowd_tiles[k].view(np.uint8) for k in sel],
                 sub,

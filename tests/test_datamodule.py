@@ -50,6 +50,7 @@ def test_demo_batches_and_validation_metadata(demo_dir, tmp_path):
     dm = make_dm(demo_dir, tmp_path)
     assert dm.num_classes == 4 and dm.class_names == ["disc", "square", "triangle", "star"]
     dm.setup("fit")
+    assert dm.train_dataset.cache_images == 48  # a small dataset is cached whole by default
     (batch,) = batches(dm, 1)
     assert batch.images.shape == (4, 3, 128, 128) and batch.masks.shape[1:] == (32, 32)
     assert batch.masks.shape[0] == int(batch.boxes_per_image.sum()) == len(batch.labels)

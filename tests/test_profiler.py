@@ -35,7 +35,7 @@ from seg_datamodule.profiler import (
     StepTimeProfiler,
     _attribute,
     _device_split,
-    _format_table,
+    format_table,
     _PhaseTimer,
     _split_record,
     _TapProfiler,
@@ -568,7 +568,7 @@ def test_plot_step_split_rejects_bad_input() -> None:
 def test_format_table_with_ranks() -> None:
     summary = _report()["summary"]
     ranks = {p: [1.0, 3.0] for p in PHASES}
-    table = _format_table(summary, ranks, num_steps=10)
+    table = format_table(summary, ranks, num_steps=10)
     lines = table.splitlines()
     assert lines[0] == "StepTimeProfiler: 10 steps after warm-up"
     assert "slowest rank" in lines[1]
