@@ -90,6 +90,7 @@ import numpy as np
 from pycocotools import mask as mask_utils
 
 from seg_datamodule.paths import cache_root
+from seg_datamodule.raster import rasterize_flat
 from seg_datamodule.images import (
     IMAGE_ERROR_REASONS,
     BadImageError,
@@ -126,7 +127,7 @@ SKIP_REASONS: dict[str, str] = {
     "image_corrupt": "image file that cannot be decoded",
     "image_size_mismatch": "decoded size differs from the JSON's height and width",
     # Annotations (each counts one annotation).
-    "annotation_bad_entry": "annotation that is not a JSON object or has no integer id",
+    "annotation_bad_entry": "annotation that is not a JSON object, has no integer id, or has an iscrowd other than 0 or 1",
     "annotation_duplicate_id": "annotation whose id an earlier annotation has (the first is kept)",
     "annotation_unknown_image_id": "annotation whose image_id is not an image's id",
     "annotation_of_skipped_image": "annotation of an image that was skipped",
@@ -779,7 +780,11 @@ def _scan_chunk(
         area = ann.get("area")
         if type(area) is not float and type(area) is not int:
             area = nan
-        if ann.get("iscrowd", 0):
+        iscrowd = ann.get("iscrowd", 0)
+        if type(iscrowd) is not int or iscrowd not in (0, 1):
+            bad(pos, "annotation_bad_entry", f"iscrowd must be 0 or 1, got {iscrowd!r}", aid, iid, ii)
+            continue
+        if iscrowd:
             _add_crowd(pos, seg, bbox, area, aid, iid, ii, label, heights[ii], widths[ii], bad, crowd)
             continue
         first = len(coords)
@@ -933,7 +938,11 @@ def _finish_chunk(
     for k in suspects:  # tiny: decide with a tolerance relative to the shoelace terms
         r0, r1 = ann_ring_starts[k], ann_ring_starts[k] + nrings[k]
         v0, v1 = ring_starts[r0], ring_starts[r1 - 1] + rlens[r1 - 1]
-        if _is_zero_area(vertices[v0:v1], ring_starts[r0:r1] - v0, rlens[r0:r1]):
+        ring_vertices, ring_offsets = vertices[v0:v1], ring_starts[r0:r1] - v0
+        # Net shoelace area 0 is also a bow-tie whose lobes cancel: only drop what covers no pixel.
+        if _is_zero_area(ring_vertices, ring_offsets, rlens[r0:r1]) and not _covers_pixels(
+            ring_vertices, np.append(ring_offsets, v1 - v0)
+        ):
             _mark(reason, np.arange(n) == k, "zero_area")
 
     area = np.asarray(areas, np.float64)
@@ -984,6 +993,17 @@ def _twice_areas(
         terms[last] = x[last] * y[ring_starts] - x[ring_starts] * y[last]  # closing edges
         ring_area2 = np.abs(np.add.reduceat(terms, ring_starts))
         return np.add.reduceat(ring_area2, ann_ring_starts)
+
+
+def _covers_pixels(vertices: np.ndarray, ring_offsets: np.ndarray) -> bool:
+    """Whether the rings' even-odd region holds any pixel centre (one instance, stride 1)."""
+    if not np.isfinite(vertices).all():
+        return False
+    low = np.floor(vertices.min(axis=0))
+    size = np.ceil(vertices.max(axis=0) - low).astype(np.int64) + 1
+    mask = rasterize_flat(vertices - low, ring_offsets, np.array([0, len(ring_offsets) - 1]),
+                          (int(size[1]), int(size[0])), 1)
+    return bool(mask.any())
 
 
 def _is_zero_area(vertices: np.ndarray, starts: np.ndarray, lens: np.ndarray) -> bool:
@@ -1103,7 +1123,8 @@ def _cache_key(ann_file: Path) -> dict[str, Any]:
     st = ann_file.stat()
     return {
         "version": CACHE_FORMAT_VERSION, "ann_file": str(ann_file), "size": st.st_size,
-        "mtime_ns": st.st_mtime_ns,
+        # A copy that keeps the old mtime (cp -p, rsync -a) still changes ctime and the inode.
+        "mtime_ns": st.st_mtime_ns, "ctime_ns": st.st_ctime_ns, "inode": st.st_ino,
     }
 
 

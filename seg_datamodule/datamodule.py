@@ -21,10 +21,10 @@ Without ``train_ann`` the module uses the embedded demo dataset, generated on fi
 from __future__ import annotations
 
 import logging
-from pathlib import Path
 from typing import Any, Literal
 
 import albumentations as A
+import numpy as np
 import torch
 from lightning.pytorch import LightningDataModule
 from lightning.pytorch.utilities import rank_zero_info
@@ -187,6 +187,13 @@ class COCOSegDataModule(LightningDataModule):
             # Validation keeps its negatives: dropping them would bias the evaluation.
             kwargs = dict(self.index_kwargs, drop_empty=False)
             self.val_index = CocoIndex.build(self.val_ann, self.val_images, **kwargs)
+            train_ids, val_ids = self.train_index.category_ids, self.val_index.category_ids
+            if not np.array_equal(train_ids, val_ids):
+                # Labels are positions in each file's sorted category ids: they must agree.
+                raise ValueError(
+                    f"{self.val_ann}: category ids {val_ids.tolist()} differ from those of "
+                    f"{self.train_ann}: {train_ids.tolist()}; validation labels would not match"
+                )
 
     @property
     def num_classes(self) -> int:
@@ -223,6 +230,8 @@ class COCOSegDataModule(LightningDataModule):
                 self.train_index, image_size=self.image_size, train=True, max_epochs=max_epochs,
                 seed=self.seed, on_bad_sample=self.on_bad_sample, **kwargs,
             )
+        elif max_epochs is not None:  # set up before a Trainer was attached, or a new Trainer
+            self.train_dataset.set_max_epochs(max_epochs)
         if self.val_index is not None and self.val_dataset is None:
             self.val_dataset = SegDataset(
                 self.val_index, image_size=self.image_size, train=False, seed=self.seed,
@@ -274,12 +283,15 @@ class COCOSegDataModule(LightningDataModule):
 
     @property
     def skip_counts(self) -> dict[str, dict[str, int]]:
-        """Everything not delivered as a target, by source and reason.
+        """Where every annotation went, by source and reason.
 
         ``train_index`` / ``val_index``: annotations and images left out of the index at setup
-        (``on_bad_sample="skip"``, ``drop_crowd``, ``drop_empty``); ``train`` / ``val``: images
-        that failed to load in a worker and instances dropped by clipping, counted across all
-        workers since the start of the run.
+        (``on_bad_sample="skip"``, ``drop_crowd``, ``drop_empty``). ``train`` / ``val``: per
+        annotation of every tile the workers built, ``kept`` (in the sample) or the reason it
+        was dropped (outside the canvas, clipped below ``min_area_ratio``, a tiny box, a bad
+        image), summed over this process's DataLoader workers since setup. Samples are counted
+        when built, so batches prefetched but never trained on count too; under DDP each rank
+        counts its own shard.
         """
         out: dict[str, dict[str, int]] = {}
         for name, index in (("train_index", self.train_index), ("val_index", self.val_index)):
@@ -302,15 +314,4 @@ class COCOSegDataModule(LightningDataModule):
 
     def teardown(self, stage: str) -> None:
         if stage == "fit":
-            rank_zero_info(f"seg_datamodule: not delivered as targets (by reason)\n{self.report()}")
-
-    def state_dict(self) -> dict[str, Any]:
-        """Stored in checkpoints: the counts so far (the order itself derives from the epoch)."""
-        return {"skip_counts": self.skip_counts}
-
-
-def demo_paths(demo_dir: str | Path | None = None) -> dict[str, str]:
-    """The four paths of the demo dataset, as ``COCOSegDataModule`` keyword arguments."""
-    demo = ensure_demo_dataset(demo_dir)
-    return {"train_ann": str(demo.train_ann), "train_images": str(demo.train_images),
-            "val_ann": str(demo.val_ann), "val_images": str(demo.val_images)}
+            rank_zero_info(f"seg_datamodule: where the annotations went (by reason)\n{self.report()}")

@@ -224,10 +224,10 @@ def decode_image_bytes(
             reason="image_corrupt",
         ) from None
     if bgr is None:
-        reason = "image_truncated" if is_jpeg else "image_corrupt"
-        what = "truncated or corrupt" if is_jpeg else "corrupt, truncated or in an unsupported format"
+        # A JPEG reaching here has its end-of-image marker (truncation was ruled out above).
+        what = "corrupt" if is_jpeg else "corrupt, truncated or in an unsupported format"
         raise BadImageError(
-            f"{_describe(name)} is {what}: OpenCV cannot decode it", path=name, reason=reason
+            f"{_describe(name)} is {what}: OpenCV cannot decode it", path=name, reason="image_corrupt"
         )
     if not scaled:
         stored = (int(bgr.shape[0]), int(bgr.shape[1]))

@@ -454,6 +454,8 @@ BAD_ANNOTATIONS = [
      "rle_invalid", 104, 10, "a.jpg", 1),
     ("rle all zeros", _set(104, "segmentation", {"size": [40, 60], "counts": [2400]}),
      "zero_area", 104, 10, "a.jpg", 1),
+    ("iscrowd a string", _set(101, "iscrowd", "0"), "annotation_bad_entry", 101, 20, "b.jpg", 1),
+    ("iscrowd 2", _set(105, "iscrowd", 2), "annotation_bad_entry", 105, 20, "b.jpg", 1),
     ("annotation id missing", _delete(101, "id"), "annotation_bad_entry", None, 20, None, 1),
     ("annotation not an object", lambda d: d["annotations"].insert(1, [1, 2]),
      "annotation_bad_entry", None, None, None, 0),
@@ -827,3 +829,35 @@ def test_format_skip_summary() -> None:
     assert format_skip_summary({"zero_area": 1}) == "skipped 1 annotation (zero_area 1)"
     text = format_skip_summary({"image_missing": 2, "zero_area": 1, "bbox_invalid": 3, "image_corrupt": 0})
     assert text == "skipped 2 images (image_missing 2) and 4 annotations (bbox_invalid 3, zero_area 1)"
+
+
+def test_bow_tie_whose_lobes_cancel_is_a_target(tmp_path: Path) -> None:
+    # Net shoelace area 0, yet pycocotools paints 50 px: it must not be dropped as zero_area.
+    data = _base()
+    bow_tie = [[0, 0, 10, 10, 10, 0, 0, 10]]
+    _ann(data, 101)["segmentation"] = bow_tie
+    index = _build(_write(tmp_path, data))
+    assert 101 in _kept_annotations(index)
+    assert index.skip_counts.get("zero_area", 0) == 0
+    h, w = 30, 50  # image 20
+    theirs = mask_utils.area(mask_utils.merge(mask_utils.frPyObjects(bow_tie, h, w)))
+    assert theirs > 0
+
+
+def test_same_size_copy_keeping_the_mtime_rebuilds_the_cache(tmp_path: Path) -> None:
+    import shutil
+
+    data = _base()
+    path = _write(tmp_path, data)
+    cache = tmp_path / "cache"
+    first = CocoIndex.build(path, tmp_path, cache_dir=cache)
+    names = [c["name"] for c in data["categories"]]
+    # Swap two category names: same file size; copy2 carries the old modification time over.
+    data["categories"][0]["name"], data["categories"][1]["name"] = names[1], names[0]
+    staged = _write(tmp_path, data, "staged.json")
+    os.utime(staged, ns=(path.stat().st_atime_ns, path.stat().st_mtime_ns))
+    assert staged.stat().st_size == path.stat().st_size
+    shutil.copy2(staged, path)
+    again = CocoIndex.build(path, tmp_path, cache_dir=cache)
+    assert not again.from_cache
+    assert again.class_names[:2] == first.class_names[:2][::-1]

@@ -97,7 +97,9 @@ def test_epochs_differ_and_seed_matters(demo_dir, tmp_path):
     assert_same_batches(e0, batches(again, 2, epoch=0))
     other = make_dm(demo_dir, tmp_path, seed=4)
     other.setup("fit")
-    assert not torch.equal(other.train_dataloader().__iter__().__next__().images, e0[0].images)
+    # The same image and epoch, augmented from another seed (not just shuffled differently).
+    assert not np.array_equal(other.train_dataset[(0, 5)].image, dm.train_dataset[(0, 5)].image)
+    assert np.array_equal(again.train_dataset[(0, 5)].image, dm.train_dataset[(0, 5)].image)
 
 
 @pytest.mark.parametrize("n, replicas", [(10, 3), (48, 2), (7, 1), (5, 4)])
@@ -260,3 +262,29 @@ def test_ddp_two_processes_see_disjoint_shards(demo_dir, tmp_path):
         assert sorted(per_rank[0] + per_rank[1]) == all_ids
     epoch_orders = [[i for r in rows if r["epoch"] == e and r["rank"] == 0 for i in r["image_ids"]] for e in (0, 1)]
     assert epoch_orders[0] != epoch_orders[1]
+
+
+def test_validation_categories_must_match_training(demo_dir, tmp_path):
+    data = json.loads((demo_dir / "annotations" / "instances_val2017.json").read_text())
+    data["categories"] = data["categories"][1:]
+    dropped = {c["id"] for c in json.loads(
+        (demo_dir / "annotations" / "instances_val2017.json").read_text())["categories"]} - {
+        c["id"] for c in data["categories"]}
+    data["annotations"] = [a for a in data["annotations"] if a["category_id"] not in dropped]
+    ann = tmp_path / "val_subset.json"
+    ann.write_text(json.dumps(data))
+    dm = make_dm(demo_dir, tmp_path, train_ann=str(demo_dir / "annotations" / "instances_train2017.json"),
+                 train_images=str(demo_dir / "train2017"), val_ann=str(ann),
+                 val_images=str(demo_dir / "val2017"))
+    with pytest.raises(ValueError, match=r"val_subset\.json: category ids .* differ"):
+        dm.setup("fit")
+
+
+@pytest.mark.slow
+def test_setup_before_fit_still_closes_mosaic(demo_dir, tmp_path):
+    dm = make_dm(demo_dir, tmp_path, close_mosaic=1)
+    dm.setup("fit")  # no Trainer yet: max_epochs unknown
+    with pytest.raises(RuntimeError, match="close_mosaic=1 needs max_epochs"):
+        dm.train_dataset.mosaic_active(0)
+    _fit(dm, tmp_path, max_epochs=2)
+    assert dm.train_dataset.mosaic_active(0) and not dm.train_dataset.mosaic_active(1)
