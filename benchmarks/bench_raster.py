@@ -149,7 +149,6 @@ def peer_windowed_per_ring(instances: list[list[np.ndarray]], hw: tuple[int, int
         for ring in rings:
             r0 = max(0, int(np.floor(ring[:, 1].min() / STRIDE - 0.5)))
             r1 = min(hp, int(np.ceil(ring[:, 1].max() / STRIDE - 0.5)) + 1)
-            c0 = 0  # columns left of the ring still need the parity: slice from its left edge
             c0 = max(0, int(np.floor(ring[:, 0].min() / STRIDE - 0.5)))
             c1 = min(wp, int(np.ceil(ring[:, 0].max() / STRIDE - 0.5)) + 2)
             if r0 >= r1 or c0 >= c1:

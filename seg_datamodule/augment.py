@@ -411,6 +411,22 @@ def _is_geometric(transform: object) -> bool:
     return isinstance(transform, A.DualTransform)
 
 
+# albumentations 2.0.8 scales keypoints as ``x * s`` in these, which is off by ``0.5 * (s - 1)``
+# px for the pixel-centre keypoints the polygons travel as; resizing belongs to ``image_size``.
+_RESIZING = tuple(
+    getattr(A, name)
+    for name in ("Resize", "RandomScale", "LongestMaxSize", "SmallestMaxSize", "RandomSizedCrop",
+                 "RandomResizedCrop", "RandomSizedBBoxSafeCrop", "CropAndPad")
+    if hasattr(A, name)
+)
+
+
+def _resizing_steps(transform: object) -> list[str]:
+    if isinstance(transform, A.BaseCompose):
+        return [name for t in transform.transforms for name in _resizing_steps(t)]
+    return [type(transform).__name__] if isinstance(transform, _RESIZING) else []
+
+
 class AlbumentationsTransform:
     """Per-sample albumentations pipeline, seeded from the sample's generator.
 
@@ -436,6 +452,13 @@ class AlbumentationsTransform:
 
     def __init__(self, transforms: A.BaseCompose | str | Path | None) -> None:
         self.transforms = load_transforms(transforms)
+        resizing = _resizing_steps(self.transforms) if self.transforms is not None else []
+        if resizing:
+            raise ValueError(
+                f"transforms must not resize ({', '.join(resizing)}): albumentations moves keypoints "
+                "by half a pixel per unit of scale there, so polygons would drift off the pixels; "
+                "the output size is image_size and the scale range is scale"
+            )
         self.geometric = self.transforms is not None and _is_geometric(self.transforms)
         self._runner: A.BaseCompose | None = self.transforms
         if self.geometric:

@@ -53,7 +53,7 @@ __all__ = [
 ]
 
 #: Bump when the generator's output changes; the cache folder is named after it.
-DEMO_VERSION = 1
+DEMO_VERSION = 2
 
 #: COCO-style categories with deliberately non-contiguous ids.
 DEMO_CATEGORIES: tuple[dict[str, Any], ...] = (
@@ -209,7 +209,8 @@ def _polygon_mask(rings: list[np.ndarray] | tuple[np.ndarray, ...], canvas_size:
         np.round(((ring - offset) * factor - 0.5) * (1 << _SUBPIXEL_BITS)).astype(np.int32).reshape(-1, 1, 2)
         for ring in rings
     ]
-    cv2.fillPoly(fine, polys, 1, lineType=cv2.LINE_8, shift=_SUBPIXEL_BITS)
+    for poly in polys:  # one call per ring: a single call fills overlapping rings even-odd
+        cv2.fillPoly(fine, [poly], 1, lineType=cv2.LINE_8, shift=_SUBPIXEL_BITS)
     centre = factor // 2
     out[y0:y1, x0:x1] = fine[centre::factor, centre::factor] > 0
     return out
@@ -360,7 +361,8 @@ def draw_scene(
         if bar is not None and len(bar) >= 3:
             # The bar fills the gap between the two rings (and overhangs the shape a little).
             tone = int(rng.integers(20, 60))
-            image[_polygon_mask([bar], canvas_size)] = (tone, tone, tone)
+            # Only outside the rings: their boundary pixels stay the annotated colour.
+            image[_polygon_mask([bar], canvas_size) & ~mask] = (tone, tone, tone)
         instances.append(DemoInstance(cid, tuple(rings), False, None, color))
 
     # 3. Sensor noise over everything (after painting, so shapes are not flat either).

@@ -169,7 +169,10 @@ def letterbox_layout(
             f"image_size_hw and canvas_size must be positive, got {image_size_hw!r}, {canvas_size!r}"
         )
     scale = min(hc / h, wc / w)
-    pad = ((wc - w * scale) / 2.0, (hc - h * scale) / 2.0)
+    # Whole-pixel padding (rounded as Ultralytics does): a half-pixel offset would average every
+    # output pixel from two source neighbours, blurring validation images that training never sees.
+    pad = (float(round((wc - w * scale) / 2.0 - 0.1)), float(round((hc - h * scale) / 2.0 - 0.1)))
+    pad = (max(pad[0], 0.0), max(pad[1], 0.0))
     return _scale_translate(scale, *pad), np.array([0.0, 0.0, w, h]), scale, pad
 
 

@@ -10,7 +10,9 @@ A training step (one batch) is split into phases whose names are a contract::
     backward               ``on_before_backward`` .. ``on_after_backward``
     optimizer_step         ``on_before_optimizer_step`` .. the end of ``optimizer.step``
                            (gradient clipping included)
-    other                  the rest of the step: hooks, ``zero_grad``, LR schedulers, logging
+    other                  the rest of the step: hooks, ``zero_grad``, LR schedulers, ``self.log``,
+                           and under AMP ``scaler.unscale_`` (it runs before
+                           ``on_before_optimizer_step``)
     step                   the whole, from the start of the fetch to ``on_train_batch_end``
 
 The phases other than ``step`` are exclusive: a phase that starts inside another (the fetch
@@ -36,8 +38,8 @@ What exactly is measured, and where:
   trains on the batch fetched in step *k - 1* and waits for batch *k + 1*. Either way the
   interval measured is the time step *k* spent blocked on the loader.
 * **The step** ends in this callback's ``on_train_batch_end``: callbacks listed after this one,
-  the module's ``on_train_batch_end``, validation and checkpointing between batches are not in
-  any step (Lightning's own profiler reports them).
+  the module's ``on_train_batch_end``, the loggers writing the step's metrics, validation and
+  checkpointing between batches are not in any step (Lightning's own profiler reports them).
 * **Gradient accumulation.** Batches that only accumulate have no optimiser call and an
   ``optimizer_step`` of 0, so with ``accumulate_grad_batches >= 2`` the phase's median is 0: read
   its ``mean_ms`` / ``share``, or ``stepped_median_ms`` (the median over batches that stepped).
@@ -250,7 +252,8 @@ class StepTimeAccumulator:
         Raises:
             KeyError: no such column.
         """
-        values = np.frombuffer(self._columns[name], dtype=np.float64) if self._count else np.zeros(0)
+        # A copy: a view would pin the array('d') buffer, and the next update could not grow it.
+        values = np.array(self._columns[name], dtype=np.float64) if self._count else np.zeros(0)
         return values[self.warmup_steps :] if measured_only else values
 
     def rows(self) -> list[dict[str, float | int]]:
@@ -808,15 +811,19 @@ class StepTimeProfiler(Callback):
         loop = f"[{type(trainer.fit_loop.epoch_loop).__name__}]"
         strategy = f"[Strategy]{type(trainer.strategy).__name__}"
         module = f"[LightningModule]{type(pl_module).__name__}"
+        # A DataModule that overrides the transfer hooks runs them under its own name.
+        transfer_hooks = [f"{module}.on_before_batch_transfer"]
+        if trainer.datamodule is not None:
+            transfer_hooks.append(f"[LightningDataModule]{type(trainer.datamodule).__name__}.on_before_batch_transfer")
         on_start = {
             f"{loop}.train_dataloader_next": self._on_fetch_start,
-            f"{module}.on_before_batch_transfer": lambda: self._enter(_TO_DEVICE),
+            **{hook: lambda: self._enter(_TO_DEVICE) for hook in transfer_hooks},
             f"{strategy}.batch_to_device": lambda: self._enter(_TO_DEVICE),
             f"{strategy}.training_step": lambda: self._enter(_FORWARD),
         }
         on_stop = {
             f"{loop}.train_dataloader_next": lambda: self._exit(_FETCH),
-            f"{module}.on_before_batch_transfer": lambda: self._exit(_TO_DEVICE),
+            **{hook: lambda: self._exit(_TO_DEVICE) for hook in transfer_hooks},
             f"{strategy}.batch_to_device": lambda: self._exit(_TO_DEVICE),
             f"{strategy}.training_step": lambda: self._exit(_FORWARD),
             # Where the optimiser step ends if optimizer.step never ran (AMP skipped it) or the

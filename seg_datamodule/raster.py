@@ -131,8 +131,11 @@ def rasterize_flat(
     if out is None:
         # np.zeros maps fresh zero pages lazily: untouched cells cost nothing.
         out = np.zeros((num_instances, hp, wp), dtype=bool)
-    elif out.shape != (num_instances, hp, wp) or out.dtype != np.bool_:
-        raise ValueError(f"out must be bool {(num_instances, hp, wp)}, got {out.dtype} {out.shape}")
+    elif out.shape != (num_instances, hp, wp) or out.dtype != np.bool_ or not out.flags.c_contiguous:
+        raise ValueError(
+            f"out must be C-contiguous bool {(num_instances, hp, wp)}, got {out.dtype} {out.shape}"
+            f"{'' if out.flags.c_contiguous else ' (not contiguous)'}"
+        )
     if num_rings == 0 or hp == 0 or wp == 0:
         return out
     ring_lengths = np.diff(ring_offsets)

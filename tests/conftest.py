@@ -36,6 +36,6 @@ def demo_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """The embedded demo dataset, generated once per test session."""
     from seg_datamodule.demo_data import ensure_demo_dataset
 
-    root = tmp_path_factory.mktemp("demo") / "demo-v1"
+    root = tmp_path_factory.mktemp("demo") / "demo-v2"
     ensure_demo_dataset(root)
     return root

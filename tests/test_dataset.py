@@ -173,7 +173,10 @@ def test_validation_letterboxes_and_maps_back() -> None:
         h, w = int(index.heights[i]), int(index.widths[i])
         assert s.orig_size == (h, w) and s.image_id == index.image_ids[i]
         assert s.scale == pytest.approx(160 / max(h, w))
-        assert s.pad == pytest.approx(((160 - w * s.scale) / 2, (160 - h * s.scale) / 2))
+        # Centred to the whole pixel (no half-pixel resample blur).
+        assert all(float(p).is_integer() for p in s.pad)
+        assert abs(s.pad[0] - (160 - w * s.scale) / 2) <= 0.6
+        assert abs(s.pad[1] - (160 - h * s.scale) / 2) <= 0.6
         # The first three instances lie inside the image: mapped back, they are the originals.
         v, ro, io = polygons_from_instances(index._instances[i][:3])
         back = (s.vertices[: len(v)] - np.array(s.pad)) / s.scale
@@ -443,3 +446,13 @@ def test_coco_mini_batches_and_picture(coco_mini: Path, tmp_path: Path) -> None:
     vb = collate_detection([val[i] for i in range(4)])
     assert vb.images.shape == (4, 3, 320, 320) and (vb.scales > 0).all()
     assert torch.equal(vb.orig_sizes[0], torch.tensor([int(val.index.heights[0]), int(val.index.widths[0])]))
+
+
+@pytest.mark.parametrize("step", [A.Resize(100, 100), A.RandomScale(0.5), A.LongestMaxSize(64)])
+def test_resizing_albumentations_are_refused(step):
+    # albumentations scales keypoints as x * s: polygons would drift by 0.5 * (s - 1) px.
+    from seg_datamodule.augment import AlbumentationsTransform
+
+    with pytest.raises(ValueError, match=f"must not resize \\({type(step).__name__}\\)"):
+        AlbumentationsTransform(A.Compose([A.HorizontalFlip(p=0.5), A.Compose([step])]))
+    AlbumentationsTransform(A.Compose([A.HorizontalFlip(p=0.5), A.Affine(scale=1.2)]))  # still fine

@@ -84,7 +84,11 @@ def test_letterbox_layout_maps_back_exactly() -> None:
     pts = np.array([[0.0, 0.0], [300.0, 427.0], [12.5, 99.25]])
     out = apply_affine(pts, m)
     np.testing.assert_allclose((out - pad) / scale, pts, atol=1e-12)
-    assert pad[0] == pytest.approx((320 - 300 * scale) / 2) and pad[1] == pytest.approx(0.0)
+    # Whole pixels, so the resample does not blur: (320 - 224.8) / 2 = 47.6 -> 47.
+    assert pad == (float(round((320 - 300 * scale) / 2 - 0.1)), 0.0) and pad[0] == 47.0
+    # An odd leftover (640 - 427 = 213) at scale 1 is a plain copy, not a half-pixel average.
+    m, region, scale, pad = letterbox_layout((640, 427), (640, 640))
+    assert scale == 1.0 and pad == (106.0, 0.0)
 
 
 def test_choose_reduce_never_decodes_below_the_output_resolution() -> None:

@@ -801,3 +801,31 @@ def test_ddp_report_names_the_slowest_rank(tmp_path: Path) -> None:
     # rank 0 waits for the straggler in backward's gradient all-reduce
     assert ranks["slowest_rank"]["backward"] == 0
     assert report["summary"]["forward"]["median_ms"] == pytest.approx(forward[0])
+
+
+class _TransferCostDataModule(L.LightningDataModule):
+    """A DataModule whose own on_before_batch_transfer takes 20 ms (Lightning names it apart)."""
+
+    def train_dataloader(self) -> DataLoader:
+        return DataLoader(SleepyDataset(item_ms=0.5), batch_size=BATCH_SIZE)
+
+    def on_before_batch_transfer(self, batch: Any, dataloader_idx: int) -> Any:
+        sleep_ms(20.0)
+        return batch
+
+
+def test_datamodule_transfer_hook_counts_as_batch_to_device(tmp_path: Path) -> None:
+    profiler = StepTimeProfiler(warmup_steps=3)
+    make_trainer(tmp_path, profiler, max_steps=12).fit(CostModel(forward_ms=1.0), datamodule=_TransferCostDataModule())
+    summary = profiler.summary()
+    assert_close(summary["batch_to_device"]["median_ms"], 20.0, "batch_to_device")
+    assert summary["other"]["median_ms"] < 5.0
+
+
+def test_a_held_column_does_not_block_updates() -> None:
+    acc = StepTimeAccumulator(warmup_steps=0)
+    phases = {p: 1.0 for p in ("train_dataloader_next", "batch_to_device", "forward", "backward", "optimizer_step")}
+    acc.update(10.0, phases)
+    held = acc.column("forward_ms")
+    acc.update(12.0, phases)
+    assert len(held) == 1 and len(acc.column("forward_ms")) == 2 and len(acc) == 2

@@ -177,7 +177,7 @@ def test_writes_into_given_zeroed_output():
     res = rasterize_flat(np.array([[0, 0], [32, 0], [32, 32]], float), np.array([0, 3]),
                          np.array([0, 1]), (32, 32), 4, out=out)
     assert res is out and out.any()
-    with pytest.raises(ValueError, match="out must be bool"):
+    with pytest.raises(ValueError, match="out must be C-contiguous bool"):
         rasterize_flat(np.zeros((3, 2)), np.array([0, 3]), np.array([0, 1]), (32, 32), 4,
                        out=np.zeros((1, 8, 8), np.uint8))
 
@@ -258,3 +258,11 @@ def test_stride_one_matches_pycocotools_on_coco_mini(coco_mini):
             exact_checked += 1
     assert len(ious) > 500
     assert np.mean(ious) >= 0.95, f"mean IoU {np.mean(ious):.4f}"
+
+
+def test_non_contiguous_output_is_refused():
+    # Writing into a reshaped copy would silently lose every mask.
+    out = np.zeros((1, 8, 12), bool)[:, :, :8]
+    with pytest.raises(ValueError, match="not contiguous"):
+        rasterize_flat(np.array([[0, 0], [32, 0], [32, 32]], float), np.array([0, 3]),
+                       np.array([0, 1]), (32, 32), 4, out=out)

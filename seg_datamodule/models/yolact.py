@@ -89,10 +89,13 @@ def assemble_masks(protos: Tensor, coefficients: Tensor, boxes_per_image: Tensor
     Returns:
         Tensor[N, Hp, Wp] float: mask logits, in the order of ``coefficients``.
     """
-    image_index = torch.repeat_interleave(
-        torch.arange(protos.shape[0], device=protos.device), boxes_per_image.to(protos.device)
-    )
-    return torch.einsum("nk,nkhw->nhw", coefficients, protos[image_index])
+    batch, k, height, width = protos.shape
+    # One matmul per image: indexing protos per instance would copy (N, k, Hp, Wp) and keep it
+    # for backward.
+    per_image = coefficients.split(boxes_per_image.tolist())
+    flat = protos.reshape(batch, k, height * width)
+    logits = [c @ p for c, p in zip(per_image, flat)]
+    return torch.cat(logits).reshape(-1, height, width)
 
 
 def mask_loss(mask_logits: Tensor, targets: Tensor, boxes: Tensor, stride: int) -> Tensor:
@@ -279,10 +282,11 @@ class YolactLite(L.LightningModule):
         image_index = torch.repeat_interleave(
             torch.arange(images.shape[0], device=boxes.device), boxes_per_image.to(boxes.device)
         )
-        rois = torch.cat([image_index[:, None].to(p8.dtype), boxes.to(p8.dtype)], dim=1)
+        # float32 whatever the autocast dtype: bf16 would move a box by up to 2 px at 640.
+        rois = torch.cat([image_index[:, None].float(), boxes.float()], dim=1)
         pooled = roi_align(
-            p8, rois, output_size=_POOL, spatial_scale=1.0 / _FEATURE_STRIDE, sampling_ratio=2, aligned=True
-        )
+            p8.float(), rois, output_size=_POOL, spatial_scale=1.0 / _FEATURE_STRIDE, sampling_ratio=2, aligned=True
+        ).to(p8.dtype)
         hidden = self.roi_fc(self.roi_conv(pooled))
         coefficients = torch.tanh(self.coefficient_head(hidden))
         class_logits = self.class_head(hidden)
