@@ -164,12 +164,16 @@ def test_intercept_rounding_cannot_leak_a_column(monkeypatch):
     _assert_exact(instances, (64, 64), 4)
 
 
-def test_fill_chunking_is_invisible(monkeypatch):
+@pytest.mark.parametrize("chunk_vertices, fill_chunk", [(1, 3), (7, 1 << 22), (20, 1), (1 << 20, 1 << 22)])
+def test_chunking_is_invisible(monkeypatch, chunk_vertices, fill_chunk):
+    # Rings of one instance may land in different chunks: the union must not notice.
     rng = np.random.default_rng(5)
-    instances = [[rng.uniform(-5, 70, (9, 2))] for _ in range(20)]
-    want = rasterize_polygons(instances, (64, 64), 2)
-    monkeypatch.setattr(raster_module, "_FILL_CHUNK", 3)
-    np.testing.assert_array_equal(rasterize_polygons(instances, (64, 64), 2), want)
+    instances = [[rng.uniform(-5, 70, (rng.integers(3, 12), 2)) for _ in range(rng.integers(1, 4))]
+                 for _ in range(20)]
+    monkeypatch.setattr(raster_module, "_CHUNK_VERTICES", chunk_vertices)
+    monkeypatch.setattr(raster_module, "_FILL_CHUNK", fill_chunk)
+    np.testing.assert_array_equal(rasterize_polygons(instances, (64, 64), 2),
+                                  reference_rasterize(instances, (64, 64), 2))
 
 
 def test_writes_into_given_zeroed_output():
