@@ -308,8 +308,11 @@ class COCOSegDataModule(LightningDataModule):
         for name, counts in self.skip_counts.items():
             counts = dict(counts)
             kept = counts.pop("kept", None)
-            delivered = "" if kept is None else f"{kept} annotations delivered as targets; "
-            lines.append(f"{name}: {delivered}{format_skip_summary(counts)}")
+            summary = format_skip_summary(counts)
+            if kept is not None:  # a dataset: per tile drawn, in the sample or dropped on the way
+                summary = f"{kept} annotations delivered as targets; " + summary.replace(
+                    "skipped", "dropped by augmentation or loading", 1)
+            lines.append(f"{name}: {summary}")
         return "\n".join(lines)
 
     def teardown(self, stage: str) -> None:
