@@ -19,6 +19,7 @@ import albumentations as A
 import cv2
 import numpy as np
 
+from seg_datamodule._checks import check_int, check_number
 from seg_datamodule.geometry import compose_affine, make_affine
 from seg_datamodule.mosaic import TilePlan, letterbox_layout, mosaic_layout, snap_for_resize
 
@@ -40,27 +41,10 @@ __all__ = [
 _MOSAIC_ANCHORS = np.array([[1, 1], [0, 1], [1, 0], [0, 0]])
 
 
-def _check_nonneg(name: str, value: float) -> float:
-    if isinstance(value, bool) or not isinstance(value, (int, float)):
-        raise TypeError(f"{name} must be a number, got {type(value).__name__} {value!r}")
-    if not np.isfinite(value) or value < 0:
-        raise ValueError(f"{name} must be a finite number >= 0, got {value!r}")
-    return float(value)
 
 
-def _check_image_size(image_size: int) -> int:
-    if isinstance(image_size, bool) or not isinstance(image_size, (int, np.integer)):
-        raise TypeError(f"image_size must be an int, got {type(image_size).__name__} {image_size!r}")
-    if image_size < 1:
-        raise ValueError(f"image_size must be a positive int, got {image_size!r}")
-    return int(image_size)
 
 
-def _check_probability(name: str, value: float) -> float:
-    value = _check_nonneg(name, value)
-    if value > 1:
-        raise ValueError(f"{name} must be a probability in [0, 1], got {value!r}")
-    return value
 
 
 class RandomAffine:
@@ -86,14 +70,14 @@ class RandomAffine:
         scale: tuple[float, float] = (0.5, 1.5),
         shear: float = 0.0,
     ) -> None:
-        self.degrees = _check_nonneg("degrees", degrees)
-        self.translate = _check_nonneg("translate", translate)
-        self.shear = _check_nonneg("shear", shear)
+        self.degrees = check_number("degrees", degrees)
+        self.translate = check_number("translate", translate)
+        self.shear = check_number("shear", shear)
         if self.shear >= 90:
             raise ValueError(f"shear must be below 90 degrees, got {shear!r}")
         if not isinstance(scale, Sequence) or len(scale) != 2:
             raise TypeError(f"scale must be a pair (low, high), got {scale!r}")
-        lo, hi = (_check_nonneg("scale", s) for s in scale)
+        lo, hi = (check_number("scale", s) for s in scale)
         if not 0 < lo <= hi:
             raise ValueError(f"scale must satisfy 0 < low <= high, got {scale!r}")
         self.scale = (lo, hi)
@@ -155,7 +139,7 @@ class RandomFlipLR:
     """
 
     def __init__(self, p: float = 0.5) -> None:
-        self.p = _check_probability("p", p)
+        self.p = check_number("p", p, 0.0, 1.0)
 
     def __repr__(self) -> str:
         return f"RandomFlipLR(p={self.p})"
@@ -198,7 +182,7 @@ class Letterbox:
     """
 
     def __init__(self, image_size: int = 640) -> None:
-        self.image_size = _check_image_size(image_size)
+        self.image_size = check_int("image_size", image_size, 1)
 
     def __repr__(self) -> str:
         return f"Letterbox(image_size={self.image_size})"
@@ -249,7 +233,7 @@ class MosaicAffine:
         shear: float = 0.0,
         flip_lr: float = 0.5,
     ) -> None:
-        self.image_size = _check_image_size(image_size)
+        self.image_size = check_int("image_size", image_size, 1)
         self.affine = RandomAffine(degrees=degrees, translate=translate, scale=scale, shear=shear)
         self.flip = RandomFlipLR(flip_lr)
         self.letterbox = Letterbox(image_size)
@@ -353,9 +337,9 @@ class RandomHSV(A.ImageOnlyTransform):
 
     def __init__(self, hgain: float = 0.015, sgain: float = 0.7, vgain: float = 0.4, p: float = 1.0) -> None:
         super().__init__(p=p)
-        self.hgain = _check_nonneg("hgain", hgain)
-        self.sgain = _check_nonneg("sgain", sgain)
-        self.vgain = _check_nonneg("vgain", vgain)
+        self.hgain = check_number("hgain", hgain)
+        self.sgain = check_number("sgain", sgain)
+        self.vgain = check_number("vgain", vgain)
 
     def get_params(self) -> dict[str, np.ndarray]:
         """Draw the three gains from the pipeline's generator."""

@@ -30,6 +30,7 @@ from lightning.pytorch import LightningDataModule
 from lightning.pytorch.utilities import rank_zero_info
 from torch.utils.data import DataLoader
 
+from seg_datamodule._checks import check_int
 from seg_datamodule.coco import CocoIndex, format_skip_summary
 from seg_datamodule.collate import DetectionCollate
 from seg_datamodule.dataset import SegDataset, worker_init_fn
@@ -126,12 +127,10 @@ class COCOSegDataModule(LightningDataModule):
         # Checks the DataModule owns; the dataset and collate check their own arguments.
         for name, value, minimum in (("batch_size", batch_size, 1), ("num_workers", num_workers, 0),
                                      ("mask_stride", mask_stride, 1), ("seed", seed, 0)):
-            if isinstance(value, bool) or not isinstance(value, int) or value < minimum:
-                raise ValueError(f"{name} must be an int >= {minimum}, got {value!r}")
-        if val_batch_size is not None and (not isinstance(val_batch_size, int) or val_batch_size < 1):
-            raise ValueError(f"val_batch_size must be a positive int or None, got {val_batch_size!r}")
-        if prefetch_factor is not None and (not isinstance(prefetch_factor, int) or prefetch_factor < 1):
-            raise ValueError(f"prefetch_factor must be a positive int or None, got {prefetch_factor!r}")
+            check_int(name, value, minimum)
+        check_int("val_batch_size", val_batch_size, 1, allow_none=True)
+        check_int("prefetch_factor", prefetch_factor, 1, allow_none=True)
+        check_int("cache_images", cache_images, 0, allow_none=True)
         if on_bad_sample not in ("raise", "skip"):
             raise ValueError(f"on_bad_sample must be 'raise' or 'skip', got {on_bad_sample!r}")
         if (train_ann is None) != (train_images is None):

@@ -33,6 +33,7 @@ import numpy as np
 import torch
 from torch.utils.data import Dataset, get_worker_info
 
+from seg_datamodule._checks import check_bool, check_int, check_number
 from seg_datamodule.augment import AlbumentationsTransform, Letterbox, MosaicAffine
 from seg_datamodule.coco import SkipCounter
 from seg_datamodule.geometry import clip_polygons, instance_areas, select_instances
@@ -157,24 +158,18 @@ class SegDataset(Dataset[Sample]):
             [np.asarray(index.heights, np.int64), np.asarray(index.widths, np.int64)], axis=1
         )
         # 2. Plain arguments.
-        if not isinstance(train, bool):
-            raise TypeError(f"train must be a bool, got {train!r}")
-        self.train = train
-        self.mosaic = _check_fraction("mosaic", mosaic)
-        self.close_mosaic = _check_int("close_mosaic", close_mosaic, minimum=0)
-        self.max_epochs = None if max_epochs is None else _check_int("max_epochs", max_epochs, 1)
-        self.min_area_ratio = _check_fraction("min_area_ratio", min_area_ratio)
-        if isinstance(min_box_size, bool) or not isinstance(min_box_size, (int, float)) or not (
-            np.isfinite(min_box_size) and min_box_size >= 0
-        ):
-            raise ValueError(f"min_box_size must be a finite number >= 0, got {min_box_size!r}")
-        self.min_box_size = float(min_box_size)
-        self.seed = _check_int("seed", seed, minimum=0)
+        self.train = check_bool("train", train)
+        self.mosaic = check_number("mosaic", mosaic, 0.0, 1.0)
+        self.close_mosaic = check_int("close_mosaic", close_mosaic, minimum=0)
+        self.max_epochs = None if max_epochs is None else check_int("max_epochs", max_epochs, 1)
+        self.min_area_ratio = check_number("min_area_ratio", min_area_ratio, 0.0, 1.0)
+        self.min_box_size = check_number("min_box_size", min_box_size)
+        self.seed = check_int("seed", seed, minimum=0)
         if on_bad_sample not in ("raise", "skip"):
             raise ValueError(f"on_bad_sample must be 'raise' or 'skip', got {on_bad_sample!r}")
         self.on_bad_sample = on_bad_sample
-        self.cache_images = _check_int("cache_images", cache_images, minimum=0)
-        self.max_retries = _check_int("max_retries", max_retries, minimum=0)
+        self.cache_images = check_int("cache_images", cache_images, minimum=0)
+        self.max_retries = check_int("max_retries", max_retries, minimum=0)
         # 3. The augmentation stages (they check their own arguments).
         self.geometry = MosaicAffine(
             image_size=image_size,
@@ -227,11 +222,11 @@ class SegDataset(Dataset[Sample]):
 
     def set_epoch(self, epoch: int) -> None:
         """Set the epoch for plain indices; persistent workers see it (shared memory)."""
-        self._state[0] = _check_int("epoch", epoch, minimum=0)
+        self._state[0] = check_int("epoch", epoch, minimum=0)
 
     def set_max_epochs(self, max_epochs: int) -> None:
         """Set the run's number of epochs, which ``close_mosaic`` counts back from."""
-        self.max_epochs = _check_int("max_epochs", max_epochs, minimum=1)
+        self.max_epochs = check_int("max_epochs", max_epochs, minimum=1)
         self._state[1] = self.max_epochs
 
     def mosaic_active(self, epoch: int) -> bool:
@@ -498,20 +493,8 @@ def _empty_sample(
     )
 
 
-def _check_int(name: str, value: int, minimum: int) -> int:
-    if isinstance(value, bool) or not isinstance(value, (int, np.integer)):
-        raise TypeError(f"{name} must be an int, got {type(value).__name__} {value!r}")
-    if value < minimum:
-        raise ValueError(f"{name} must be >= {minimum}, got {value!r}")
-    return int(value)
 
 
-def _check_fraction(name: str, value: float) -> float:
-    if isinstance(value, bool) or not isinstance(value, (int, float)):
-        raise TypeError(f"{name} must be a number, got {type(value).__name__} {value!r}")
-    if not 0.0 <= value <= 1.0:
-        raise ValueError(f"{name} must be in [0, 1], got {value!r}")
-    return float(value)
 
 
 def worker_init_fn(worker_id: int) -> None:

@@ -84,6 +84,7 @@ from lightning.pytorch.callbacks import Callback
 from lightning.pytorch.profilers import Profiler
 from lightning.pytorch.utilities.rank_zero import rank_zero_info, rank_zero_warn
 
+from seg_datamodule._checks import check_bool, check_int
 from seg_datamodule.profiler_plot import plot_step_split
 
 __all__ = [
@@ -115,19 +116,8 @@ _ANCHOR_EVERY_N_STEPS = 1000
 _MAX_PENDING = 64
 
 
-def _check_int(name: str, value: Any, minimum: int, allow_none: bool = False) -> None:
-    if value is None and allow_none:
-        return
-    if isinstance(value, bool) or not isinstance(value, int):
-        expected = f"an int >= {minimum}" + (" or None" if allow_none else "")
-        raise TypeError(f"{name} must be {expected}, got {value!r}")
-    if value < minimum:
-        raise ValueError(f"{name} must be >= {minimum}, got {value!r}")
 
 
-def _check_bool(name: str, value: Any) -> None:
-    if not isinstance(value, bool):
-        raise TypeError(f"{name} must be a bool, got {value!r}")
 
 
 # ---------------------------------------------------------------------------------------------
@@ -157,7 +147,7 @@ class StepTimeAccumulator:
     """
 
     def __init__(self, warmup_steps: int = 5) -> None:
-        _check_int("warmup_steps", warmup_steps, 0)
+        check_int("warmup_steps", warmup_steps, 0)
         self.warmup_steps = warmup_steps
         self._columns: dict[str, array] = {}
         self._count = 0
@@ -543,7 +533,7 @@ def time_optimizer_step(optimizer: torch.optim.Optimizer, repeats: int = 10) -> 
         TypeError: ``repeats`` is not an int.
         ValueError: ``repeats`` < 1.
     """
-    _check_int("repeats", repeats, 1)
+    check_int("repeats", repeats, 1)
     # Not copy.deepcopy(optimizer): Optimizer.__getstate__ keeps only defaults, state and
     # param_groups, dropping a subclass's own attributes. Same class and attributes, copied
     # parameters and state (one memo keeps the state keyed to the copied parameters), no hooks.
@@ -708,10 +698,10 @@ class StepTimeProfiler(Callback):
         save_plot: bool = True,
     ) -> None:
         super().__init__()
-        _check_int("warmup_steps", warmup_steps, 0)
-        _check_int("log_every_n_steps", log_every_n_steps, 0, allow_none=True)
-        _check_bool("synchronize", synchronize)
-        _check_int("isolated_optimizer_steps", isolated_optimizer_steps, 0)
+        check_int("warmup_steps", warmup_steps, 0)
+        check_int("log_every_n_steps", log_every_n_steps, 0, allow_none=True)
+        check_bool("synchronize", synchronize)
+        check_int("isolated_optimizer_steps", isolated_optimizer_steps, 0)
         if dirpath is not None and not isinstance(dirpath, (str, os.PathLike)):
             raise TypeError(f"dirpath must be a str, a path or None, got {dirpath!r}")
         if not isinstance(filename, str):
@@ -720,7 +710,7 @@ class StepTimeProfiler(Callback):
             raise ValueError(
                 f"filename must be a non-empty file stem without a path separator, got {filename!r}"
             )
-        _check_bool("save_plot", save_plot)
+        check_bool("save_plot", save_plot)
         self.warmup_steps = warmup_steps
         self.log_every_n_steps = log_every_n_steps
         self.synchronize = synchronize

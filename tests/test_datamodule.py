@@ -69,8 +69,12 @@ def test_demo_batches_and_validation_metadata(demo_dir, tmp_path):
 
 
 def test_bad_arguments_are_named():
-    with pytest.raises(ValueError, match="batch_size must be an int >= 1, got 0"):
+    with pytest.raises(ValueError, match="batch_size must be >= 1, got 0"):
         COCOSegDataModule(batch_size=0)
+    with pytest.raises(TypeError, match="num_workers must be an int >= 0, got 1.5"):
+        COCOSegDataModule(num_workers=1.5)
+    with pytest.raises(ValueError, match="cache_images must be >= 0, got -1"):
+        COCOSegDataModule(cache_images=-1)
     with pytest.raises(ValueError, match="give both train_ann and train_images"):
         COCOSegDataModule(train_ann="x.json")
     with pytest.raises(ValueError, match="on_bad_sample must be 'raise' or 'skip'"):

@@ -374,8 +374,10 @@ def test_argument_errors() -> None:
         SegDataset(FakeIndex(), mosaic=1.5)
     with pytest.raises(ValueError, match="scale must satisfy"):
         SegDataset(FakeIndex(), scale=(1.5, 0.5))
-    with pytest.raises(ValueError, match="image_size must be a positive"):
+    with pytest.raises(ValueError, match="image_size must be >= 1, got 0"):
         SegDataset(FakeIndex(), image_size=0)
+    with pytest.raises(TypeError, match="min_box_size must be a number"):
+        SegDataset(FakeIndex(), min_box_size="2")  # type: ignore[arg-type]
     with pytest.raises(ValueError, match="on_bad_sample"):
         SegDataset(FakeIndex(), on_bad_sample="ignore")  # type: ignore[arg-type]
     with pytest.raises(TypeError, match="train must be a bool"):
