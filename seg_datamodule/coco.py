@@ -89,7 +89,7 @@ import cv2
 import numpy as np
 from pycocotools import mask as mask_utils
 
-from seg_datamodule.paths import cache_root
+from seg_datamodule.paths import cache_root, file_lock
 from seg_datamodule.raster import rasterize_flat
 from seg_datamodule.images import (
     IMAGE_ERROR_REASONS,
@@ -1285,14 +1285,23 @@ class CocoIndex:
             folder = Path(cache_dir) if cache_dir is not None else default_cache_dir()
             cache_path = _cache_path(folder, ann_path)
             loaded = _read_cache(cache_path, key)
-        from_cache = loaded is not None
-        if loaded is None:
+        if loaded is None and cache_path is not None:
+            # DDP ranks (and the CLI, which reads num_classes in every rank) start together: one
+            # builds, the others wait and read its cache instead of each parsing the JSON.
+            with file_lock(cache_path.with_name(cache_path.name + ".lock")):
+                loaded = _read_cache(cache_path, key)
+                if loaded is None:
+                    tables, meta = _build_tables(ann_path, on_bad_sample)
+                    meta = {**meta, "key": key}
+                    if not _write_cache(cache_path, tables, meta):
+                        cache_path = None
+            from_cache = loaded is not None
+        elif loaded is None:
             tables, meta = _build_tables(ann_path, on_bad_sample)
-            if cache_path is not None:
-                meta = {**meta, "key": key}
-                if not _write_cache(cache_path, tables, meta):
-                    cache_path = None
+            from_cache = False
         else:
+            from_cache = True
+        if loaded is not None:
             tables, meta = loaded
         index = cls(tables, meta, ann_file=ann_path, image_root=image_root)
         index.from_cache, index.cache_path = from_cache, cache_path

@@ -23,7 +23,6 @@ Layout written by :func:`generate_demo_dataset` (the coco-mini layout, so config
 
 from __future__ import annotations
 
-import contextlib
 import json
 import math
 import os
@@ -31,13 +30,13 @@ import shutil
 import tempfile
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Iterator, NamedTuple
+from typing import Any, NamedTuple
 
 import cv2
 import numpy as np
 from pycocotools import mask as mask_utils
 
-from seg_datamodule.paths import cache_root
+from seg_datamodule.paths import cache_root, file_lock
 
 __all__ = [
     "DEMO_CATEGORIES",
@@ -576,22 +575,6 @@ def _is_complete(root: Path, spec: dict[str, Any]) -> bool:
     return True
 
 
-@contextlib.contextmanager
-def _file_lock(path: Path) -> Iterator[None]:
-    """An exclusive advisory lock where the OS has ``fcntl``; the atomic rename is the fallback."""
-    try:
-        import fcntl
-    except ImportError:  # pragma: no cover - Windows
-        yield
-        return
-    with open(path, "a+") as fh:
-        fcntl.flock(fh, fcntl.LOCK_EX)
-        try:
-            yield
-        finally:
-            fcntl.flock(fh, fcntl.LOCK_UN)
-
-
 def default_demo_root() -> Path:
     """Where :func:`ensure_demo_dataset` keeps the dataset when no folder is given.
 
@@ -620,7 +603,7 @@ def ensure_demo_dataset(cache_dir: str | Path | None = None) -> DemoPaths:
     if _is_complete(root, spec):
         return _paths(root)
     root.parent.mkdir(parents=True, exist_ok=True)
-    with _file_lock(root.parent / f".{root.name}.lock"):
+    with file_lock(root.parent / f".{root.name}.lock"):
         if _is_complete(root, spec):  # another process finished while we waited
             return _paths(root)
         tmp = Path(tempfile.mkdtemp(prefix=f".{root.name}.tmp-", dir=root.parent))

@@ -654,7 +654,7 @@ def test_modified_annotation_file_is_rebuilt(tmp_path: Path) -> None:
     os.utime(path, ns=(st.st_atime_ns, st.st_mtime_ns + 2 * 10**9))
     renamed = CocoIndex.build(path, tmp_path, cache_dir=cache)
     assert not renamed.from_cache and renamed.class_names[0] == "TWO"
-    assert len(list(cache.iterdir())) == 1  # overwritten, not accumulated
+    assert len(list(cache.glob("*.npz"))) == 1  # overwritten, not accumulated
 
 
 @pytest.mark.parametrize("damage", ["garbage", "truncate", "flip"])
@@ -861,3 +861,19 @@ def test_same_size_copy_keeping_the_mtime_rebuilds_the_cache(tmp_path: Path) -> 
     again = CocoIndex.build(path, tmp_path, cache_dir=cache)
     assert not again.from_cache
     assert again.class_names[:2] == first.class_names[:2][::-1]
+
+
+def _build_and_report(args: tuple[str, str, str]) -> bool:
+    path, root, cache = args
+    return CocoIndex.build(path, root, cache_dir=cache).from_cache
+
+
+def test_processes_starting_together_build_the_cache_once(tmp_path: Path) -> None:
+    # DDP ranks: one parses the JSON, the others wait on the lock and read its cache.
+    import multiprocessing
+
+    path = _write(tmp_path, _base())
+    args = (str(path), str(tmp_path), str(tmp_path / "cache"))
+    with multiprocessing.get_context("spawn").Pool(3) as pool:
+        from_cache = pool.map(_build_and_report, [args] * 3)
+    assert sorted(from_cache) == [False, True, True]
