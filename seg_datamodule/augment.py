@@ -41,12 +41,6 @@ __all__ = [
 _MOSAIC_ANCHORS = np.array([[1, 1], [0, 1], [1, 0], [0, 0]])
 
 
-
-
-
-
-
-
 class RandomAffine:
     """YOLO random affine: rotation, isotropic scale, shear and translation about the centre.
 

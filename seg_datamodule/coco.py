@@ -1340,7 +1340,7 @@ class CocoIndex:
         name_off = t["file_name_offsets"]
         name_lens = np.diff(name_off)[images]
         new["file_name_bytes"] = t["file_name_bytes"][_ragged_index(name_off[images], name_lens)]
-        new["file_name_offsets"] = _offsets(np.diff(name_off)[images])
+        new["file_name_offsets"] = _offsets(name_lens)
         # Target instances, their rings and vertices.
         inst_off = t["instance_offsets"]
         per_image = np.diff(inst_off)[images]
@@ -1364,8 +1364,9 @@ class CocoIndex:
         for k in ("crowd_labels", "crowd_annotation_ids", "crowd_bboxes", "crowd_areas"):
             new[k] = t[k][crowd]
         rle_off = t["crowd_rle_offsets"]
-        new["crowd_rle_bytes"] = t["crowd_rle_bytes"][_ragged_index(rle_off[crowd], np.diff(rle_off)[crowd])]
-        new["crowd_rle_offsets"] = _offsets(np.diff(rle_off)[crowd])
+        rle_lens = np.diff(rle_off)[crowd]
+        new["crowd_rle_bytes"] = t["crowd_rle_bytes"][_ragged_index(rle_off[crowd], rle_lens)]
+        new["crowd_rle_offsets"] = _offsets(rle_lens)
         new["vertex_scale"] = t["vertex_scale"]
         new["category_ids"] = t["category_ids"]
         out = self._replace(new)

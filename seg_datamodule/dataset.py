@@ -34,7 +34,7 @@ import torch
 from torch.utils.data import Dataset, get_worker_info
 
 from seg_datamodule._checks import check_bool, check_int, check_number
-from seg_datamodule.augment import AlbumentationsTransform, Letterbox, MosaicAffine
+from seg_datamodule.augment import AlbumentationsTransform, MosaicAffine
 from seg_datamodule.coco import SkipCounter
 from seg_datamodule.geometry import clip_polygons, instance_areas, select_instances
 from seg_datamodule.images import IMAGE_ERROR_REASONS, BadImageError
@@ -48,7 +48,7 @@ from seg_datamodule.mosaic import (
     visible_tiles,
     warp_tiles,
 )
-from seg_datamodule.sample import Sample
+from seg_datamodule.sample import Sample, empty_polygons
 
 __all__ = ["COUNT_KEYS", "ImageIndex", "SegDataset", "worker_init_fn"]
 
@@ -180,7 +180,6 @@ class SegDataset(Dataset[Sample]):
             flip_lr=flip_lr,
         )
         self.image_size = self.geometry.image_size
-        self.letterbox = Letterbox(self.image_size)
         self.transforms = AlbumentationsTransform(transforms)
         # 4. Shared state: [epoch, max_epochs or -1], read by (persistent) workers.
         self._state = torch.tensor([0, -1 if max_epochs is None else max_epochs], dtype=torch.int64)
@@ -365,7 +364,7 @@ class SegDataset(Dataset[Sample]):
         return self._finish(rng, ids, plan, images, reduces, augment=True, flip=draw.flip)
 
     def _val_sample(self, index: int) -> Sample:
-        plan, scale, pad = self.letterbox.plan(tuple(self._sizes[index]))
+        plan, scale, pad = self.geometry.letterbox.plan(tuple(self._sizes[index]))
         reduce = choose_reduce(plan.matrices[0])
         orig_size = (int(self._sizes[index, 0]), int(self._sizes[index, 1]))
         try:
@@ -478,12 +477,13 @@ def _other_index(rng: np.random.Generator, bad: int, n: int) -> int:
 def _empty_sample(
     image_id: int, image_size: int, scale: float, pad: tuple[float, float], orig_size: tuple[int, int]
 ) -> Sample:
+    vertices, ring_offsets, instance_offsets = empty_polygons()
     return Sample(
         image=np.full((image_size, image_size, 3), FILL_VALUE, np.uint8),
         image_id=image_id,
-        vertices=np.zeros((0, 2)),
-        ring_offsets=np.zeros(1, np.int64),
-        instance_offsets=np.zeros(1, np.int64),
+        vertices=vertices,
+        ring_offsets=ring_offsets,
+        instance_offsets=instance_offsets,
         labels=np.zeros(0, np.int64),
         annotation_ids=np.zeros(0, np.int64),
         boxes=np.zeros((0, 4), np.float32),
@@ -491,10 +491,6 @@ def _empty_sample(
         pad=(float(pad[0]), float(pad[1])),
         orig_size=orig_size,
     )
-
-
-
-
 
 
 def worker_init_fn(worker_id: int) -> None:
