@@ -126,7 +126,7 @@ def phase_pycocotools(ann_file: Path, _: Path) -> dict[str, Any]:
 
 
 def phase_cold(ann_file: Path, cache_dir: Path) -> dict[str, Any]:
-    from seg_datamodule.coco import CocoIndex
+    from seg_datamodule.io.coco.index import CocoIndex
 
     rss_imported = _rss_mib()  # Python + torch (imported by the package), before the build
     shutil.rmtree(cache_dir, ignore_errors=True)
@@ -149,7 +149,7 @@ def phase_cold(ann_file: Path, cache_dir: Path) -> dict[str, Any]:
 
 def phase_warm(ann_file: Path, cache_dir: Path) -> dict[str, Any]:
     rss_before = _rss_mib()
-    from seg_datamodule.coco import CocoIndex
+    from seg_datamodule.io.coco.index import CocoIndex
 
     rss_imported = _rss_mib()
     start = time.perf_counter()
@@ -175,7 +175,8 @@ class _PolygonEpoch:
         return len(self.index)
 
     def __getitem__(self, i: int) -> tuple[int, int, int]:
-        vertices, rings, instances, labels, ann_ids = self.index.polygons(i)
+        polygons, labels, ann_ids = self.index.polygons(i), self.index.labels(i), self.index.annotation_ids(i)
+        vertices, rings, instances = polygons.arrays
         crowd = self.index.crowd_counts[i]
         return len(vertices), len(labels), int(crowd)
 
@@ -238,7 +239,7 @@ def _workers_pss(dataset: Any, num_workers: int = 4) -> dict[str, Any]:
 
 
 def phase_workers(ann_file: Path, cache_dir: Path) -> dict[str, Any]:
-    from seg_datamodule.coco import CocoIndex
+    from seg_datamodule.io.coco.index import CocoIndex
 
     index = CocoIndex.build(ann_file, COCO_MINI / "train2017", cache_dir=cache_dir)
     return _workers_pss(_PolygonEpoch(index))
@@ -285,7 +286,7 @@ def bench_decoders(reps: int = 5) -> None:
     from PIL import Image
     from torchvision.io import ImageReadMode, decode_jpeg
 
-    from seg_datamodule.images import decode_image_bytes
+    from seg_datamodule.io.images import decode_image_bytes
 
     cv2.setNumThreads(1)
     torch.set_num_threads(1)
@@ -363,7 +364,7 @@ def main() -> None:
         bench_decoders()
         return
 
-    from seg_datamodule.coco import default_cache_dir
+    from seg_datamodule.io.coco.index import default_cache_dir
 
     workdir = args.workdir or default_cache_dir().parent / "bench"
     start = time.perf_counter()

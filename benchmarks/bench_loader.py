@@ -49,11 +49,11 @@ import cv2
 import torch
 from torch.utils.data import DataLoader, RandomSampler
 
-import seg_datamodule.dataset as dataset_module
-from seg_datamodule.augment import RandomHSV
-from seg_datamodule.coco import CocoIndex
-from seg_datamodule.collate import DetectionCollate
-from seg_datamodule.dataset import SegDataset, worker_init_fn
+import seg_datamodule.data.dataset as dataset_module
+from seg_datamodule.transforms.albu import RandomHSV
+from seg_datamodule.io.coco.index import CocoIndex
+from seg_datamodule.data.collate import DetectionCollate
+from seg_datamodule.data.dataset import SegDataset, worker_init_fn
 
 DEFAULT_ROOT = Path(__file__).resolve().parents[2] / "shared" / "data" / "coco-mini"
 

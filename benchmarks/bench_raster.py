@@ -32,8 +32,8 @@ import cv2
 import numpy as np
 import torch
 
-from seg_datamodule import DetectionCollate, Sample, rasterize_flat
-from seg_datamodule.sample import polygons_from_instances
+from seg_datamodule import DetectionCollate, Polygons, Sample, rasterize_flat
+from seg_datamodule.structures import polygons_from_instances
 
 CANVAS = 640
 STRIDE = 4
@@ -77,14 +77,14 @@ def build_mosaic_batch(root: Path, num_canvases: int = 64, seed: int = 0) -> lis
                     instances.append(rings)
         vertices, ring_offsets, instance_offsets = polygons_from_instances(instances)
         n = len(instances)
-        samples.append(Sample(image=image, image_id=c, vertices=vertices, ring_offsets=ring_offsets,
-                              instance_offsets=instance_offsets, labels=np.zeros(n, np.int64),
+        samples.append(Sample(image=image, image_id=c, polygons=Polygons(vertices, ring_offsets, instance_offsets),
+                              labels=np.zeros(n, np.int64),
                               annotation_ids=np.arange(n, dtype=np.int64)))
     return samples
 
 
 def _flat(samples: list[Sample]) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    from seg_datamodule.geometry import concat_polygons
+    from seg_datamodule.ops.geometry import concat_polygons
 
     return concat_polygons([(s.vertices, s.ring_offsets, s.instance_offsets) for s in samples])
 

@@ -34,13 +34,13 @@ import torch
 import torch.nn.functional as F
 from torch.utils.data import DataLoader
 
-from seg_datamodule.collate import DetectionCollate, boxes_from_polygons
-from seg_datamodule.datamodule import COCOSegDataModule
+from seg_datamodule.data.collate import DetectionCollate, boxes_from_polygons
+from seg_datamodule.data.datamodule import COCOSegDataModule
 from seg_datamodule.models import YolactLite
-from seg_datamodule.models.yolact import mask_loss
-from seg_datamodule.profiler import PHASES, StepTimeProfiler
-from seg_datamodule.raster import rasterize_flat
-from seg_datamodule.sample import DetectionBatch, Sample
+from seg_datamodule.demo.model import mask_loss
+from seg_datamodule.profiling.callback import PHASES, StepTimeProfiler
+from seg_datamodule.ops.raster import rasterize_flat
+from seg_datamodule.structures import DetectionBatch, Polygons, Sample
 
 
 @dataclass
@@ -48,9 +48,7 @@ class PolygonBatch:
     """A batch whose masks are still polygons: ``batch.masks`` is all False until rasterised."""
 
     batch: DetectionBatch
-    vertices: np.ndarray  # (V, 2) float64, canvas pixels, every instance of the batch
-    ring_offsets: np.ndarray  # (R + 1,) int64
-    instance_offsets: np.ndarray  # (N + 1,) int64
+    polygons: Polygons  # canvas pixels, every instance of the batch
 
     def to(self, device: torch.device | str, non_blocking: bool = False) -> PolygonBatch:
         return dataclasses.replace(self, batch=self.batch.to(device, non_blocking=non_blocking))
@@ -66,34 +64,15 @@ class PolygonCollate:
         self.collate = DetectionCollate(mask_stride=mask_stride)
 
     def __call__(self, samples: Sequence[Sample]) -> PolygonBatch:
-        vertices, rings, instances = [], [np.zeros(1, np.int64)], [np.zeros(1, np.int64)]
         stripped = []
-        num_vertices = num_rings = 0
         for s in samples:
             boxes = s.boxes
             if boxes is None:
-                boxes = boxes_from_polygons(s.vertices, s.ring_offsets, s.instance_offsets, s.canvas_size)
-            vertices.append(s.vertices)
-            rings.append(s.ring_offsets[1:] + num_vertices)
-            instances.append(s.instance_offsets[1:] + num_rings)
-            num_vertices += len(s.vertices)
-            num_rings += len(s.ring_offsets) - 1
+                boxes = boxes_from_polygons(s.polygons, s.canvas_size)
             # Every instance with no ring: the collate allocates all-False masks and rasterises nothing.
-            stripped.append(
-                dataclasses.replace(
-                    s,
-                    vertices=np.zeros((0, 2)),
-                    ring_offsets=np.zeros(1, np.int64),
-                    instance_offsets=np.zeros(s.num_instances + 1, np.int64),
-                    boxes=np.asarray(boxes, np.float32),
-                )
-            )
-        return PolygonBatch(
-            self.collate(stripped),
-            np.concatenate(vertices).reshape(-1, 2).astype(np.float64, copy=False),
-            np.concatenate(rings),
-            np.concatenate(instances),
-        )
+            no_rings = Polygons(np.zeros((0, 2)), np.zeros(1, np.int64), np.zeros(s.num_instances + 1, np.int64))
+            stripped.append(dataclasses.replace(s, polygons=no_rings, boxes=np.asarray(boxes, np.float32)))
+        return PolygonBatch(self.collate(stripped), Polygons.concat(s.polygons for s in samples))
 
 
 class RasterInStepDataModule(COCOSegDataModule):
@@ -116,7 +95,7 @@ class RasterInStepYolact(YolactLite):
         out = self(b.images, b.boxes, b.boxes_per_image)
         height, width = b.images.shape[-2:]
         masks = np.zeros(tuple(b.masks.shape), dtype=bool)
-        rasterize_flat(batch.vertices, batch.ring_offsets, batch.instance_offsets, (height, width),
+        rasterize_flat(*batch.polygons.arrays, (height, width),
                        b.mask_stride, out=masks)
         targets = torch.from_numpy(masks).to(b.masks.device)
         m_loss = mask_loss(out.mask_logits, targets, b.boxes, b.mask_stride)

@@ -1,20 +1,19 @@
 """seg-datamodule: feed instance-segmentation training with exact, worker-side mask targets.
 
-Data path: load (``coco``) -> augment (``geometry``, ``mosaic``, ``augment``, ``dataset``) ->
-collate (``raster``, ``collate``) -> ``COCOSegDataModule``; the ``StepTimeProfiler`` callback
-beside it.
+Data path, one folder a stage: ``io`` (load) -> ``transforms`` (augment) -> ``data`` (dataset,
+collate, ``COCOSegDataModule``), all speaking ``structures`` and built on the pure kernels in
+``ops``; ``profiling`` (the ``StepTimeProfiler`` callback) beside it, importing nothing from it.
 """
 
-from seg_datamodule.sample import DetectionBatch, Sample, polygons_from_instances
-from seg_datamodule.raster import rasterize_flat, rasterize_polygons
-from seg_datamodule.collate import DetectionCollate, collate_detection
-from seg_datamodule.coco import BadAnnotationError, CocoIndex
-from seg_datamodule.images import BadImageError
-from seg_datamodule.sampler import EpochShardSampler
-from seg_datamodule.dataset import SegDataset
-from seg_datamodule.datamodule import COCOSegDataModule
-from seg_datamodule.profiler import StepTimeAccumulator, StepTimeProfiler
-from seg_datamodule.profiler_plot import plot_step_split
+from seg_datamodule.structures import DetectionBatch, Polygons, Sample, polygons_from_instances
+from seg_datamodule.ops.raster import rasterize_flat, rasterize_polygons
+from seg_datamodule.data.collate import DetectionCollate, collate_detection
+from seg_datamodule.io.coco import BadAnnotationError, CocoIndex
+from seg_datamodule.io.images import BadImageError
+from seg_datamodule.data.sampler import EpochShardSampler
+from seg_datamodule.data.dataset import SegDataset
+from seg_datamodule.data.datamodule import COCOSegDataModule
+from seg_datamodule.profiling import StepTimeAccumulator, StepTimeProfiler, plot_step_split
 
 __all__ = [
     "BadAnnotationError",
@@ -24,6 +23,7 @@ __all__ = [
     "DetectionBatch",
     "DetectionCollate",
     "EpochShardSampler",
+    "Polygons",
     "Sample",
     "SegDataset",
     "StepTimeAccumulator",

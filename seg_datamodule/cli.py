@@ -10,7 +10,7 @@ from __future__ import annotations
 from lightning.pytorch import LightningModule
 from lightning.pytorch.cli import ArgsType, LightningCLI
 
-from seg_datamodule.datamodule import COCOSegDataModule
+from seg_datamodule.data.datamodule import COCOSegDataModule
 
 __all__ = ["SegCLI", "main"]
 

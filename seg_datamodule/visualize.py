@@ -11,7 +11,7 @@ from pathlib import Path
 import cv2
 import numpy as np
 
-from seg_datamodule.sample import DetectionBatch
+from seg_datamodule.structures import DetectionBatch
 
 __all__ = ["batch_grid", "draw_instances", "save_batch_png"]
 

@@ -4,11 +4,15 @@ from __future__ import annotations
 
 import os
 import random
+import sys
 from pathlib import Path
 
 import numpy as np
 import pytest
 import torch
+
+# Tests live in folders that mirror the package; their shared helpers (_reference, _recorder) here.
+sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 # ../shared/data/coco-mini beside the project checkout; COCO_MINI overrides it.
 COCO_MINI = Path(
@@ -34,8 +38,8 @@ def coco_mini() -> Path:
 @pytest.fixture(scope="session")
 def demo_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """The embedded demo dataset, generated once per test session."""
-    from seg_datamodule.demo_data import ensure_demo_dataset
+    from seg_datamodule.demo.data import ensure_demo_dataset
 
-    root = tmp_path_factory.mktemp("demo") / "demo-v2"
+    root = tmp_path_factory.mktemp("demo") / "demo-v3"
     ensure_demo_dataset(root)
     return root

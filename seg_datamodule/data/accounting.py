@@ -1,0 +1,114 @@
+"""Where annotations go: a counter by reason shared between DataLoader workers and the main process.
+
+Both the dataset's augmentation drops (``outside``, ``clipped``, ...) and images found bad by a
+worker (``image_missing``, ...) are counted here, so every annotation is either in a batch or in a
+counter with its reason.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import multiprocessing
+import multiprocessing.context
+from typing import Any, Sequence
+
+from seg_datamodule.io.coco.errors import format_skip_summary
+from seg_datamodule.io.images import IMAGE_ERROR_REASONS, BadImageError
+
+__all__ = ["SkipCounter"]
+
+
+class SkipCounter:
+    """Counts of samples skipped by reason, shared between DataLoader workers and the main process.
+
+    Create it in the main process *before* the DataLoader starts its workers (e.g. in the
+    dataset's ``__init__``); workers call :meth:`add` (or :meth:`add_error`) and the main process
+    reads :meth:`counts`. The counts live in a ``multiprocessing.Array`` of int64 with a lock:
+    forked workers inherit it, and spawn / forkserver workers receive it while the DataLoader
+    starts them (the only time ``multiprocessing`` lets a shared array be pickled).
+
+    Pickled at any other time (``copy.deepcopy``, saving to disk) it becomes a detached snapshot:
+    a new counter holding the same counts, no longer shared.
+
+    Args:
+        reasons: the reasons it can count; defaults to the image reasons a worker can meet
+            (``image_missing``, ``image_unreadable``, ``image_truncated``, ``image_corrupt``,
+            ``image_size_mismatch``).
+        context: the multiprocessing context the workers are started with (``None``: the
+            default one; pass the DataLoader's ``multiprocessing_context`` when it differs).
+
+    Raises:
+        ValueError: ``reasons`` is empty or has duplicates.
+    """
+
+    def __init__(
+        self,
+        reasons: Sequence[str] = IMAGE_ERROR_REASONS,
+        *,
+        context: multiprocessing.context.BaseContext | None = None,
+    ) -> None:
+        reasons = tuple(reasons)
+        if not reasons or len(set(reasons)) != len(reasons) or not all(isinstance(r, str) for r in reasons):
+            raise ValueError(f"reasons must be distinct strings, at least one, got {reasons!r}")
+        self._reasons = reasons
+        self._slot = {r: k for k, r in enumerate(reasons)}
+        self._array = (context or multiprocessing.get_context()).Array(ctypes.c_int64, len(reasons))
+
+    @property
+    def reasons(self) -> tuple[str, ...]:
+        """The reasons this counter has a slot for."""
+        return self._reasons
+
+    def add(self, reason: str, count: int = 1) -> None:
+        """Add ``count`` to ``reason`` (atomic across processes).
+
+        Raises:
+            ValueError: ``reason`` is not one of :attr:`reasons`.
+        """
+        slot = self._slot.get(reason)
+        if slot is None:
+            raise ValueError(f"unknown skip reason {reason!r}; this counter counts {self._reasons}")
+        with self._array.get_lock():
+            self._array[slot] += int(count)
+
+    def add_error(self, error: BadImageError) -> None:
+        """Count a :class:`BadImageError` under its reason (``image_corrupt`` when it has none)."""
+        reason = error.reason if error.reason in self._slot else "image_corrupt"
+        self.add(reason)
+
+    def counts(self) -> dict[str, int]:
+        """Reason -> count, reasons with a zero count left out."""
+        with self._array.get_lock():
+            values = list(self._array)
+        return {r: int(v) for r, v in zip(self._reasons, values) if v}
+
+    def total(self) -> int:
+        """Sum of all counts."""
+        return sum(self.counts().values())
+
+    def reset(self) -> None:
+        """Set every count to zero."""
+        with self._array.get_lock():
+            for k in range(len(self._reasons)):
+                self._array[k] = 0
+
+    def summary(self) -> str:
+        """:func:`format_skip_summary` of :meth:`counts`."""
+        return format_skip_summary(self.counts())
+
+    def __getstate__(self) -> dict[str, Any]:
+        if multiprocessing.context.get_spawning_popen() is not None:
+            return {"reasons": self._reasons, "array": self._array}
+        return {"reasons": self._reasons, "snapshot": [int(v) for v in self._array]}
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        self._reasons = tuple(state["reasons"])
+        self._slot = {r: k for k, r in enumerate(self._reasons)}
+        if "array" in state:
+            self._array = state["array"]
+        else:
+            self._array = multiprocessing.get_context().Array(ctypes.c_int64, len(self._reasons))
+            self._array[:] = state["snapshot"]
+
+    def __repr__(self) -> str:
+        return f"SkipCounter({self.counts()})"

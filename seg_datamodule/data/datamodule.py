@@ -1,0 +1,318 @@
+"""``COCOSegDataModule``: COCO loading, mosaic augmentation and worker-side mask collation.
+
+The data path, one stage per module: :mod:`~seg_datamodule.coco` (a flat, worker-safe index) ->
+:mod:`~seg_datamodule.dataset` (mosaic / random affine / albumentations, or letterbox for
+validation) -> :mod:`~seg_datamodule.collate` (images and stride-grid masks, rasterised inside the
+DataLoader workers into shared memory) -> a :class:`~seg_datamodule.sample.DetectionBatch`.
+
+Sharding and order: training uses :class:`~seg_datamodule.sampler.EpochShardSampler`, a
+``DistributedSampler`` (so Lightning keeps it under DDP) that reshuffles from ``(seed, epoch)``,
+gives every rank a disjoint shard (padding at most ``world_size - 1`` repeats per epoch) and hands
+the epoch to the dataset with every index. Each sample's augmentation is a pure function of
+``(seed, epoch, index)``, so the batches are the same for any ``num_workers``, and a run resumed
+from a checkpoint taken at an epoch boundary continues with exactly the batches the uninterrupted
+run would have seen. Resuming from a mid-epoch checkpoint restarts that epoch's order from its
+first batch (Lightning restores the epoch, not a position inside a plain DataLoader).
+
+Without ``train_ann`` the module uses the embedded demo dataset, generated on first use (see
+:mod:`~seg_datamodule.demo_data`).
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import Any, Literal
+
+import albumentations as A
+import numpy as np
+import torch
+from lightning.pytorch import LightningDataModule
+from lightning.pytorch.utilities import rank_zero_info
+from torch.utils.data import DataLoader
+
+from seg_datamodule.data.collate import DetectionCollate
+from seg_datamodule.data.dataset import SegDataset, worker_init_fn
+from seg_datamodule.data.sampler import EpochShardSampler
+from seg_datamodule.demo.data import ensure_demo_dataset
+from seg_datamodule.io.coco import CocoIndex, format_skip_summary
+from seg_datamodule.ops.checks import check_choice, check_int
+
+__all__ = ["AUTO_CACHE_MAX_IMAGES", "COCOSegDataModule"]
+
+#: With ``cache_images=None``, datasets up to this many images are cached whole in each worker.
+AUTO_CACHE_MAX_IMAGES = 512
+
+log = logging.getLogger(__name__)
+
+
+class COCOSegDataModule(LightningDataModule):
+    """Instance-segmentation batches from COCO-format data, masks rasterised in the workers.
+
+    Args:
+        train_ann: COCO instances JSON for training; ``None`` uses the embedded demo dataset
+            (and its validation split, unless ``val_ann`` is given).
+        train_images: folder of the training images (``file_name`` is relative to it).
+        val_ann: COCO instances JSON for validation (optional).
+        val_images: folder of the validation images.
+        image_size: output canvas side ``s`` (square ``s x s``).
+        mask_stride: stride of the mask grid (4 for YOLACT's ProtoNet).
+        batch_size: training images per batch (per rank).
+        val_batch_size: validation images per batch; ``None`` uses ``batch_size``.
+        num_workers: DataLoader worker processes (masks are rasterised there).
+        mosaic: probability of a 4-image mosaic per training sample.
+        close_mosaic: turn mosaic off for the last N epochs (needs ``trainer.max_epochs``).
+        degrees: random rotation range in degrees.
+        translate: random translation as a fraction of ``image_size``.
+        scale: random scale range ``(low, high)``.
+        shear: random shear range in degrees.
+        flip_lr: probability of a horizontal flip (pixels and polygons together).
+        min_area_ratio: drop an instance whose clipped area is below this fraction of its area
+            before clipping (counted as ``clipped``).
+        min_box_size: drop an instance whose clipped box is under this many pixels wide or high
+            (counted as ``small_box``).
+        transforms: per-sample albumentations pipeline for training (YAML ``class_path`` /
+            ``init_args`` of an ``albumentations.Compose``), or a path that ``A.load`` reads.
+        on_bad_sample: ``"raise"`` (default) fails with a message naming the file and ids;
+            ``"skip"`` leaves bad annotations or images out and counts them by reason.
+        drop_crowd: leave crowd regions out (otherwise they become ``ignore_masks``).
+        drop_empty: leave out images without target instances (kept as negatives by default).
+        verify_images: decode every image at setup and check its size.
+        cache_dir: where the annotation index cache lives (default: the user cache dir).
+        cache_images: decoded images kept per worker (LRU); 0 keeps none. ``None`` (default)
+            keeps every image of a dataset of at most ``AUTO_CACHE_MAX_IMAGES`` images (the demo,
+            a small fine-tuning set) and none of a larger one: mosaic partners are drawn
+            uniformly, so a cache far smaller than the dataset is rarely hit, and each cached
+            640 px image costs about 1 MB per worker.
+        pin_memory: page-lock batches for faster host-to-device copies.
+        persistent_workers: keep workers alive between epochs (when ``num_workers > 0``).
+        prefetch_factor: batches each worker prepares ahead (when ``num_workers > 0``).
+        seed: base seed of shuffling and augmentation (the same on every rank).
+        demo_dir: where the demo dataset is generated (default: the user cache dir).
+    """
+
+    def __init__(
+        self,
+        train_ann: str | None = None,
+        train_images: str | None = None,
+        val_ann: str | None = None,
+        val_images: str | None = None,
+        image_size: int = 640,
+        mask_stride: int = 4,
+        batch_size: int = 16,
+        val_batch_size: int | None = None,
+        num_workers: int = 4,
+        mosaic: float = 1.0,
+        close_mosaic: int = 0,
+        degrees: float = 0.0,
+        translate: float = 0.1,
+        scale: tuple[float, float] = (0.5, 1.5),
+        shear: float = 0.0,
+        flip_lr: float = 0.5,
+        min_area_ratio: float = 0.1,
+        min_box_size: float = 2.0,
+        transforms: A.BaseCompose | str | None = None,
+        on_bad_sample: Literal["raise", "skip"] = "raise",
+        drop_crowd: bool = False,
+        drop_empty: bool = False,
+        verify_images: bool = False,
+        cache_dir: str | None = None,
+        cache_images: int | None = None,
+        pin_memory: bool = True,
+        persistent_workers: bool = True,
+        prefetch_factor: int | None = 2,
+        seed: int = 0,
+        demo_dir: str | None = None,
+    ) -> None:
+        super().__init__()
+        # Checks the DataModule owns; the dataset and collate check their own arguments.
+        for name, value, minimum in (("batch_size", batch_size, 1), ("num_workers", num_workers, 0),
+                                     ("mask_stride", mask_stride, 1), ("seed", seed, 0)):
+            check_int(name, value, minimum)
+        check_int("val_batch_size", val_batch_size, 1, allow_none=True)
+        check_int("prefetch_factor", prefetch_factor, 1, allow_none=True)
+        check_int("cache_images", cache_images, 0, allow_none=True)
+        check_choice("on_bad_sample", on_bad_sample, ("raise", "skip"))
+        if (train_ann is None) != (train_images is None):
+            raise ValueError("give both train_ann and train_images, or neither (the demo dataset)")
+        if (val_ann is None) != (val_images is None):
+            raise ValueError("give both val_ann and val_images, or neither")
+        self.save_hyperparameters(ignore=["transforms"])
+        self.train_ann = train_ann
+        self.train_images = train_images
+        self.val_ann = val_ann
+        self.val_images = val_images
+        self.image_size = image_size
+        self.mask_stride = mask_stride
+        self.batch_size = batch_size
+        self.val_batch_size = val_batch_size or batch_size
+        self.num_workers = num_workers
+        self.augment_kwargs: dict[str, Any] = dict(
+            mosaic=mosaic, close_mosaic=close_mosaic, degrees=degrees, translate=translate,
+            scale=tuple(scale), shear=shear, flip_lr=flip_lr, min_area_ratio=min_area_ratio,
+            min_box_size=min_box_size, transforms=transforms, cache_images=cache_images,
+        )
+        self.index_kwargs: dict[str, Any] = dict(
+            on_bad_sample=on_bad_sample, drop_crowd=drop_crowd, drop_empty=drop_empty,
+            verify_images=verify_images, cache_dir=cache_dir,
+        )
+        self.on_bad_sample = on_bad_sample
+        self.pin_memory = pin_memory
+        self.persistent_workers = persistent_workers
+        self.prefetch_factor = prefetch_factor
+        self.seed = seed
+        self.demo_dir = demo_dir
+        self.train_index: CocoIndex | None = None
+        self.val_index: CocoIndex | None = None
+        self.train_dataset: SegDataset | None = None
+        self.val_dataset: SegDataset | None = None
+
+    # ------------------------------------------------------------------ data sources
+
+    def _resolve_paths(self) -> None:
+        """Fill in the demo dataset's paths when no training data was given."""
+        if self.train_ann is not None:
+            return
+        demo = ensure_demo_dataset(self.demo_dir)
+        self.train_ann, self.train_images = str(demo.train_ann), str(demo.train_images)
+        if self.val_ann is None:
+            self.val_ann, self.val_images = str(demo.val_ann), str(demo.val_images)
+
+    def _build_indices(self) -> None:
+        self._resolve_paths()
+        if self.train_index is None:
+            self.train_index = CocoIndex.build(self.train_ann, self.train_images, **self.index_kwargs)
+        if self.val_ann is not None and self.val_index is None:
+            # Validation keeps its negatives: dropping them would bias the evaluation.
+            kwargs = dict(self.index_kwargs, drop_empty=False)
+            self.val_index = CocoIndex.build(self.val_ann, self.val_images, **kwargs)
+            train_ids, val_ids = self.train_index.category_ids, self.val_index.category_ids
+            if not np.array_equal(train_ids, val_ids):
+                # Labels are positions in each file's sorted category ids: they must agree.
+                raise ValueError(
+                    f"{self.val_ann}: category ids {val_ids.tolist()} differ from those of "
+                    f"{self.train_ann}: {train_ids.tolist()}; validation labels would not match"
+                )
+
+    @property
+    def num_classes(self) -> int:
+        """C, the number of categories (contiguous labels ``0..C-1``) of the training data."""
+        self._build_indices()
+        assert self.train_index is not None
+        return self.train_index.num_classes
+
+    @property
+    def class_names(self) -> list[str]:
+        """Category names in label order."""
+        self._build_indices()
+        assert self.train_index is not None
+        return self.train_index.class_names
+
+    # ------------------------------------------------------------------ Lightning hooks
+
+    def prepare_data(self) -> None:
+        """Generate the demo data and write the index caches (once per node)."""
+        self._build_indices()
+
+    def setup(self, stage: str) -> None:
+        self._build_indices()
+        assert self.train_index is not None
+        max_epochs = None
+        if self.trainer is not None and self.trainer.max_epochs is not None and self.trainer.max_epochs > 0:
+            max_epochs = int(self.trainer.max_epochs)
+        if self.train_dataset is None:
+            kwargs = dict(self.augment_kwargs)
+            if kwargs["cache_images"] is None:
+                n = len(self.train_index)
+                kwargs["cache_images"] = n if n <= AUTO_CACHE_MAX_IMAGES else 0
+            self.train_dataset = SegDataset(
+                self.train_index, image_size=self.image_size, train=True, max_epochs=max_epochs,
+                seed=self.seed, on_bad_sample=self.on_bad_sample, **kwargs,
+            )
+        elif max_epochs is not None:  # set up before a Trainer was attached, or a new Trainer
+            self.train_dataset.set_max_epochs(max_epochs)
+        if self.val_index is not None and self.val_dataset is None:
+            self.val_dataset = SegDataset(
+                self.val_index, image_size=self.image_size, train=False, seed=self.seed,
+                on_bad_sample=self.on_bad_sample,
+            )
+
+    def _loader_kwargs(self) -> dict[str, Any]:
+        workers = self.num_workers
+        return dict(
+            num_workers=workers,
+            collate_fn=DetectionCollate(mask_stride=self.mask_stride),
+            pin_memory=self.pin_memory and self._on_cuda(),
+            worker_init_fn=worker_init_fn if workers > 0 else None,
+            persistent_workers=self.persistent_workers and workers > 0,
+            prefetch_factor=self.prefetch_factor if workers > 0 else None,
+        )
+
+    def _on_cuda(self) -> bool:
+        """Pinning only pays (and only works) when batches go to a CUDA device."""
+        if self.trainer is None:
+            return torch.cuda.is_available()
+        return self.trainer.strategy.root_device.type == "cuda"
+
+    def _world(self) -> tuple[int, int]:
+        if self.trainer is None:
+            return 1, 0
+        return int(self.trainer.world_size), int(self.trainer.global_rank)
+
+    def train_dataloader(self) -> DataLoader:
+        if self.train_dataset is None:
+            self.setup("fit")
+        assert self.train_dataset is not None
+        world_size, rank = self._world()
+        sampler = EpochShardSampler(self.train_dataset, num_replicas=world_size, rank=rank, shuffle=True,
+                                    seed=self.seed)
+        return DataLoader(self.train_dataset, batch_size=self.batch_size, sampler=sampler,
+                          **self._loader_kwargs())
+
+    def val_dataloader(self) -> DataLoader | list:
+        if self.val_dataset is None and self.val_ann is not None:
+            self.setup("validate")
+        if self.val_dataset is None:
+            return []
+        # Sequential; under DDP Lightning shards it with its own DistributedSampler.
+        return DataLoader(self.val_dataset, batch_size=self.val_batch_size, shuffle=False,
+                          **self._loader_kwargs())
+
+    # ------------------------------------------------------------------ accounting
+
+    @property
+    def skip_counts(self) -> dict[str, dict[str, int]]:
+        """Where every annotation went, by source and reason.
+
+        ``train_index`` / ``val_index``: annotations and images left out of the index at setup
+        (``on_bad_sample="skip"``, ``drop_crowd``, ``drop_empty``). ``train`` / ``val``: per
+        annotation of every tile the workers built, ``kept`` (in the sample) or the reason it
+        was dropped (outside the canvas, clipped below ``min_area_ratio``, a tiny box, a bad
+        image), summed over this process's DataLoader workers since setup. Samples are counted
+        when built, so batches prefetched but never trained on count too; under DDP each rank
+        counts its own shard.
+        """
+        out: dict[str, dict[str, int]] = {}
+        for name, index in (("train_index", self.train_index), ("val_index", self.val_index)):
+            if index is not None:
+                out[name] = {**index.skip_counts, **index.dropped_counts}
+        for name, dataset in (("train", self.train_dataset), ("val", self.val_dataset)):
+            if dataset is not None:
+                out[name] = dict(dataset.counts)
+        return out
+
+    def report(self) -> str:
+        """A human-readable summary of :attr:`skip_counts`."""
+        lines = []
+        for name, counts in self.skip_counts.items():
+            counts = dict(counts)
+            kept = counts.pop("kept", None)
+            summary = format_skip_summary(counts)
+            if kept is not None:  # a dataset: per tile drawn, in the sample or dropped on the way
+                summary = f"{kept} annotations delivered as targets; " + summary.replace(
+                    "skipped", "dropped by augmentation or loading", 1)
+            lines.append(f"{name}: {summary}")
+        return "\n".join(lines)
+
+    def teardown(self, stage: str) -> None:
+        if stage == "fit":
+            rank_zero_info(f"seg_datamodule: where the annotations went (by reason)\n{self.report()}")

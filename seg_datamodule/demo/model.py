@@ -1,0 +1,366 @@
+"""YolactLite: a small YOLACT-style instance-segmentation model for the demo and the tests.
+
+YOLACT (Bolya et al., 2019, https://arxiv.org/abs/1904.02689) predicts ``k`` prototype masks per
+image and ``k`` coefficients per instance; an instance's mask is the linear combination of the
+prototypes, cropped to its box. This demo model keeps that mask path intact and drops the dense
+detection head: coefficients and class logits are pooled at the *ground-truth* boxes with
+``roi_align``, so the model learns masks and classes from a :class:`DetectionBatch` in a minute
+or two on a CPU, which is what the demo needs (exercising the data path, not detecting).
+
+Data path inside the model::
+
+    images (B,3,H,W) uint8 -> normalise -> backbone -> p8 (B,4w,H/8,W/8) --roi_align at boxes--> head
+                                                 \\-> ProtoNet -> protos (B,k,Hp,Wp), Hp = ceil(H/4)
+    mask_logits[n] = coefficients[n] @ protos[image of n]                          (N, Hp, Wp)
+
+The loss pieces are pure functions over tensors (:func:`crop_to_boxes`, :func:`assemble_masks`,
+:func:`mask_loss`, :func:`mask_iou`); the LightningModule only wires them.
+
+Not included: the "rasterise in training_step" variant the step-split benchmark compares
+against; it belongs in the benchmark, which can rasterise polygons itself and hand this model an
+ordinary batch.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any, NamedTuple
+
+import lightning as L
+import torch
+import torch.nn.functional as F
+from torch import Tensor, nn
+from torchvision.ops import roi_align
+
+from seg_datamodule.structures import DetectionBatch
+
+__all__ = [
+    "YolactLite",
+    "YolactOutput",
+    "assemble_masks",
+    "crop_to_boxes",
+    "mask_iou",
+    "mask_loss",
+]
+
+# ImageNet statistics in uint8 units; any fixed statistics would do for a model trained from scratch.
+_MEAN = (123.675, 116.28, 103.53)
+_STD = (58.395, 57.12, 57.375)
+_FEATURE_STRIDE = 8  # the stride the coefficients are pooled from
+_POOL = 7  # roi_align output side
+
+
+# ------------------------------------------------------------------------------ pure functions
+
+
+def crop_to_boxes(boxes: Tensor, grid_size: tuple[int, int], stride: int) -> Tensor:
+    """Which cells of the stride grid lie inside each box.
+
+    A cell ``(i, j)`` stands for the canvas point at its centre, ``((j + 0.5) * stride,
+    (i + 0.5) * stride)``, the point the rasteriser samples for the targets; it is inside when
+    that point lies in the closed box. So every cell a target mask marks is inside its own box,
+    and a box narrower than a cell may hold no cell at all.
+
+    Args:
+        boxes (Tensor[N, 4] float): xyxy boxes in canvas pixels.
+        grid_size (tuple[int, int]): ``(Hp, Wp)`` of the grid.
+        stride (int): canvas pixels per cell.
+
+    Returns:
+        Tensor[N, Hp, Wp] bool.
+    """
+    hp, wp = grid_size
+    xs = (torch.arange(wp, device=boxes.device, dtype=boxes.dtype) + 0.5) * stride
+    ys = (torch.arange(hp, device=boxes.device, dtype=boxes.dtype) + 0.5) * stride
+    x1, y1, x2, y2 = (boxes[:, i, None] for i in range(4))
+    inside_x = (xs >= x1) & (xs <= x2)  # (N, Wp)
+    inside_y = (ys >= y1) & (ys <= y2)  # (N, Hp)
+    return inside_y[:, :, None] & inside_x[:, None, :]
+
+
+def assemble_masks(protos: Tensor, coefficients: Tensor, boxes_per_image: Tensor) -> Tensor:
+    """Mask logits as each instance's coefficients times its image's prototypes.
+
+    Args:
+        protos (Tensor[B, k, Hp, Wp] float): prototype maps.
+        coefficients (Tensor[N, k] float): per-instance coefficients, image after image.
+        boxes_per_image (Tensor[B] int64): instances per image; sums to N.
+
+    Returns:
+        Tensor[N, Hp, Wp] float: mask logits, in the order of ``coefficients``.
+    """
+    batch, k, height, width = protos.shape
+    # One matmul per image: indexing protos per instance would copy (N, k, Hp, Wp) and keep it
+    # for backward.
+    per_image = coefficients.split(boxes_per_image.tolist())
+    flat = protos.reshape(batch, k, height * width)
+    logits = [c @ p for c, p in zip(per_image, flat)]
+    return torch.cat(logits).reshape(-1, height, width)
+
+
+def mask_loss(mask_logits: Tensor, targets: Tensor, boxes: Tensor, stride: int) -> Tensor:
+    """YOLACT's mask loss: binary cross-entropy inside each ground-truth box.
+
+    Only cells inside the instance's box count (:func:`crop_to_boxes`); each instance's sum is
+    divided by its box area in cells, then instances are averaged (YOLACT, Sec. 3.3 and its
+    ``lincomb_mask_loss``), so a large object does not outweigh a small one.
+
+    Args:
+        mask_logits (Tensor[N, Hp, Wp] float): predicted logits.
+        targets (Tensor[N, Hp, Wp] bool): ground-truth masks on the same grid.
+        boxes (Tensor[N, 4] float): xyxy ground-truth boxes in canvas pixels.
+        stride (int): canvas pixels per grid cell.
+
+    Returns:
+        Tensor[] float: the loss; with N = 0 a zero still connected to ``mask_logits``'s graph,
+        so ``backward`` works on a batch without instances.
+
+    Raises:
+        ValueError: ``mask_logits`` and ``targets`` differ in shape.
+    """
+    if mask_logits.shape != targets.shape:
+        raise ValueError(
+            f"mask_logits {tuple(mask_logits.shape)} and targets {tuple(targets.shape)} must have the same shape"
+        )
+    if mask_logits.shape[0] == 0:
+        return mask_logits.sum() * 0.0
+    crop = crop_to_boxes(boxes, mask_logits.shape[-2:], stride).to(mask_logits.dtype)
+    per_cell = F.binary_cross_entropy_with_logits(mask_logits, targets.to(mask_logits.dtype), reduction="none")
+    area = crop.sum(dim=(1, 2)).clamp(min=1.0)
+    return ((per_cell * crop).sum(dim=(1, 2)) / area).mean()
+
+
+def mask_iou(mask_logits: Tensor, targets: Tensor, boxes: Tensor, stride: int, threshold: float = 0.5) -> Tensor:
+    """IoU of each thresholded predicted mask, cropped to its box, with its target.
+
+    Args:
+        mask_logits (Tensor[N, Hp, Wp] float): predicted logits.
+        targets (Tensor[N, Hp, Wp] bool): ground-truth masks.
+        boxes (Tensor[N, 4] float): xyxy boxes in canvas pixels (the crop, as at inference).
+        stride (int): canvas pixels per grid cell.
+        threshold (float): probability above which a cell is foreground.
+
+    Returns:
+        Tensor[N] float: IoU per instance; 1 where both masks are empty.
+    """
+    logit_threshold = math.log(threshold / (1.0 - threshold))
+    predicted = (mask_logits > logit_threshold) & crop_to_boxes(boxes, mask_logits.shape[-2:], stride)
+    intersection = (predicted & targets).sum(dim=(1, 2)).to(torch.float32)
+    union = (predicted | targets).sum(dim=(1, 2)).to(torch.float32)
+    return torch.where(union > 0, intersection / union.clamp(min=1.0), torch.ones_like(union))
+
+
+# ------------------------------------------------------------------------------------ network
+
+
+class YolactOutput(NamedTuple):
+    """What :meth:`YolactLite.forward` returns.
+
+    Attributes:
+        protos (Tensor[B, k, Hp, Wp] float): prototype maps on the mask grid.
+        coefficients (Tensor[N, k] float): per-instance coefficients in ``[-1, 1]``.
+        class_logits (Tensor[N, C] float): per-instance class logits.
+        mask_logits (Tensor[N, Hp, Wp] float): per-instance mask logits (not cropped).
+    """
+
+    protos: Tensor
+    coefficients: Tensor
+    class_logits: Tensor
+    mask_logits: Tensor
+
+
+def _conv(c_in: int, c_out: int, stride: int = 1) -> nn.Sequential:
+    return nn.Sequential(
+        nn.Conv2d(c_in, c_out, 3, stride=stride, padding=1, bias=False),
+        nn.BatchNorm2d(c_out),
+        nn.ReLU(inplace=True),
+    )
+
+
+class YolactLite(L.LightningModule):
+    """A small YOLACT-style model trained from a :class:`DetectionBatch`.
+
+    Args:
+        num_classes (int): C, the number of contiguous class indices in the labels.
+        num_prototypes (int): k, prototype maps per image.
+        width (int): channels of the first stage; later stages use 2x, 4x and 8x.
+        mask_stride (int): stride of the prototype grid; must equal the batches' ``mask_stride``.
+        lr (float): AdamW learning rate.
+        weight_decay (float): AdamW weight decay.
+        cls_weight (float): weight of the class loss against the mask loss.
+        cosine_schedule (bool): decay the learning rate to 0 over the run along a cosine (when
+            the run's length is known); otherwise it stays constant.
+
+    Raises:
+        ValueError: an argument is out of range.
+    """
+
+    def __init__(
+        self,
+        num_classes: int,
+        num_prototypes: int = 16,
+        width: int = 16,
+        mask_stride: int = 4,
+        lr: float = 3e-3,
+        weight_decay: float = 1e-4,
+        cls_weight: float = 1.0,
+        cosine_schedule: bool = True,
+    ) -> None:
+        super().__init__()
+        for name, value in (("num_classes", num_classes), ("num_prototypes", num_prototypes), ("width", width)):
+            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+                raise ValueError(f"{name} must be a positive int, got {value!r}")
+        if mask_stride not in (2, 4, 8):
+            raise ValueError(f"mask_stride must be 2, 4 or 8, got {mask_stride!r}")
+        if not lr > 0:
+            raise ValueError(f"lr must be positive, got {lr!r}")
+        if weight_decay < 0 or cls_weight < 0:
+            raise ValueError(f"weight_decay and cls_weight must be >= 0, got {weight_decay!r}, {cls_weight!r}")
+        self.save_hyperparameters()
+        self.num_classes = num_classes
+        self.num_prototypes = num_prototypes
+        self.mask_stride = mask_stride
+        self.register_buffer("pixel_mean", torch.tensor(_MEAN).view(1, 3, 1, 1), persistent=False)
+        self.register_buffer("pixel_std", torch.tensor(_STD).view(1, 3, 1, 1), persistent=False)
+
+        w = width
+        # Backbone: strided 3x3 blocks, /2 /4 /8 /16; the /16 stage adds context to /8.
+        self.stem = _conv(3, w, 2)
+        self.stage4 = nn.Sequential(_conv(w, 2 * w, 2), _conv(2 * w, 2 * w))
+        self.stage8 = nn.Sequential(_conv(2 * w, 4 * w, 2), _conv(4 * w, 4 * w))
+        self.stage16 = nn.Sequential(_conv(4 * w, 8 * w, 2), _conv(8 * w, 8 * w))
+        self.top_down = nn.Conv2d(8 * w, 4 * w, 1)
+        self.p8 = _conv(4 * w, 4 * w)
+        # ProtoNet: /8 -> upsample to the mask grid, plus a /4 skip for sharp edges.
+        self.proto_in = _conv(4 * w, 2 * w)
+        self.proto_skip = nn.Conv2d(2 * w, 2 * w, 1)
+        self.proto_out = nn.Sequential(_conv(2 * w, 2 * w), nn.Conv2d(2 * w, num_prototypes, 1), nn.ReLU())
+        # Per-instance head on roi-aligned /8 features: no batch norm, so one instance works.
+        self.roi_conv = nn.Sequential(nn.Conv2d(4 * w, 2 * w, 3, padding=1), nn.ReLU(inplace=True))
+        self.roi_fc = nn.Sequential(nn.Flatten(), nn.Linear(2 * w * _POOL * _POOL, 8 * w), nn.ReLU(inplace=True))
+        self.coefficient_head = nn.Linear(8 * w, num_prototypes)
+        self.class_head = nn.Linear(8 * w, num_classes)
+
+    # -------------------------------------------------------------------------------- forward
+
+    def features(self, images: Tensor) -> tuple[Tensor, Tensor]:
+        """Backbone and ProtoNet.
+
+        Args:
+            images (Tensor[B, 3, H, W] uint8): RGB images.
+
+        Returns:
+            p8 (Tensor[B, 4w, ceil(H/8), ceil(W/8)] float) and
+            protos (Tensor[B, k, ceil(H/s), ceil(W/s)] float), s = ``mask_stride``.
+        """
+        height, width = images.shape[-2:]
+        x = (images.float() - self.pixel_mean) / self.pixel_std
+        c4 = self.stage4(self.stem(x))
+        c8 = self.stage8(c4)
+        c16 = self.stage16(c8)
+        p8 = self.p8(c8 + F.interpolate(self.top_down(c16), size=c8.shape[-2:], mode="nearest"))
+        grid = (-(-height // self.mask_stride), -(-width // self.mask_stride))
+        proto = F.interpolate(self.proto_in(p8), size=grid, mode="bilinear", align_corners=False)
+        skip = self.proto_skip(c4)
+        if skip.shape[-2:] != grid:
+            skip = F.interpolate(skip, size=grid, mode="bilinear", align_corners=False)
+        protos = self.proto_out(proto + skip)
+        return p8, protos
+
+    def forward(self, images: Tensor, boxes: Tensor, boxes_per_image: Tensor) -> YolactOutput:
+        """Prototypes, and coefficients, class logits and mask logits at the given boxes.
+
+        Args:
+            images (Tensor[B, 3, H, W] uint8): RGB images.
+            boxes (Tensor[N, 4] float32): xyxy boxes in canvas pixels, image after image.
+            boxes_per_image (Tensor[B] int64): boxes per image; sums to N.
+
+        Returns:
+            :class:`YolactOutput`.
+        """
+        p8, protos = self.features(images)
+        image_index = torch.repeat_interleave(
+            torch.arange(images.shape[0], device=boxes.device), boxes_per_image.to(boxes.device)
+        )
+        # float32 whatever the autocast dtype: bf16 would move a box by up to 2 px at 640.
+        rois = torch.cat([image_index[:, None].float(), boxes.float()], dim=1)
+        pooled = roi_align(
+            p8.float(), rois, output_size=_POOL, spatial_scale=1.0 / _FEATURE_STRIDE, sampling_ratio=2, aligned=True
+        ).to(p8.dtype)
+        hidden = self.roi_fc(self.roi_conv(pooled))
+        coefficients = torch.tanh(self.coefficient_head(hidden))
+        class_logits = self.class_head(hidden)
+        mask_logits = assemble_masks(protos, coefficients, boxes_per_image)
+        return YolactOutput(protos, coefficients, class_logits, mask_logits)
+
+    # ------------------------------------------------------------------------------ the steps
+
+    def compute_losses(self, batch: DetectionBatch) -> tuple[dict[str, Tensor], YolactOutput]:
+        """The losses of a batch and the forward pass they came from.
+
+        Args:
+            batch: a collated batch; its ``mask_stride`` must equal the model's.
+
+        Returns:
+            ``{"loss", "mask_loss", "cls_loss"}`` scalar tensors (``loss`` is what is
+            back-propagated; a batch without instances gives a zero connected to every
+            parameter) and the :class:`YolactOutput`.
+
+        Raises:
+            ValueError: the batch's ``mask_stride`` differs from the model's.
+        """
+        if batch.mask_stride != self.mask_stride:
+            raise ValueError(
+                f"the batch's masks are at mask_stride={batch.mask_stride} but the model predicts "
+                f"prototypes at mask_stride={self.mask_stride}; set the same stride on both"
+            )
+        out = self(batch.images, batch.boxes, batch.boxes_per_image)
+        m_loss = mask_loss(out.mask_logits, batch.masks, batch.boxes, batch.mask_stride)
+        if batch.labels.numel():
+            c_loss = F.cross_entropy(out.class_logits, batch.labels)
+        else:
+            c_loss = out.class_logits.sum() * 0.0
+        # protos.sum() * 0 keeps every parameter in the graph on a batch without instances.
+        total = m_loss + self.hparams.cls_weight * c_loss + out.protos.sum() * 0.0
+        return {"loss": total, "mask_loss": m_loss, "cls_loss": c_loss}, out
+
+    def training_step(self, batch: DetectionBatch, batch_idx: int) -> Tensor:
+        """Mask + class loss; logs ``train/loss``, ``train/mask_loss``, ``train/cls_loss``."""
+        losses, _ = self.compute_losses(batch)
+        for name, value in losses.items():
+            self.log(f"train/{name}", value, prog_bar=True, batch_size=len(batch))
+        return losses["loss"]
+
+    def validation_step(self, batch: DetectionBatch, batch_idx: int) -> None:
+        """Logs ``val/loss``, ``val/mask_loss``, ``val/cls_loss``, ``val/mask_iou``, ``val/cls_acc``.
+
+        ``val/mask_iou`` and ``val/cls_acc`` are averaged over instances (a batch without
+        instances logs neither); the losses over images.
+        """
+        losses, out = self.compute_losses(batch)
+        for name, value in losses.items():
+            self.log(f"val/{name}", value, prog_bar=name == "mask_loss", batch_size=len(batch))
+        num_instances = int(batch.labels.numel())
+        if num_instances:
+            iou = mask_iou(out.mask_logits, batch.masks, batch.boxes, batch.mask_stride).mean()
+            accuracy = (out.class_logits.argmax(dim=1) == batch.labels).float().mean()
+            self.log("val/mask_iou", iou, prog_bar=True, batch_size=num_instances)
+            self.log("val/cls_acc", accuracy, batch_size=num_instances)
+
+    def configure_optimizers(self) -> Any:
+        """AdamW (no decay on norms and biases), with a per-step cosine decay when enabled."""
+        decay, no_decay = [], []
+        for param in self.parameters():
+            (decay if param.ndim > 1 else no_decay).append(param)
+        optimizer = torch.optim.AdamW(
+            [
+                {"params": decay, "weight_decay": self.hparams.weight_decay},
+                {"params": no_decay, "weight_decay": 0.0},
+            ],
+            lr=self.hparams.lr,
+        )
+        total = self.trainer.estimated_stepping_batches if self._trainer is not None else math.inf
+        if not self.hparams.cosine_schedule or not math.isfinite(total) or total < 1:
+            return optimizer
+        scheduler = torch.optim.lr_scheduler.CosineAnnealingLR(optimizer, T_max=int(total))
+        return {"optimizer": optimizer, "lr_scheduler": {"scheduler": scheduler, "interval": "step"}}

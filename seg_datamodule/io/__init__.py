@@ -1,0 +1,1 @@
+"""Loading: image decoding, the cache folder and its lock, and the COCO annotation index."""

@@ -1,0 +1,88 @@
+"""What can be wrong in a COCO annotation file: skip reasons, the error, the one-line summary."""
+
+from __future__ import annotations
+
+import os
+from typing import Mapping
+
+__all__ = ["SKIP_REASONS", "BadAnnotationError", "format_skip_summary"]
+
+#: Every reason a bad image or annotation is skipped for, with what it counts.
+SKIP_REASONS: dict[str, str] = {
+    # Images (each counts one image entry).
+    "image_bad_entry": "image entry without an integer id, a file_name, or positive integer height and width",
+    "image_duplicate_id": "image entry whose id an earlier entry has (the first one is kept)",
+    "image_missing": "image file does not exist",
+    "image_unreadable": "image file exists but cannot be read",
+    "image_truncated": "image file cut short",
+    "image_corrupt": "image file that cannot be decoded",
+    "image_size_mismatch": "decoded size differs from the JSON's height and width",
+    # Annotations (each counts one annotation).
+    "annotation_bad_entry": "annotation that is not a JSON object, has no integer id, or has an iscrowd other than 0 or 1",
+    "annotation_duplicate_id": "annotation whose id an earlier annotation has (the first is kept)",
+    "annotation_unknown_image_id": "annotation whose image_id is not an image's id",
+    "annotation_of_skipped_image": "annotation of an image that was skipped",
+    "annotation_unknown_category_id": "annotation whose category_id is not a category's id",
+    "bbox_invalid": "bbox missing, not 4 numbers, or not finite",
+    "bbox_non_positive": "bbox with width or height <= 0",
+    "segmentation_empty": "segmentation missing, null, [] or only empty rings",
+    "segmentation_invalid": "segmentation neither a list of lists of numbers nor an RLE object",
+    "polygon_odd_coordinates": "polygon ring with an odd number of coordinates",
+    "polygon_too_few_points": "polygon ring with fewer than 3 points",
+    "polygon_non_finite": "polygon with a NaN or infinite coordinate",
+    "rle_invalid": "RLE whose counts are not non-negative integers summing to height * width",
+    "rle_size_mismatch": "RLE size differs from the image's height and width",
+    "zero_area": "polygon or RLE mask that covers no area",
+}
+
+
+
+
+class BadAnnotationError(ValueError):
+    """A problem in a COCO annotation file; the message names the file and the ids involved.
+
+    Attributes:
+        ann_file (str | None): the annotation file.
+        reason (str | None): a key of :data:`SKIP_REASONS`, or for problems that always raise
+            ``"not_json"``, ``"not_coco"``, ``"bad_category"`` or ``"duplicate_category_id"``.
+        image_id (int | None): COCO image id involved, when known.
+        annotation_id (int | None): COCO annotation id involved, when known.
+    """
+
+    def __init__(
+        self,
+        message: str,
+        *,
+        ann_file: str | os.PathLike[str] | None = None,
+        reason: str | None = None,
+        image_id: int | None = None,
+        annotation_id: int | None = None,
+    ) -> None:
+        super().__init__(message)
+        self.ann_file = None if ann_file is None else str(ann_file)
+        self.reason = reason
+        self.image_id = image_id
+        self.annotation_id = annotation_id
+
+
+def format_skip_summary(counts: Mapping[str, int]) -> str:
+    """One line saying what was skipped, images and annotations apart.
+
+    Keys starting with ``image_`` count images, all others annotations (the convention of
+    :data:`SKIP_REASONS` and :attr:`CocoIndex.dropped_counts`, so their merge reads right).
+
+    Args:
+        counts: reason -> count.
+
+    Returns:
+        e.g. ``"skipped 3 annotations (polygon_too_few_points 2, bbox_non_positive 1) and
+        1 image (image_missing 1)"``, or ``"nothing skipped"``.
+    """
+    parts = []
+    for unit, in_unit in (("image", True), ("annotation", False)):
+        items = [(r, int(c)) for r, c in counts.items() if c and r.startswith("image_") == in_unit]
+        if items:
+            total = sum(c for _, c in items)
+            detail = ", ".join(f"{r} {c}" for r, c in sorted(items, key=lambda rc: (-rc[1], rc[0])))
+            parts.append(f"{total} {unit}{'s' if total != 1 else ''} ({detail})")
+    return "skipped " + " and ".join(parts) if parts else "nothing skipped"

@@ -1,0 +1,108 @@
+"""Ragged-array helpers: offsets from lengths, segment ids, gathers of many ranges at once.
+
+The package stores variable-length things (vertices of rings, rings of instances, instances of
+images) as one flat array plus an ``int64 (K + 1,)`` offsets array whose ``k``-th segment is
+``flat[offsets[k]:offsets[k + 1]]``. These are the only implementations of the arithmetic on them.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Sequence
+
+import numpy as np
+
+__all__ = ["flatten_rings", "offsets_from_lengths", "ragged_index", "segment_ids"]
+
+
+def offsets_from_lengths(lengths: np.ndarray | Sequence[int]) -> np.ndarray:
+    """Offsets of consecutive segments.
+
+    Args:
+        lengths (ndarray[K] int): segment lengths.
+
+    Returns:
+        ndarray[K + 1] int64: ``[0, l0, l0 + l1, ...]``.
+    """
+    lengths = np.asarray(lengths, np.int64)
+    out = np.zeros(len(lengths) + 1, np.int64)
+    np.cumsum(lengths, out=out[1:])
+    return out
+
+
+def segment_ids(offsets: np.ndarray) -> np.ndarray:
+    """The segment each element belongs to.
+
+    Args:
+        offsets (ndarray[K + 1] int64): segment boundaries, non-decreasing from 0.
+
+    Returns:
+        ndarray[offsets[-1]] int64: ``k`` repeated ``offsets[k + 1] - offsets[k]`` times.
+    """
+    lengths = np.diff(np.asarray(offsets, np.int64))
+    return np.repeat(np.arange(len(lengths), dtype=np.int64), lengths)
+
+
+def ragged_index(starts: np.ndarray, lengths: np.ndarray) -> np.ndarray:
+    """Concatenation of ``arange(s, s + n)`` for each ``(s, n)``, vectorised.
+
+    Args:
+        starts (ndarray[K] int): first element of each range.
+        lengths (ndarray[K] int): length of each range (>= 0).
+
+    Returns:
+        ndarray[sum(lengths)] int64.
+    """
+    lengths = np.asarray(lengths, np.int64)
+    total = int(lengths.sum())
+    if total == 0:
+        return np.zeros(0, np.int64)
+    exclusive = np.cumsum(lengths) - lengths
+    return np.arange(total, dtype=np.int64) - np.repeat(exclusive - np.asarray(starts, np.int64), lengths)
+
+
+def flatten_rings(
+    instances: Sequence[Sequence[Any]],
+) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Flatten nested instances into flat polygon arrays.
+
+    Args:
+        instances: one item per instance, each a sequence of rings; a ring is array-like
+            ``(K, 2)`` of x, y or a flat COCO list ``[x0, y0, x1, y1, ...]``.
+
+    Returns:
+        vertices (float64[V, 2]), ring_offsets (int64[R + 1]), instance_offsets (int64[N + 1]).
+
+    Raises:
+        ValueError: a ring is not ``(K, 2)`` or a flat list of even length, has fewer than 3
+            vertices, or holds NaN or infinite coordinates; the message names the instance index.
+    """
+    rings: list[np.ndarray] = []
+    rings_per_instance = np.zeros(len(instances), np.int64)
+    for n, instance in enumerate(instances):
+        if isinstance(instance, np.ndarray) and instance.ndim == 2 and instance.shape[1] == 2:
+            # A lone (K, 2) array is one ring, not K rings of 2 numbers.
+            instance = [instance]
+        for ring in instance:
+            rings.append(_as_ring(ring, n))
+            rings_per_instance[n] += 1
+    instance_offsets = offsets_from_lengths(rings_per_instance)
+    if not rings:
+        return np.zeros((0, 2), np.float64), np.zeros(1, np.int64), instance_offsets
+    ring_offsets = offsets_from_lengths([len(r) for r in rings])
+    return np.concatenate(rings), ring_offsets, instance_offsets
+
+
+def _as_ring(ring: Any, instance: int) -> np.ndarray:
+    """One ring as ``float64 (K, 2)``; raises ``ValueError`` naming the instance."""
+    arr = np.asarray(ring, dtype=np.float64)
+    if arr.ndim == 1:
+        if arr.size % 2:
+            raise ValueError(f"instance {instance}: flat ring has an odd number of coordinates ({arr.size})")
+        arr = arr.reshape(-1, 2)
+    if arr.ndim != 2 or arr.shape[1] != 2:
+        raise ValueError(f"instance {instance}: a ring must be (K, 2) or a flat list, got shape {arr.shape}")
+    if arr.shape[0] < 3:
+        raise ValueError(f"instance {instance}: a ring needs at least 3 vertices, got {arr.shape[0]}")
+    if not np.isfinite(arr).all():
+        raise ValueError(f"instance {instance}: ring has NaN or infinite coordinates")
+    return arr

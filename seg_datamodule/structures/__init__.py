@@ -1,0 +1,10 @@
+"""What every stage of the data path speaks: polygons, per-image samples, collated batches.
+
+Imports only :mod:`seg_datamodule.ops` from the package.
+"""
+
+from seg_datamodule.structures.batch import DetectionBatch
+from seg_datamodule.structures.polygons import Polygons, empty_polygons, polygons_from_instances
+from seg_datamodule.structures.sample import Sample
+
+__all__ = ["DetectionBatch", "Polygons", "Sample", "empty_polygons", "polygons_from_instances"]

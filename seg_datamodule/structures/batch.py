@@ -1,0 +1,71 @@
+"""The collated batch a model trains on: images, boxes, labels and stride-grid masks."""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+
+__all__ = ["DetectionBatch"]
+
+
+@dataclass
+class DetectionBatch:
+    """A collated batch, ready for a YOLACT-style loss.
+
+    Attributes:
+        images (Tensor[B, 3, H, W] uint8): RGB images (channels-last memory format by default;
+            see :class:`~seg_datamodule.data.collate.DetectionCollate`).
+        boxes (Tensor[sum_N, 4] float32): xyxy boxes in canvas pixels, image after image.
+        labels (Tensor[sum_N] int64): contiguous class indices.
+        masks (Tensor[sum_N, Hp, Wp] bool): instance masks on the stride grid, in the order of
+            ``boxes``; ``Hp = ceil(H / mask_stride)``, ``Wp = ceil(W / mask_stride)``.
+        boxes_per_image (Tensor[B] int64): ``masks.split(boxes_per_image.tolist())`` gives each
+            image's masks.
+        image_ids (Tensor[B] int64): COCO image ids.
+        annotation_ids (Tensor[sum_N] int64): COCO annotation ids of the targets.
+        ignore_masks (Tensor[B, Hp, Wp] bool): crowd regions on the stride grid (all False when
+            an image has none).
+        scales (Tensor[B] float32): original pixels -> canvas pixels.
+        pads (Tensor[B, 2] float32): letterbox padding (left, top) in canvas pixels.
+        orig_sizes (Tensor[B, 2] int64): original image (H, W).
+        mask_stride (int): the stride of the mask grid.
+    """
+
+    images: torch.Tensor
+    boxes: torch.Tensor
+    labels: torch.Tensor
+    masks: torch.Tensor
+    boxes_per_image: torch.Tensor
+    image_ids: torch.Tensor
+    annotation_ids: torch.Tensor
+    ignore_masks: torch.Tensor
+    scales: torch.Tensor
+    pads: torch.Tensor
+    orig_sizes: torch.Tensor
+    mask_stride: int = field(default=4)
+
+    def __len__(self) -> int:
+        return int(self.images.shape[0])
+
+    def _map(self, fn: Any) -> "DetectionBatch":
+        changes = {
+            f.name: fn(getattr(self, f.name))
+            for f in dataclasses.fields(self)
+            if isinstance(getattr(self, f.name), torch.Tensor)
+        }
+        return dataclasses.replace(self, **changes)
+
+    def to(self, device: torch.device | str, non_blocking: bool = False) -> "DetectionBatch":
+        """Move every tensor to ``device`` (what Lightning's ``transfer_batch_to_device`` calls)."""
+        return self._map(lambda t: t.to(device, non_blocking=non_blocking))
+
+    def pin_memory(self, device: Any = None) -> "DetectionBatch":
+        """Page-lock every tensor (what ``DataLoader(pin_memory=True)`` calls)."""
+        return self._map(lambda t: t.pin_memory() if device is None else t.pin_memory(device))
+
+    def split_masks(self) -> tuple[torch.Tensor, ...]:
+        """Each image's masks, ``(N_b, Hp, Wp)`` bool per image."""
+        return self.masks.split(self.boxes_per_image.tolist())

@@ -1,0 +1,82 @@
+"""What a dataset returns per image: one augmented image and its instances on the output canvas.
+
+A :class:`Sample` is what ``SegDataset.__getitem__`` returns after augmentation: the image on its
+output canvas, with every instance as :class:`~seg_datamodule.structures.polygons.Polygons` in
+canvas pixels. Flat numpy arrays pickle in one buffer each, so handing samples between processes
+costs little, and the collate rasterises them without touching Python objects per ring.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from seg_datamodule.structures.polygons import Polygons
+
+__all__ = ["Sample"]
+
+
+@dataclass
+class Sample:
+    """One augmented image and its instances on the output canvas.
+
+    Attributes:
+        image (ndarray[H, W, 3] uint8): RGB pixels, C-contiguous (HWC, as OpenCV and
+            albumentations produce them).
+        image_id (int): COCO image id (for a mosaic, the id of the first tile).
+        polygons (Polygons): the N instances in canvas pixels.
+        labels (ndarray[N] int64): contiguous class indices ``0..C-1``.
+        annotation_ids (ndarray[N] int64): COCO annotation ids, so every target is traceable.
+        boxes (ndarray[N, 4] float32 | None): xyxy boxes in canvas pixels; ``None`` lets the
+            collate derive them from the polygons clipped to the canvas.
+        crowd_mask (ndarray[H, W] bool | None): union of crowd (``iscrowd=1``) regions on the
+            canvas, pixels a model should ignore; ``None`` when there are none or they were dropped.
+        scale (float): original image pixels -> canvas pixels (letterbox); 1.0 for mosaics.
+        pad (tuple[float, float]): letterbox padding (left, top) in canvas pixels.
+        orig_size (tuple[int, int] | None): original image (H, W); ``None`` means the canvas size.
+    """
+
+    image: np.ndarray
+    image_id: int
+    polygons: Polygons
+    labels: np.ndarray
+    annotation_ids: np.ndarray
+    boxes: np.ndarray | None = None
+    crowd_mask: np.ndarray | None = None
+    scale: float = 1.0
+    pad: tuple[float, float] = (0.0, 0.0)
+    orig_size: tuple[int, int] | None = None
+
+    @property
+    def num_instances(self) -> int:
+        """N, the number of instances."""
+        return len(self.polygons)
+
+    @property
+    def canvas_size(self) -> tuple[int, int]:
+        """(H, W) of the image."""
+        return int(self.image.shape[0]), int(self.image.shape[1])
+
+    def validate(self) -> None:
+        """Check shapes and offsets; raises ``ValueError`` (``TypeError`` for a wrong type) naming the image id."""
+        where = f"image id {self.image_id}"
+        if self.image.dtype != np.uint8 or self.image.ndim != 3 or self.image.shape[2] != 3:
+            raise ValueError(
+                f"{where}: image must be uint8 (H, W, 3), got {self.image.dtype} {self.image.shape}"
+            )
+        if not isinstance(self.polygons, Polygons):
+            raise TypeError(f"{where}: polygons must be a Polygons, got {type(self.polygons).__name__}")
+        self.polygons.validate(where)
+        n = self.num_instances
+        if len(self.labels) != n or len(self.annotation_ids) != n:
+            raise ValueError(
+                f"{where}: {n} instances but {len(self.labels)} labels and "
+                f"{len(self.annotation_ids)} annotation ids"
+            )
+        if self.boxes is not None and self.boxes.shape != (n, 4):
+            raise ValueError(f"{where}: boxes must be ({n}, 4), got {self.boxes.shape}")
+        if self.crowd_mask is not None and self.crowd_mask.shape != self.image.shape[:2]:
+            raise ValueError(
+                f"{where}: crowd_mask {self.crowd_mask.shape} does not match image {self.image.shape[:2]}"
+            )

@@ -1,0 +1,33 @@
+"""Augmentation: tile plans (mosaic, letterbox), single-resample warps, polygon transport, draws.
+
+``plan`` -> ``warp`` (pixels) and ``polygons`` (instances) are pure functions; ``augment`` and
+``albu`` are thin classes that hold parameters and draw randomness from a generator passed in.
+"""
+
+from seg_datamodule.transforms.albu import AlbumentationsTransform, RandomHSV, hsv_jitter, load_transforms
+from seg_datamodule.transforms.augment import GlobalDraw, Letterbox, MosaicAffine, RandomAffine, RandomFlipLR
+from seg_datamodule.transforms.plan import TilePlan, choose_reduce, letterbox_layout, mosaic_layout, snap_for_resize
+from seg_datamodule.transforms.polygons import DROP_REASONS, drop_reasons, transform_polygons
+from seg_datamodule.transforms.warp import FILL_VALUE, warp_tiles
+
+__all__ = [
+    "AlbumentationsTransform",
+    "DROP_REASONS",
+    "FILL_VALUE",
+    "GlobalDraw",
+    "Letterbox",
+    "MosaicAffine",
+    "RandomAffine",
+    "RandomFlipLR",
+    "RandomHSV",
+    "TilePlan",
+    "choose_reduce",
+    "drop_reasons",
+    "hsv_jitter",
+    "letterbox_layout",
+    "load_transforms",
+    "mosaic_layout",
+    "snap_for_resize",
+    "transform_polygons",
+    "warp_tiles",
+]

@@ -1,0 +1,198 @@
+"""collate_detection: shapes, order, boxes, crowd, shared memory, real DataLoader workers."""
+
+from __future__ import annotations
+
+import pickle
+
+import numpy as np
+import pytest
+import torch
+from torch.utils.data import DataLoader, Dataset
+
+from _reference import reference_rasterize
+from seg_datamodule import DetectionBatch, DetectionCollate, Polygons, Sample, collate_detection, polygons_from_instances
+
+
+def make_sample(image_id: int, instances: list, size: tuple[int, int] = (37, 50), *, seed: int = 0,
+                boxes: np.ndarray | None = None, crowd: np.ndarray | None = None) -> Sample:
+    rng = np.random.default_rng(seed)
+    vertices, ring_offsets, instance_offsets = polygons_from_instances(instances)
+    n = len(instances)
+    return Sample(
+        image=rng.integers(0, 256, (*size, 3), dtype=np.uint8),
+        image_id=image_id,
+        polygons=Polygons(vertices, ring_offsets, instance_offsets),
+        labels=np.arange(n, dtype=np.int64) + image_id,
+        annotation_ids=np.arange(n, dtype=np.int64) + 1000 * image_id,
+        boxes=boxes,
+        crowd_mask=crowd,
+    )
+
+
+def random_instances(rng: np.random.Generator, n: int, size: tuple[int, int]) -> list:
+    h, w = size
+    return [[rng.uniform(-5, max(h, w) + 5, (rng.integers(3, 9), 2)) for _ in range(rng.integers(1, 3))]
+            for _ in range(n)]
+
+
+def make_samples(seed: int = 0, counts=(3, 0, 5, 1), size=(37, 50)) -> list[Sample]:
+    rng = np.random.default_rng(seed)
+    return [make_sample(i, random_instances(rng, n, size), size, seed=i) for i, n in enumerate(counts)]
+
+
+def test_shapes_dtypes_and_order():
+    samples = make_samples()
+    batch = collate_detection(samples, mask_stride=4)
+    assert isinstance(batch, DetectionBatch)
+    assert batch.images.shape == (4, 3, 37, 50) and batch.images.dtype == torch.uint8
+    assert batch.masks.shape == (9, 10, 13) and batch.masks.dtype == torch.bool
+    assert batch.boxes.shape == (9, 4) and batch.boxes.dtype == torch.float32
+    assert batch.labels.dtype == torch.int64 and batch.boxes_per_image.tolist() == [3, 0, 5, 1]
+    assert batch.image_ids.tolist() == [0, 1, 2, 3]
+    assert batch.ignore_masks.shape == (4, 10, 13) and not batch.ignore_masks.any()
+    assert batch.orig_sizes.tolist() == [[37, 50]] * 4
+    for b, (sample, masks) in enumerate(zip(samples, batch.split_masks())):
+        instances = [[sample.polygons.vertices[sample.polygons.ring_offsets[r]:sample.polygons.ring_offsets[r + 1]]
+                      for r in range(sample.polygons.instance_offsets[n], sample.polygons.instance_offsets[n + 1])]
+                     for n in range(sample.num_instances)]
+        np.testing.assert_array_equal(masks.numpy(), reference_rasterize(instances, (37, 50), 4))
+        np.testing.assert_array_equal(batch.images[b].permute(1, 2, 0).numpy(), sample.image)
+    # labels are arange(n) + image_id per sample: [0, 1, 2] + [] + [2, 3, 4, 5, 6] + [3]
+    assert batch.labels.tolist() == [0, 1, 2, 2, 3, 4, 5, 6, 3]
+    np.testing.assert_array_equal(batch.annotation_ids.numpy(), np.concatenate([s.annotation_ids for s in samples]))
+
+
+def test_batch_without_any_instance():
+    batch = collate_detection([make_sample(7, []), make_sample(8, [])], mask_stride=4)
+    assert batch.masks.shape == (0, 10, 13)
+    assert batch.boxes.shape == (0, 4) and batch.labels.shape == (0,)
+    assert batch.boxes_per_image.tolist() == [0, 0]
+    assert [m.shape[0] for m in batch.split_masks()] == [0, 0]
+
+
+def test_boxes_are_taken_or_derived_by_exact_clip():
+    # A triangle leaving the canvas along a slanted edge: the box is that of the visible part,
+    # not of clamped vertices. Canvas 20 x 20; triangle (0,0) (40,0) (0,40): visible part is
+    # the triangle cut by the canvas, whose box is [0, 0, 20, 20].
+    tri = [[[0, 0], [40, 0], [0, 40]]]
+    # Another whose clamped-vertex box would be [10, 0, 20, 20] but visible box is [10, 0, 20, 10].
+    slim = [[[10, 0], [30, 0], [10, 10]]]
+    given = np.array([[1, 2, 3, 4], [5, 6, 7, 8]], np.float32)
+    batch = collate_detection([make_sample(0, [tri, slim], (20, 20)),
+                               make_sample(1, [tri, slim], (20, 20), boxes=given)], mask_stride=4)
+    np.testing.assert_allclose(batch.boxes[:2].numpy(), [[0, 0, 20, 20], [10, 0, 20, 10]])
+    np.testing.assert_array_equal(batch.boxes[2:].numpy(), given)
+
+
+def test_crowd_regions_sampled_at_cell_centres():
+    crowd = np.zeros((37, 50), bool)
+    crowd[8:16, 4:12] = True  # centres (j + 0.5) * 4 = 2, 6, 10, ...: rows 2, 3 and columns 1, 2 inside
+    batch = collate_detection([make_sample(0, [], crowd=crowd), make_sample(1, [])], mask_stride=4)
+    want = np.zeros((10, 13), bool)
+    want[2:4, 1:3] = True
+    np.testing.assert_array_equal(batch.ignore_masks[0].numpy(), want)
+    assert not batch.ignore_masks[1].any()
+    # Odd canvas sizes: the last cell centre can fall outside the image (never inside a crowd).
+    crowd = np.ones((5, 5), bool)
+    batch = collate_detection([make_sample(0, [], (5, 5), crowd=crowd)], mask_stride=4)
+    np.testing.assert_array_equal(batch.ignore_masks[0].numpy(), [[True, False], [False, False]])
+
+
+def test_letterbox_metadata_is_carried():
+    s = make_sample(3, [])
+    s.scale, s.pad, s.orig_size = 0.5, (4.0, 2.0), (74, 100)
+    batch = collate_detection([s])
+    assert batch.scales.tolist() == [0.5] and batch.pads.tolist() == [[4.0, 2.0]]
+    assert batch.orig_sizes.tolist() == [[74, 100]]
+
+
+def test_errors_name_the_problem():
+    with pytest.raises(ValueError, match="empty batch"):
+        collate_detection([])
+    with pytest.raises(ValueError, match="image id 1: canvas \\(20, 20\\) differs"):
+        collate_detection([make_sample(0, []), make_sample(1, [], (20, 20))])
+    bad = make_sample(5, [[[[0, 0], [4, 0], [4, 4]]]])
+    bad.labels = np.zeros(3, np.int64)
+    with pytest.raises(ValueError, match="image id 5: 1 instances but 3 labels"):
+        collate_detection([bad])
+    with pytest.raises(ValueError, match="mask_stride must be >= 1, got 0"):
+        DetectionCollate(mask_stride=0)
+
+
+def test_shared_memory_outputs_and_zero_fill():
+    batch = DetectionCollate(mask_stride=4, shared_memory=True)(make_samples())
+    assert batch.masks.is_shared() and batch.images.is_shared() and batch.ignore_masks.is_shared()
+    np.testing.assert_array_equal(batch.masks.numpy(), collate_detection(make_samples()).masks.numpy())
+
+
+def test_samples_collate_and_batches_pickle():
+    samples = make_samples()
+    collate = DetectionCollate(mask_stride=8)
+    again = pickle.loads(pickle.dumps(collate))
+    assert again.mask_stride == 8
+    restored = pickle.loads(pickle.dumps(samples))
+    np.testing.assert_array_equal(restored[2].polygons.vertices, samples[2].polygons.vertices)
+    batch = pickle.loads(pickle.dumps(collate(samples)))
+    assert batch.masks.shape[1:] == (5, 7)
+
+
+def test_lightning_moves_the_batch_to_a_device():
+    from lightning.pytorch.utilities import move_data_to_device
+
+    batch = collate_detection(make_samples())
+    moved = move_data_to_device(batch, torch.device("cpu"))
+    assert isinstance(moved, DetectionBatch)
+    assert torch.equal(moved.masks, batch.masks) and moved.mask_stride == 4
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="pinning needs an accelerator")
+def test_pin_memory_keeps_the_batch_type():
+    from torch.utils.data._utils.pin_memory import pin_memory
+
+    pinned = pin_memory(collate_detection(make_samples()))
+    assert isinstance(pinned, DetectionBatch) and pinned.masks.is_pinned()
+
+
+class _SampleDataset(Dataset):
+    def __init__(self, n: int) -> None:
+        self.n = n
+
+    def __len__(self) -> int:
+        return self.n
+
+    def __getitem__(self, i: int) -> Sample:
+        rng = np.random.default_rng(i)
+        return make_sample(i, random_instances(rng, i % 4, (64, 48)), (64, 48), seed=i)
+
+
+@pytest.mark.filterwarnings("ignore:.*pin_memory.*:UserWarning")
+def test_in_real_dataloader_workers_with_pin_memory():
+    dataset = _SampleDataset(12)
+    loader = DataLoader(dataset, batch_size=5, num_workers=2, pin_memory=True,
+                        collate_fn=DetectionCollate(mask_stride=4))
+    seen = []
+    for batch in loader:
+        assert isinstance(batch, DetectionBatch)
+        assert batch.masks.shape[1:] == (16, 12)
+        for image_id, masks in zip(batch.image_ids.tolist(), batch.split_masks()):
+            sample = dataset[image_id]
+            want = collate_detection([sample]).masks
+            assert torch.equal(masks, want), f"image {image_id}"
+            seen.append(image_id)
+    assert seen == list(range(12))
+
+
+@pytest.mark.parametrize("shared", [False, True])
+def test_image_memory_formats_hold_the_same_pixels(shared):
+    samples = make_samples()
+    last = DetectionCollate(mask_stride=4, shared_memory=shared)(samples).images
+    plain = DetectionCollate(mask_stride=4, shared_memory=shared, channels_last=False)(samples).images
+    assert last.shape == plain.shape == (4, 3, 37, 50)
+    assert last.is_contiguous(memory_format=torch.channels_last) and plain.is_contiguous()
+    assert torch.equal(last, plain)
+    assert last.is_shared() == plain.is_shared() == shared
+    # It survives the trip between processes with its strides.
+    again = pickle.loads(pickle.dumps(last))
+    assert again.stride() == last.stride() and torch.equal(again, last)
+    with pytest.raises(TypeError, match="channels_last must be a bool"):
+        DetectionCollate(channels_last=1)

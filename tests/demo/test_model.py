@@ -1,0 +1,247 @@
+"""YolactLite and its loss functions: shapes, hand-computed losses, empty batches, and learning."""
+
+from __future__ import annotations
+
+import math
+from typing import Iterator
+
+import lightning as L
+import numpy as np
+import pytest
+import torch
+
+from seg_datamodule import Sample, collate_detection, polygons_from_instances
+from seg_datamodule.demo.data import DEMO_CATEGORIES, draw_scene
+from seg_datamodule.models import YolactLite, assemble_masks, crop_to_boxes, mask_iou, mask_loss
+from seg_datamodule.structures import DetectionBatch, Polygons, empty_polygons
+
+CATEGORY_IDS = [c["id"] for c in DEMO_CATEGORIES]
+
+
+def _scene_sample(rng: np.random.Generator, canvas: int, image_id: int) -> Sample:
+    """A demo scene drawn straight onto the canvas, as a Sample (boxes from its polygons)."""
+    scene = draw_scene(rng, (canvas, canvas), num_shapes=(1, 4), shape_size=(16, 64))
+    polygons = [inst for inst in scene.instances if not inst.iscrowd]
+    crowds = [inst.crowd_mask for inst in scene.instances if inst.iscrowd]
+    vertices, ring_offsets, instance_offsets = polygons_from_instances([inst.rings for inst in polygons])
+    boxes = np.array(
+        [np.concatenate([np.min(np.concatenate(i.rings), 0), np.max(np.concatenate(i.rings), 0)]) for i in polygons],
+        np.float32,
+    ).reshape(-1, 4)
+    return Sample(
+        image=scene.image,
+        image_id=image_id,
+        polygons=Polygons(vertices, ring_offsets, instance_offsets),
+        labels=np.array([CATEGORY_IDS.index(i.category_id) for i in polygons], np.int64),
+        annotation_ids=np.arange(len(polygons), dtype=np.int64) + 100 * image_id,
+        boxes=np.clip(boxes, 0, canvas),
+        crowd_mask=np.logical_or.reduce(crowds) if crowds else None,
+    )
+
+
+def _empty_sample(canvas: tuple[int, int], image_id: int) -> Sample:
+    vertices, ring_offsets, instance_offsets = empty_polygons()
+    return Sample(
+        image=np.full((*canvas, 3), 114, np.uint8),
+        image_id=image_id,
+        polygons=Polygons(vertices, ring_offsets, instance_offsets),
+        labels=np.zeros(0, np.int64),
+        annotation_ids=np.zeros(0, np.int64),
+        boxes=np.zeros((0, 4), np.float32),
+    )
+
+
+def _square_sample(canvas: tuple[int, int], image_id: int, box: tuple[float, float, float, float]) -> Sample:
+    x0, y0, x1, y1 = box
+    vertices, ring_offsets, instance_offsets = polygons_from_instances(
+        [[np.array([[x0, y0], [x1, y0], [x1, y1], [x0, y1]])]]
+    )
+    image = np.full((*canvas, 3), 114, np.uint8)
+    image[int(y0) : int(y1), int(x0) : int(x1)] = (200, 40, 40)
+    return Sample(
+        image=image,
+        image_id=image_id,
+        polygons=Polygons(vertices, ring_offsets, instance_offsets),
+        labels=np.array([1], np.int64),
+        annotation_ids=np.array([image_id * 10], np.int64),
+        boxes=np.array([box], np.float32),
+    )
+
+
+# ------------------------------------------------------------------------------ pure functions
+
+
+def test_crop_to_boxes_empty_first() -> None:
+    assert crop_to_boxes(torch.zeros(0, 4), (3, 5), 4).shape == (0, 3, 5)
+
+
+def test_crop_to_boxes_uses_cell_centres() -> None:
+    # stride 4: centres x = 2, 6, 10, 14 and y = 2, 6, 10; the box is closed.
+    crop = crop_to_boxes(torch.tensor([[2.0, 2.0, 10.0, 6.0], [7.0, 7.0, 9.0, 9.0]]), (3, 4), 4)
+    expected = torch.zeros(2, 3, 4, dtype=torch.bool)
+    expected[0, 0:2, 0:3] = True  # box 1 is narrower than a cell and holds no centre
+    assert torch.equal(crop, expected)
+
+
+def test_mask_loss_hand_computed() -> None:
+    # stride 1 on a 2x2 grid: cell centres at 0.5 and 1.5.
+    logits = torch.tensor([[[0.0, 2.0], [-2.0, 0.0]], [[3.0, 100.0], [100.0, 100.0]]])
+    targets = torch.tensor([[[1, 1], [0, 0]], [[0, 0], [0, 0]]], dtype=torch.bool)
+    boxes = torch.tensor([[0.0, 0.0, 2.0, 2.0], [0.0, 0.0, 1.0, 1.0]])  # 2nd box: cell (0, 0) only
+    # Instance 0: BCE of (0, 1), (2, 1), (-2, 0), (0, 0) over its 4 cells; instance 1: (3, 0) / 1.
+    first = (2 * math.log(2.0) + 2 * math.log1p(math.exp(-2.0))) / 4
+    second = math.log1p(math.exp(3.0))
+    loss = mask_loss(logits, targets, boxes, stride=1)
+    assert loss.item() == pytest.approx((first + second) / 2, rel=1e-6)
+
+
+def test_mask_loss_ignores_outside_the_box() -> None:
+    logits = torch.zeros(1, 4, 4)
+    targets = torch.zeros(1, 4, 4, dtype=torch.bool)
+    boxes = torch.tensor([[0.0, 0.0, 2.0, 2.0]])
+    base = mask_loss(logits, targets, boxes, stride=1)
+    logits[0, 3, 3] = 50.0  # far outside the box: no effect
+    assert mask_loss(logits, targets, boxes, stride=1) == base
+    with pytest.raises(ValueError, match="same shape"):
+        mask_loss(logits, targets[:, :3], boxes, stride=1)
+
+
+def test_mask_loss_zero_instances_is_a_connected_zero() -> None:
+    logits = torch.zeros(0, 5, 6, requires_grad=True)
+    loss = mask_loss(logits, torch.zeros(0, 5, 6, dtype=torch.bool), torch.zeros(0, 4), stride=4)
+    assert loss.item() == 0.0 and loss.requires_grad
+    loss.backward()
+    assert logits.grad is not None and logits.grad.shape == (0, 5, 6)
+
+
+def test_assemble_masks_matches_a_loop() -> None:
+    gen = torch.Generator().manual_seed(0)
+    protos = torch.randn(3, 4, 5, 6, generator=gen)
+    coefficients = torch.randn(5, 4, generator=gen)
+    counts = torch.tensor([2, 0, 3])
+    out = assemble_masks(protos, coefficients, counts)
+    image_of = [0, 0, 2, 2, 2]
+    for n, b in enumerate(image_of):
+        expected = (coefficients[n, :, None, None] * protos[b]).sum(0)
+        torch.testing.assert_close(out[n], expected)
+    assert assemble_masks(protos, coefficients[:0], torch.zeros(3, dtype=torch.int64)).shape == (0, 5, 6)
+
+
+def test_mask_iou_hand_computed() -> None:
+    logits = torch.full((2, 2, 3), -5.0)
+    logits[0, 0, :2] = 5.0  # predicts 2 cells, target has 3 of which 2 overlap -> 2/3
+    logits[0, 1, 2] = 5.0  # outside the box: cropped away
+    targets = torch.zeros(2, 2, 3, dtype=torch.bool)
+    targets[0, 0, :] = True
+    boxes = torch.tensor([[0.0, 0.0, 3.0, 1.0], [0.0, 0.0, 3.0, 2.0]])  # instance 1: both empty
+    iou = mask_iou(logits, targets, boxes, stride=1)
+    torch.testing.assert_close(iou, torch.tensor([2 / 3, 1.0]))
+
+
+# -------------------------------------------------------------------------------------- model
+
+
+@pytest.mark.parametrize("canvas", [(64, 96), (70, 90)])  # the second is not a multiple of 8
+def test_forward_shapes(canvas: tuple[int, int]) -> None:
+    model = YolactLite(num_classes=5, num_prototypes=6, width=8)
+    batch = collate_detection(
+        [_square_sample(canvas, 1, (4, 4, 30, 40)), _empty_sample(canvas, 2), _square_sample(canvas, 3, (10, 8, 60, 50))]
+    )
+    out = model(batch.images, batch.boxes, batch.boxes_per_image)
+    hp, wp = batch.masks.shape[-2:]
+    assert (hp, wp) == (math.ceil(canvas[0] / 4), math.ceil(canvas[1] / 4))
+    assert out.protos.shape == (3, 6, hp, wp)
+    assert out.coefficients.shape == (2, 6) and out.coefficients.abs().max() <= 1
+    assert out.class_logits.shape == (2, 5)
+    assert out.mask_logits.shape == (2, hp, wp)
+
+
+def _grads_after_backward(model: YolactLite, batch: DetectionBatch) -> dict[str, torch.Tensor]:
+    model.train()
+    losses, _ = model.compute_losses(batch)
+    losses["loss"].backward()
+    return {name: p.grad for name, p in model.named_parameters()}
+
+
+def test_zero_instance_batch_backward_reaches_every_parameter() -> None:
+    model = YolactLite(num_classes=3, width=8)
+    batch = collate_detection([_empty_sample((48, 64), 1), _empty_sample((48, 64), 2)])
+    assert batch.masks.shape == (0, 12, 16)
+    losses, _ = model.compute_losses(batch)
+    assert losses["loss"].item() == 0.0
+    grads = _grads_after_backward(model, batch)
+    # Every parameter gets a (zero) gradient, not None: DDP would otherwise wait on it.
+    assert all(g is not None for g in grads.values())
+
+
+def test_batch_size_one_and_training_step() -> None:
+    model = YolactLite(num_classes=3, width=8)
+    batch = collate_detection([_square_sample((64, 64), 1, (8, 8, 40, 48))])
+    grads = _grads_after_backward(model, batch)
+    assert all(g is not None and torch.isfinite(g).all() for g in grads.values())
+    assert any(g.abs().sum() > 0 for g in grads.values())
+
+
+def test_arguments_are_checked() -> None:
+    with pytest.raises(ValueError, match="num_classes"):
+        YolactLite(num_classes=0)
+    with pytest.raises(ValueError, match="mask_stride"):
+        YolactLite(num_classes=2, mask_stride=3)
+    with pytest.raises(ValueError, match="lr"):
+        YolactLite(num_classes=2, lr=0.0)
+    model = YolactLite(num_classes=2, width=8)
+    batch = collate_detection([_square_sample((64, 64), 1, (8, 8, 40, 48))], mask_stride=8)
+    with pytest.raises(ValueError, match="mask_stride=8"):
+        model.compute_losses(batch)
+
+
+class _MaskLossRecorder(L.Callback):
+    def __init__(self) -> None:
+        self.mask_losses: list[float] = []
+
+    def on_train_batch_end(self, trainer: L.Trainer, *args: object) -> None:
+        self.mask_losses.append(float(trainer.callback_metrics["train/mask_loss"]))
+
+
+@pytest.fixture
+def one_thread() -> Iterator[None]:
+    """One intra-op thread: on a small shared CPU, OpenMP threads that spin-wait for a busy core
+    make this tiny model 2-5x slower, not faster."""
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(before)
+
+
+@pytest.mark.slow
+@pytest.mark.usefixtures("one_thread")
+def test_model_learns_with_a_real_trainer() -> None:
+    rng = np.random.default_rng(0)
+    canvas = 128
+    samples = [_scene_sample(rng, canvas, image_id=i + 1) for i in range(24)]
+    samples[5] = _empty_sample((canvas, canvas), 6)  # an image without instances on the way
+    loader = torch.utils.data.DataLoader(
+        samples, batch_size=8, shuffle=True, collate_fn=collate_detection, generator=torch.Generator().manual_seed(0)
+    )
+    val_loader = torch.utils.data.DataLoader(samples[:8], batch_size=8, collate_fn=collate_detection)
+    model = YolactLite(num_classes=len(CATEGORY_IDS), width=16)
+    recorder = _MaskLossRecorder()
+    trainer = L.Trainer(
+        max_steps=90,
+        accelerator="cpu",
+        logger=False,
+        enable_checkpointing=False,
+        enable_progress_bar=False,
+        enable_model_summary=False,
+        num_sanity_val_steps=0,
+        check_val_every_n_epoch=10,
+        callbacks=[recorder],
+    )
+    trainer.fit(model, loader, val_loader)
+    losses = recorder.mask_losses
+    assert len(losses) == 90
+    first, last = np.mean(losses[:3]), np.mean(losses[-9:])
+    assert last < 0.6 * first, f"mask loss {first:.3f} -> {last:.3f}"
+    metrics = trainer.validate(model, val_loader, verbose=False)[0]
+    assert metrics["val/mask_iou"] > 0.5
+    assert metrics["val/cls_acc"] > 0.8
