@@ -83,6 +83,10 @@ class COCOSegDataModule(LightningDataModule):
             a small fine-tuning set) and none of a larger one: mosaic partners are drawn
             uniformly, so a cache far smaller than the dataset is rarely hit, and each cached
             640 px image costs about 1 MB per worker.
+        mosaic_partners: where a mosaic's three other images come from: ``"batch"`` (default;
+            the other images of the same batch, so each image is decoded once per batch and
+            appears about four times in it) or ``"uniform"`` (the whole dataset; four decodes
+            per mosaic without a cache). See :class:`~seg_datamodule.data.dataset.SegDataset`.
         pin_memory: page-lock batches for faster host-to-device copies.
         persistent_workers: keep workers alive between epochs (when ``num_workers > 0``).
         prefetch_factor: batches each worker prepares ahead (when ``num_workers > 0``).
@@ -117,6 +121,7 @@ class COCOSegDataModule(LightningDataModule):
         verify_images: bool = False,
         cache_dir: str | None = None,
         cache_images: int | None = None,
+        mosaic_partners: Literal["batch", "uniform"] = "batch",
         pin_memory: bool = True,
         persistent_workers: bool = True,
         prefetch_factor: int | None = 2,
@@ -150,6 +155,7 @@ class COCOSegDataModule(LightningDataModule):
             mosaic=mosaic, close_mosaic=close_mosaic, degrees=degrees, translate=translate,
             scale=tuple(scale), shear=shear, flip_lr=flip_lr, min_area_ratio=min_area_ratio,
             min_box_size=min_box_size, transforms=transforms, cache_images=cache_images,
+            mosaic_partners=mosaic_partners,
         )
         self.index_kwargs: dict[str, Any] = dict(
             on_bad_sample=on_bad_sample, drop_crowd=drop_crowd, drop_empty=drop_empty,
@@ -311,6 +317,14 @@ class COCOSegDataModule(LightningDataModule):
                 summary = f"{kept} annotations delivered as targets; " + summary.replace(
                     "skipped", "dropped by augmentation or loading", 1)
             lines.append(f"{name}: {summary}")
+        dataset = self.train_dataset
+        if dataset is not None and dataset.decode_counts["samples"]:
+            d = dataset.decode_counts
+            lines.append(
+                f"train decodes: {d['decodes'] / d['samples']:.2f} per output image "
+                f"({d['decodes']} decodes for {d['samples']} images, {d['reduced_decodes']} at reduced "
+                f"JPEG scale; mosaic_partners={dataset.mosaic_partners!r}, cache_images={dataset.cache_images})"
+            )
         return "\n".join(lines)
 
     def teardown(self, stage: str) -> None:

@@ -1,86 +1,58 @@
 """Training (mosaic) and validation (letterbox) samples over a COCO index.
 
-:class:`SegDataset` turns image indices into :class:`~seg_datamodule.sample.Sample` objects:
+* training: a YOLO 4-image mosaic with probability ``mosaic`` (partners from the same batch by
+  default, see ``mosaic_partners``), else the image alone; a random affine folded into one
+  matrix per tile (one resample per pixel; polygons through the same matrices, exactly
+  clipped); a horizontal flip; then the user's albumentations pipeline;
+* validation (``train=False``): the image letterboxed to ``s x s`` with ``scale``, ``pad`` and
+  ``orig_size`` set so predictions map back; no instance is dropped for its size.
 
-* training: a YOLO 4-image mosaic with probability ``mosaic`` (off for the last ``close_mosaic``
-  epochs), else the image letterboxed; then a random affine folded into one matrix per tile
-  (one resample per pixel, the polygons through the same matrices and exactly clipped, see
-  :mod:`seg_datamodule.mosaic`); a horizontal flip; then the user's albumentations pipeline;
-* validation (``train=False``): the image letterboxed to ``s x s``, with ``scale``, ``pad`` and
-  ``orig_size`` set so predictions map back to the original pixels.
+Randomness: a sample draws from ``default_rng([seed, epoch, index])`` and a batch's mosaic
+partners from ``(seed, epoch, indices)``, so batches do not depend on ``num_workers`` and
+different samples (hence workers) draw differently. Items are ``(epoch, index)`` from
+:class:`~seg_datamodule.data.sampler.EpochShardSampler`, or plain indices read with the epoch of
+:meth:`SegDataset.set_epoch` (shared memory, so persistent workers see it).
 
-Randomness: each sample draws from its own generator, ``np.random.default_rng([seed, epoch,
-index])``, so a batch does not depend on which worker built it: the same seed gives the same
-batches for any ``num_workers``, and different samples (hence different workers) draw
-differently. ``__getitem__`` accepts ``(epoch, index)`` as yielded by
-:class:`~seg_datamodule.sampler.EpochShardSampler`, or a plain index, for which the epoch set by
-:meth:`SegDataset.set_epoch` is used (held in shared memory, so persistent workers see it; call
-it before the epoch's iterator is created, e.g. in ``on_train_epoch_start``).
-
-Accounting: every annotation of every tile drawn is either in the sample or counted by reason
-in :attr:`SegDataset.counts` (see :data:`COUNT_KEYS`), in a :class:`~seg_datamodule.coco.SkipCounter`
-shared with the DataLoader workers (the mechanism the index's bad-sample counts use).
+Accounting: every annotation of every tile drawn is in the sample or counted by reason in
+:attr:`SegDataset.counts`, shared with the workers; decodes per output image are in
+:attr:`SegDataset.decode_counts`.
 """
 
 from __future__ import annotations
 
-from collections import OrderedDict
-from typing import Any, Literal, Protocol, runtime_checkable
+from typing import Any, Callable, Literal, Sequence
 
 import albumentations as A
-import cv2
 import numpy as np
 import torch
-from torch.utils.data import Dataset, get_worker_info
+from torch.utils.data import Dataset
 
 from seg_datamodule.data.accounting import SkipCounter
+from seg_datamodule.data.assemble import assemble_sample, empty_sample, other_index
+from seg_datamodule.data.loading import BatchDecodes, ImageIndex, LRUCache, worker_init_fn
 from seg_datamodule.io.images import IMAGE_ERROR_REASONS, BadImageError
 from seg_datamodule.ops.checks import check_bool, check_choice, check_int, check_number
-from seg_datamodule.structures import Polygons, Sample
+from seg_datamodule.structures import Sample
 from seg_datamodule.transforms.albu import AlbumentationsTransform
-from seg_datamodule.transforms.augment import MosaicAffine
+from seg_datamodule.transforms.augment import GlobalDraw, MosaicAffine
+from seg_datamodule.transforms.plan import draw_batch_partners
 from seg_datamodule.transforms.plan import TilePlan, choose_reduce, visible_tiles
-from seg_datamodule.transforms.polygons import DROP_REASONS, drop_reasons, transform_polygons
-from seg_datamodule.transforms.warp import FILL_VALUE, warp_tiles
+from seg_datamodule.transforms.polygons import DROP_REASONS
 
-__all__ = ["COUNT_KEYS", "ImageIndex", "SegDataset", "worker_init_fn"]
+# Tags the batch partner generator's seed apart from the per-sample ``[seed, epoch, index]`` ones.
+_PARTNER_STREAM = 0x6D6F7361
+
+__all__ = ["COUNT_KEYS", "DECODE_KEYS", "ImageIndex", "SegDataset", "worker_init_fn"]
 
 #: Keys of :attr:`SegDataset.counts`. ``kept`` and the drop reasons of
-#: :data:`~seg_datamodule.mosaic.DROP_REASONS` count annotations (once per sample that drew the
+#: :data:`~seg_datamodule.transforms.polygons.DROP_REASONS` count annotations (once per sample that drew the
 #: image); ``bad_image`` counts annotations of images that failed to load; the ``image_*`` keys
-#: count the images that failed to load, by :class:`~seg_datamodule.images.BadImageError` reason.
+#: count the images that failed to load, by :class:`~seg_datamodule.io.images.BadImageError` reason.
 COUNT_KEYS: tuple[str, ...] = (*DROP_REASONS, "bad_image", *IMAGE_ERROR_REASONS)
 
-
-@runtime_checkable
-class ImageIndex(Protocol):
-    """What :class:`SegDataset` needs from an index (``seg_datamodule.coco.CocoIndex`` has it)."""
-
-    image_ids: np.ndarray
-    heights: np.ndarray
-    widths: np.ndarray
-
-    def __len__(self) -> int: ...
-
-    def polygons(self, i: int) -> Polygons:
-        """Image ``i``'s target instances in original pixels."""
-        ...
-
-    def labels(self, i: int) -> np.ndarray:
-        """int64 (N,) contiguous labels of those instances."""
-        ...
-
-    def annotation_ids(self, i: int) -> np.ndarray:
-        """int64 (N,) their COCO annotation ids."""
-        ...
-
-    def crowd_mask(self, i: int) -> np.ndarray | None:
-        """bool (H, W) union of crowd regions, or None."""
-        ...
-
-    def load_image(self, i: int, reduce: int = 1) -> np.ndarray:
-        """uint8 (ceil(H / reduce), ceil(W / reduce), 3) RGB; raises BadImageError."""
-        ...
+#: Keys of :attr:`SegDataset.decode_counts`: samples built, images decoded (cache misses) and
+#: how many of those decodes ran at reduced JPEG scale.
+DECODE_KEYS: tuple[str, ...] = ("samples", "decodes", "reduced_decodes")
 
 
 class SegDataset(Dataset[Sample]):
@@ -101,15 +73,15 @@ class SegDataset(Dataset[Sample]):
         shear (float): random shear range, degrees.
         flip_lr (float): probability of a horizontal flip.
         min_area_ratio (float): an instance whose clipped area is below this fraction of its area
-            before clipping (both in output pixels) is dropped (reason ``clipped``). 0.1 keeps
+            before clipping (both in output pixels) is dropped (reason ``clipped``); training only. 0.1 keeps
             any object with a tenth of it in view, Ultralytics' detection threshold (it uses 0.01
             of the box area for segments); masks here are exact at the borders, so the threshold
             is about whether a fragment still shows the object, not about mask error.
         min_box_size (float): an instance whose clipped box is narrower or lower than this many
-            output pixels is dropped (reason ``small_box``).
+            output pixels is dropped (reason ``small_box``); training only.
         transforms (albumentations.BaseCompose | str | None): per-sample albumentations
             pipeline (training only), or a file ``A.load`` reads; see
-            :class:`~seg_datamodule.augment.AlbumentationsTransform`.
+            :class:`~seg_datamodule.transforms.albu.AlbumentationsTransform`.
         seed (int): base seed.
         on_bad_sample (str): ``"raise"`` or ``"skip"`` when an image fails to load (use the
             value the index was built with). Skipping replaces a training tile by another image
@@ -119,6 +91,17 @@ class SegDataset(Dataset[Sample]):
             used out; 0 keeps none. Pays off when the dataset, or the part of it a worker sees,
             is small (Ultralytics buffers ``min(n, 8 * batch, 1000)`` images per worker).
         max_retries (int): bad images tolerated per sample before giving up.
+        mosaic_partners (str): where a training mosaic's three other images come from.
+            ``"batch"`` (default): from the other images of the same batch, drawn from
+            ``(seed, epoch, batch)``, so each image of a batch is decoded once and serves as its
+            own sample's main tile and, at other positions, scales and crops, as a partner in
+            about three others: about one decode per output image instead of four, with batches
+            still independent of ``num_workers``. Each image then shows up about four times in
+            its batch (never twice in one mosaic when the batch has 4 or more images).
+            ``"uniform"``: uniform over the whole dataset (four decodes per mosaic without a
+            cache; each sample depends only on ``(seed, epoch, index)``). A batch of one image
+            falls back to ``"uniform"``. ``ds[i]`` (one sample, no batch) always uses
+            ``"uniform"``; DataLoaders with a ``batch_size`` call :meth:`__getitems__`.
 
     Raises:
         TypeError: ``index`` lacks the :class:`ImageIndex` interface, or an argument has the
@@ -147,6 +130,7 @@ class SegDataset(Dataset[Sample]):
         on_bad_sample: Literal["raise", "skip"] = "raise",
         cache_images: int = 0,
         max_retries: int = 10,
+        mosaic_partners: Literal["batch", "uniform"] = "batch",
     ) -> None:
         # 1. The index.
         if not isinstance(index, ImageIndex):
@@ -169,6 +153,7 @@ class SegDataset(Dataset[Sample]):
         self.on_bad_sample = check_choice("on_bad_sample", on_bad_sample, ("raise", "skip"))
         self.cache_images = check_int("cache_images", cache_images, minimum=0)
         self.max_retries = check_int("max_retries", max_retries, minimum=0)
+        self.mosaic_partners = check_choice("mosaic_partners", mosaic_partners, ("batch", "uniform"))
         # 3. The augmentation stages (they check their own arguments).
         self.geometry = MosaicAffine(
             image_size=image_size,
@@ -184,7 +169,8 @@ class SegDataset(Dataset[Sample]):
         self._state = torch.tensor([0, -1 if max_epochs is None else max_epochs], dtype=torch.int64)
         self._state.share_memory_()
         self.counter = SkipCounter(COUNT_KEYS)
-        self._cache: dict[str, OrderedDict[Any, Any]] | None = None
+        self.decode_counter = SkipCounter(DECODE_KEYS)
+        self._cache: LRUCache | None = None
 
     # ------------------------------------------------------------------ state
 
@@ -195,7 +181,8 @@ class SegDataset(Dataset[Sample]):
         mode = "train" if self.train else "val"
         return (
             f"SegDataset({len(self)} images, {mode}, image_size={self.image_size}, "
-            f"mosaic={self.mosaic}, close_mosaic={self.close_mosaic}, {self.geometry!r}, "
+            f"mosaic={self.mosaic}, mosaic_partners={self.mosaic_partners!r}, "
+            f"close_mosaic={self.close_mosaic}, {self.geometry!r}, "
             f"transforms={self.transforms.transforms!r})"
         )
 
@@ -251,8 +238,15 @@ class SegDataset(Dataset[Sample]):
         return {key: 0 for key in COUNT_KEYS} | self.counter.counts()
 
     def reset_counts(self) -> None:
-        """Zero :attr:`counts`."""
+        """Zero :attr:`counts` and :attr:`decode_counts`."""
         self.counter.reset()
+        self.decode_counter.reset()
+
+    @property
+    def decode_counts(self) -> dict[str, int]:
+        """``samples`` built, image ``decodes`` and ``reduced_decodes`` (see :data:`DECODE_KEYS`),
+        summed over workers; ``decodes / samples`` is the decodes per output image."""
+        return {key: 0 for key in DECODE_KEYS} | self.decode_counter.counts()
 
     def generator(self, index: int, epoch: int | None = None) -> np.random.Generator:
         """The generator sample ``index`` of ``epoch`` (default: the current one) draws from."""
@@ -271,27 +265,23 @@ class SegDataset(Dataset[Sample]):
         The cache is keyed by ``(i, reduce)``: serving a finer decode would change the pixels,
         and then a sample would depend on what its worker happened to decode before.
         """
-        return self._cached("images", (i, reduce), lambda: self.index.load_image(i, reduce=reduce))
+        return self._lru().get("images", (i, reduce), lambda: self._decode(i, reduce))
+
+    def _decode(self, i: int, reduce: int) -> np.ndarray:
+        image = self.index.load_image(i, reduce=reduce)
+        self.decode_counter.add("decodes")
+        if reduce > 1:
+            self.decode_counter.add("reduced_decodes")
+        return image
 
     def _crowd(self, i: int) -> np.ndarray | None:
         """Image ``i``'s crowd mask (decoded from RLE), through the per-worker cache."""
-        return self._cached("crowd", i, lambda: self.index.crowd_mask(i))
+        return self._lru().get("crowd", i, lambda: self.index.crowd_mask(i))
 
-    def _cached(self, kind: str, key: Any, make: Any) -> Any:
-        """Per-kind LRU caches of at most ``cache_images`` entries each."""
-        if self.cache_images == 0:
-            return make()
+    def _lru(self) -> LRUCache:
         if self._cache is None:
-            self._cache = {}
-        cache = self._cache.setdefault(kind, OrderedDict())
-        if key in cache:
-            cache.move_to_end(key)
-            return cache[key]
-        value = make()
-        cache[key] = value
-        while len(cache) > self.cache_images:
-            cache.popitem(last=False)
-        return value
+            self._cache = LRUCache(self.cache_images)
+        return self._cache
 
     def _bad(self, err: BadImageError, i: int) -> None:
         """Count a bad image (and its annotations), or re-raise it."""
@@ -303,7 +293,7 @@ class SegDataset(Dataset[Sample]):
     # ------------------------------------------------------------------ samples
 
     def __getitem__(self, item: int | tuple[int, int]) -> Sample:
-        """One sample.
+        """One sample, built alone (mosaic partners uniform over the dataset).
 
         Args:
             item: an image index, or ``(epoch, index)`` from ``EpochShardSampler``.
@@ -316,24 +306,75 @@ class SegDataset(Dataset[Sample]):
             BadImageError: an image fails to load and ``on_bad_sample="raise"``.
             RuntimeError: more than ``max_retries`` bad images in one sample.
         """
-        epoch, index = (int(item[0]), int(item[1])) if isinstance(item, tuple) else (self.epoch, int(item))
-        n = len(self)
-        if not 0 <= index < n:
-            raise IndexError(f"index {index} out of range for a dataset of {n} images")
+        epoch, index = self._key(item)
+        self.decode_counter.add("samples")
+        if not self.train:
+            return self._val_sample(index)
         rng = self.generator(index, epoch)
-        if self.train:
-            return self._train_sample(rng, epoch, index)
-        return self._val_sample(index)
-
-    def _train_sample(self, rng: np.random.Generator, epoch: int, index: int) -> Sample:
-        # 1. Draw the geometry: mosaic or not, the other tiles, centre, affine, flip.
-        use_mosaic = bool(rng.random() < self.mosaic) and self.mosaic_active(epoch)
-        ids = (
-            self.geometry.draw_indices(rng, index, len(self))
-            if use_mosaic
-            else np.array([index], np.int64)
-        )
+        use_mosaic = self._use_mosaic(rng, epoch)
+        ids = self.geometry.draw_indices(rng, index, len(self)) if use_mosaic else np.array([index], np.int64)
         draw = self.geometry.draw(rng, use_mosaic)
+        return self._train_sample(rng, epoch, index, ids, draw, lambda i, r: (self._load(i, r), r))
+
+    def __getitems__(self, items: Sequence[int | tuple[int, int]]) -> list[Sample]:
+        """A batch of samples; what a DataLoader with a ``batch_size`` calls (in its worker).
+
+        With ``mosaic_partners="batch"`` (training, two or more items) each mosaic draws its
+        three partners from the batch's other images, with a generator seeded from
+        ``(seed, epoch, indices)``; every tile is planned before any decode, and each image is
+        then decoded once, at the finest JPEG scale any of its tiles needs.
+
+        Raises:
+            the same as :meth:`__getitem__`.
+        """
+        keys = [self._key(item) for item in items]
+        if not self.train or self.mosaic_partners == "uniform" or len(keys) < 2:
+            return [self[key] for key in keys]
+        self.decode_counter.add("samples", len(keys))
+        # 1. Per sample: mosaic or not, drawn from its own generator as in __getitem__.
+        rngs = [self.generator(index, epoch) for epoch, index in keys]
+        mosaics = [self._use_mosaic(rng, epoch) for rng, (epoch, _) in zip(rngs, keys)]
+        # 2. Partners: positions of other batch images, from the batch's own generator.
+        indices = np.array([index for _, index in keys], np.int64)
+        batch_rng = np.random.default_rng([self.seed, keys[0][0], _PARTNER_STREAM, *indices.tolist()])
+        partners = draw_batch_partners(batch_rng, len(keys))
+        ids = [
+            indices[np.concatenate([[b], partners[b]])] if mosaics[b] else indices[b : b + 1]
+            for b in range(len(keys))
+        ]
+        # 3. Plan every tile first, so each image is decoded once at the finest scale it needs.
+        draws = [self.geometry.draw(rng, use_mosaic) for rng, use_mosaic in zip(rngs, mosaics)]
+        decodes = BatchDecodes(self._load)
+        for draw, tile_ids in zip(draws, ids):
+            plan = self.geometry.plan(draw, self._sizes[tile_ids])
+            for k in np.flatnonzero(visible_tiles(plan)):
+                decodes.want(int(tile_ids[k]), choose_reduce(plan.matrices[k]))
+        return [
+            self._train_sample(rng, epoch, index, tile_ids, draw, decodes.get)
+            for rng, (epoch, index), tile_ids, draw in zip(rngs, keys, ids, draws)
+        ]
+
+    def _key(self, item: int | tuple[int, int]) -> tuple[int, int]:
+        """``(epoch, index)`` of an item; raises ``IndexError`` when out of range."""
+        epoch, index = (int(item[0]), int(item[1])) if isinstance(item, tuple) else (self.epoch, int(item))
+        if not 0 <= index < len(self):
+            raise IndexError(f"index {index} out of range for a dataset of {len(self)} images")
+        return epoch, index
+
+    def _use_mosaic(self, rng: np.random.Generator, epoch: int) -> bool:
+        return bool(rng.random() < self.mosaic) and self.mosaic_active(epoch)
+
+    def _train_sample(
+        self,
+        rng: np.random.Generator,
+        epoch: int,
+        index: int,
+        ids: np.ndarray,
+        draw: GlobalDraw,
+        load: Callable[[int, int], tuple[np.ndarray, int]],
+    ) -> Sample:
+        # 1. Plan the tiles ``ids`` (the sample's image first) under the drawn geometry.
+        ids = ids.copy()
         plan = self.geometry.plan(draw, self._sizes[ids])
 
         # 2. Decode the visible tiles at the coarsest sufficient JPEG scale; replace bad ones.
@@ -344,9 +385,8 @@ class SegDataset(Dataset[Sample]):
         visible = visible_tiles(plan)
         while k < len(ids):
             if visible[k]:
-                reduces[k] = choose_reduce(plan.matrices[k])
                 try:
-                    images[k] = self._load(int(ids[k]), reduces[k])
+                    images[k], reduces[k] = load(int(ids[k]), choose_reduce(plan.matrices[k]))
                 except BadImageError as err:
                     self._bad(err, int(ids[k]))
                     retries += 1
@@ -355,12 +395,12 @@ class SegDataset(Dataset[Sample]):
                             f"more than max_retries={self.max_retries} bad images while building "
                             f"sample {index} (epoch {epoch}); last: {err}"
                         ) from err
-                    ids[k] = _other_index(rng, int(ids[k]), len(self))
+                    ids[k] = other_index(rng, int(ids[k]), len(self))
                     plan = self.geometry.plan(draw, self._sizes[ids])
                     visible = visible_tiles(plan)
                     continue
             k += 1
-        return self._finish(rng, ids, plan, images, reduces, augment=True, flip=draw.flip)
+        return self._finish(rng, ids, plan, images, reduces, flip=draw.flip)
 
     def _val_sample(self, index: int) -> Sample:
         plan, scale, pad = self.geometry.letterbox.plan(tuple(self._sizes[index]))
@@ -370,8 +410,8 @@ class SegDataset(Dataset[Sample]):
             image = self._load(index, reduce)
         except BadImageError as err:
             self._bad(err, index)
-            return _empty_sample(int(self.index.image_ids[index]), self.image_size, scale, pad, orig_size)
-        sample = self._finish(None, np.array([index]), plan, [image], [reduce], augment=False, flip=False)
+            return empty_sample(int(self.index.image_ids[index]), self.image_size, scale, pad, orig_size)
+        sample = self._finish(None, np.array([index]), plan, [image], [reduce], flip=False)
         sample.scale, sample.pad, sample.orig_size = float(scale), (float(pad[0]), float(pad[1])), orig_size
         return sample
 
@@ -382,108 +422,20 @@ class SegDataset(Dataset[Sample]):
         plan: TilePlan,
         images: list[np.ndarray | None],
         reduces: list[int],
-        augment: bool,
         flip: bool,
     ) -> Sample:
-        # 3. Pixels: one resample per tile, straight into the output.
-        image = warp_tiles(images, plan, reduces)
-
-        # 4. Crowd regions through the same matrices (nearest), if the index keeps them.
-        visible = visible_tiles(plan)  # cached on the plan
-        crowd_tiles = [self._crowd(int(i)) if v else None for i, v in zip(ids, visible)]
-        crowd = None
-        if any(c is not None for c in crowd_tiles):
-            sel = [k for k, c in enumerate(crowd_tiles) if c is not None]
-            sub = TilePlan(plan.matrices[sel], plan.regions[sel], plan.output_size,
-                           None if plan.resize is None else plan.resize[sel])
-            crowd = warp_tiles(
-                [crowd_tiles[k].view(np.uint8) for k in sel],
-                sub,
-                fill=0,
-                interpolation=cv2.INTER_NEAREST,
-                out=np.zeros(plan.output_size, np.uint8),
-            )
-
-        # 5. Polygons: clip to each tile's region, map, clip to the output.
-        labels = np.concatenate([self.index.labels(int(i)) for i in ids]).astype(np.int64)
-        ann_ids = np.concatenate([self.index.annotation_ids(int(i)) for i in ids]).astype(np.int64)
-        polygons, area_before, area_after = transform_polygons([self.index.polygons(int(i)) for i in ids], plan)
-
-        # 6. Horizontal flip: mirror pixels and vertices (exact; no resample).
-        if flip:
-            w = plan.output_size[1]
-            image = cv2.flip(image, 1, dst=image)  # in place: the canvas is ours
-            crowd = None if crowd is None else cv2.flip(crowd, 1, dst=crowd)
-            polygons = polygons.flip_lr(w)
-
-        # 7. The user's albumentations pipeline (training only); geometric steps move the
-        # vertices as keypoints, then the polygons are clipped to the image again.
-        if augment and self.transforms:
-            assert rng is not None
-            if self.transforms.geometric:
-                image, vertices, crowd = self.transforms(rng, image, polygons.vertices, crowd)
-                unclipped = Polygons(vertices, polygons.ring_offsets, polygons.instance_offsets)
-                polygons = unclipped.clip((0.0, 0.0, float(image.shape[1]), float(image.shape[0])))
-                moved, after = unclipped.areas(), polygons.areas()
-                # Compound the two clips' ratios: before * (moved / area_after) is the area the
-                # final clip should be compared with.
-                with np.errstate(divide="ignore", invalid="ignore"):
-                    area_before = np.where(area_after > 0, area_before * moved / area_after, area_before)
-                area_after = after
-            else:
-                image = self.transforms(rng, image)[0]
-
-        # 8. Drop what is degenerate, outside, mostly cut off or tiny; count every annotation.
-        codes, boxes = drop_reasons(polygons, area_before, area_after, self.min_area_ratio, self.min_box_size)
+        """Assemble the sample (see :func:`assemble_sample`) and count where its annotations went."""
+        visible = visible_tiles(plan)
+        crowds = [self._crowd(int(i)) if v else None for i, v in zip(ids, visible)]
+        augment = rng is not None
+        sample, codes = assemble_sample(
+            self.index, ids, plan, images, reduces, crowds, flip=flip,
+            transforms=self.transforms if augment else None, rng=rng,
+            # Validation crops nothing and keeps tiny instances: losses see every target there.
+            min_area_ratio=self.min_area_ratio if augment else 0.0,
+            min_box_size=self.min_box_size if augment else 0.0,
+        )
         for reason, count in zip(DROP_REASONS, np.bincount(codes, minlength=len(DROP_REASONS))):
             if count:
                 self.counter.add(reason, int(count))
-        keep = codes == 0
-        return Sample(
-            image=np.ascontiguousarray(image),
-            image_id=int(self.index.image_ids[int(ids[0])]),
-            polygons=polygons.select(keep),
-            labels=labels[keep],
-            annotation_ids=ann_ids[keep],
-            boxes=boxes[keep].astype(np.float32),
-            crowd_mask=None if crowd is None else crowd.astype(bool),
-        )
-
-
-def _other_index(rng: np.random.Generator, bad: int, n: int) -> int:
-    """A uniform draw from ``0..n-1`` without ``bad`` (``bad`` itself when it is the only one)."""
-    if n < 2:
-        return bad
-    other = int(rng.integers(0, n - 1))
-    return other + (other >= bad)
-
-
-def _empty_sample(
-    image_id: int, image_size: int, scale: float, pad: tuple[float, float], orig_size: tuple[int, int]
-) -> Sample:
-    return Sample(
-        image=np.full((image_size, image_size, 3), FILL_VALUE, np.uint8),
-        image_id=image_id,
-        polygons=Polygons.empty(),
-        labels=np.zeros(0, np.int64),
-        annotation_ids=np.zeros(0, np.int64),
-        boxes=np.zeros((0, 4), np.float32),
-        scale=float(scale),
-        pad=(float(pad[0]), float(pad[1])),
-        orig_size=orig_size,
-    )
-
-
-def worker_init_fn(worker_id: int) -> None:
-    """DataLoader ``worker_init_fn``: one thread per worker, a fresh per-worker cache.
-
-    ``cv2.setNumThreads(0)`` and ``torch.set_num_threads(1)`` stop each worker from spawning a
-    thread pool per core (with ``W`` workers on ``C`` cores that is ``W x C`` threads fighting).
-    No seeding is needed: every sample seeds its own generator (see the module docstring).
-    """
-    cv2.setNumThreads(0)
-    torch.set_num_threads(1)
-    info = get_worker_info()
-    dataset = getattr(info, "dataset", None)
-    if hasattr(dataset, "on_worker_start"):
-        dataset.on_worker_start()
+        return sample

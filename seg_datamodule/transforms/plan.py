@@ -25,6 +25,7 @@ from seg_datamodule.ops.affine import affine_scale, apply_affine
 __all__ = [
     "TilePlan",
     "choose_reduce",
+    "draw_batch_partners",
     "letterbox_layout",
     "mosaic_layout",
     "region_corners",
@@ -308,3 +309,32 @@ def visible_tiles(plan: TilePlan) -> np.ndarray:
         ndarray[K] bool: False where the tile's region lands wholly outside the output.
     """
     return np.array([w is not None for w in plan.windows], dtype=bool)
+
+
+def draw_batch_partners(rng: np.random.Generator, batch_size: int, num_partners: int = 3) -> np.ndarray:
+    """Mosaic partners from within a batch: for each position, ``num_partners`` other positions.
+
+    A random permutation ``p`` lays the batch on a circle and ``num_partners`` distinct random
+    shifts ``s_j`` in ``1..B-1`` pick the partners of ``p[i]`` as ``p[i + s_j]``: every image is
+    then a partner exactly ``num_partners`` times, never its own, and never twice in one mosaic
+    when ``B > num_partners`` (smaller batches repeat shifts).
+
+    Args:
+        rng (numpy.random.Generator): the batch's generator.
+        batch_size (int): B >= 2.
+        num_partners (int): partners per sample.
+
+    Returns:
+        ndarray[B, num_partners] int64: batch positions.
+
+    Raises:
+        ValueError: ``batch_size < 2``.
+    """
+    if batch_size < 2:
+        raise ValueError(f"batch_size must be >= 2 to draw partners from the batch, got {batch_size}")
+    perm = rng.permutation(batch_size)
+    replace = batch_size - 1 < num_partners
+    shifts = 1 + rng.choice(batch_size - 1, size=num_partners, replace=replace)
+    position = np.empty(batch_size, np.int64)
+    position[perm] = np.arange(batch_size)
+    return perm[(position[:, None] + shifts[None, :]) % batch_size]

@@ -19,7 +19,7 @@ from seg_datamodule.data.datamodule import COCOSegDataModule
 from seg_datamodule.models import YolactLite
 from seg_datamodule.data.sampler import EpochShardSampler
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 
 
 def make_dm(demo_dir: Path, tmp_path: Path, **kwargs) -> COCOSegDataModule:

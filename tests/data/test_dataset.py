@@ -9,6 +9,8 @@ import albumentations as A
 import cv2
 import numpy as np
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 import torch
 from torch.utils.data import DataLoader
 
@@ -20,6 +22,7 @@ from seg_datamodule.io.images import BadImageError
 from seg_datamodule.ops.raster import rasterize_flat
 from seg_datamodule.structures import Polygons, Sample, polygons_from_instances
 from seg_datamodule.data.sampler import EpochShardSampler
+from seg_datamodule.transforms.plan import draw_batch_partners
 
 # ----------------------------------------------------------------------------- a synthetic index
 
@@ -260,9 +263,11 @@ def test_set_epoch_reaches_persistent_workers() -> None:
     first = [s for batch in dl for s in batch]
     ds.set_epoch(1)
     second = [s for batch in dl for s in batch]
-    for i, (a, b) in enumerate(zip(first, second)):
-        assert_same_sample(a, ds[(0, i)])
-        assert_same_sample(b, ds[(1, i)])
+    for epoch, got in ((0, first), (1, second)):
+        # Batch-partner mosaics: a sample is a function of its batch, (seed, epoch, indices).
+        want = [s for b in range(0, len(ds), 4) for s in ds.__getitems__([(epoch, i) for i in range(b, b + 4)])]
+        for a, b in zip(got, want):
+            assert_same_sample(a, b)
     assert not all(np.array_equal(a.image, b.image) for a, b in zip(first, second))
 
 
@@ -274,9 +279,10 @@ def test_epoch_shard_sampler_indices() -> None:
     dl = DataLoader(ds, batch_size=4, sampler=sampler, num_workers=2, collate_fn=list,
                     worker_init_fn=worker_init_fn)
     got = [s for batch in dl for s in batch]
-    order = [i for _, i in sampler]
-    for s, i in zip(got, order):
-        assert_same_sample(s, ds[(3, i)])
+    order = list(sampler)
+    want = [s for b in range(0, len(order), 4) for s in ds.__getitems__(order[b : b + 4])]
+    for s, w in zip(got, want):
+        assert_same_sample(s, w)
 
 
 def test_dataset_pickles() -> None:
@@ -412,15 +418,16 @@ def test_image_cache_does_not_change_samples() -> None:
         assert_same_sample(a, c)
     small = SegDataset(index, image_size=96, cache_images=2, seed=0)
     [small[i] for i in range(len(small))]
-    assert len(small._cache["images"]) <= 2 and len(small._cache["crowd"]) <= 2
+    assert len(small._cache._kinds["images"]) <= 2 and len(small._cache._kinds["crowd"]) <= 2
 
 
 # ----------------------------------------------------------------------------- real data and a picture
 
 
 def _coco_index(root: Path, split: str, tmp_path: Path):
-    coco = pytest.importorskip("seg_datamodule.coco")
-    return coco.CocoIndex.build(root / "annotations" / f"instances_{split}.json", root / split,
+    from seg_datamodule.io.coco import CocoIndex
+
+    return CocoIndex.build(root / "annotations" / f"instances_{split}.json", root / split,
                                 cache_dir=tmp_path / "cache")
 
 
@@ -462,3 +469,58 @@ def test_resizing_albumentations_are_refused(step):
     with pytest.raises(ValueError, match=f"must not resize \\({type(step).__name__}\\)"):
         AlbumentationsTransform(A.Compose([A.HorizontalFlip(p=0.5), A.Compose([step])]))
     AlbumentationsTransform(A.Compose([A.HorizontalFlip(p=0.5), A.Affine(scale=1.2)]))  # still fine
+
+
+# ----------------------------------------------------------------------------- batch partners
+
+
+@given(st.integers(2, 40), st.integers(0, 2**32 - 1))
+@settings(max_examples=60, deadline=None)
+def test_batch_partners_are_balanced_and_never_self(batch_size: int, seed: int) -> None:
+    partners = draw_batch_partners(np.random.default_rng(seed), batch_size)
+    assert partners.shape == (batch_size, 3) and partners.dtype == np.int64
+    assert (partners != np.arange(batch_size)[:, None]).all()
+    # Every image is a partner exactly three times (as many as it has partners).
+    assert np.bincount(partners.ravel(), minlength=batch_size).tolist() == [3] * batch_size
+    if batch_size > 3:
+        assert all(len(set(row)) == 3 for row in partners.tolist())
+
+
+def test_batch_partners_decode_each_image_once() -> None:
+    """Mosaics take partners from their batch: one decode per output image, not four."""
+    index = FakeIndex(n=24)
+    calls: list[int] = []
+    load = index.load_image
+
+    def counting(i: int, reduce: int = 1) -> np.ndarray:
+        calls.append(i)
+        return load(i, reduce)
+
+    index.load_image = counting  # type: ignore[method-assign]
+    batch_ds = SegDataset(index, image_size=96, seed=3)
+    batch = batch_ds.__getitems__([(0, i) for i in range(8)])
+    assert sorted(calls) == list(range(8))  # each image once, none from outside the batch
+    for s in batch:
+        assert {int(a) // 100 for a in s.annotation_ids} <= set(range(8))
+    counts = batch_ds.decode_counts
+    assert counts["samples"] == 8 and counts["decodes"] == 8
+    calls.clear()
+    uniform = SegDataset(index, image_size=96, seed=3, mosaic_partners="uniform")
+    uniform.__getitems__([(0, i) for i in range(8)])
+    assert len(calls) > 3 * 8 * 0.9 and uniform.decode_counts["decodes"] == len(calls)
+    # A batch is a pure function of (seed, epoch, indices): rebuilding it gives the same samples.
+    for a, b in zip(batch, SegDataset(index, image_size=96, seed=3).__getitems__([(0, i) for i in range(8)])):
+        assert_same_sample(a, b)
+
+
+def test_batch_partner_bad_image_is_replaced_and_counted() -> None:
+    index = FakeIndex(n=12, bad=frozenset({5}))
+    ds = SegDataset(index, image_size=96, on_bad_sample="skip", seed=1)
+    batch = ds.__getitems__([(0, i) for i in range(8)])
+    assert len(batch) == 8
+    assert all(not ((s.annotation_ids // 100) == 5).any() for s in batch)
+    counts = ds.counts
+    annotation_keys = [k for k in COUNT_KEYS if not k.startswith("image_")]
+    drawn = sum(len(index._instances[i]) for i in index.polygon_calls)
+    assert sum(counts[k] for k in annotation_keys) == drawn
+    assert counts["image_corrupt"] >= 1 and counts["bad_image"] == 4 * counts["image_corrupt"]

@@ -1,0 +1,140 @@
+"""Assemble one sample from planned, decoded tiles: pixels, crowd regions, polygons, drops.
+
+Pure given its inputs: the same tiles, plan and generator give the same sample, whichever worker
+builds it.
+"""
+
+from __future__ import annotations
+
+from typing import Sequence
+
+import cv2
+import numpy as np
+
+from seg_datamodule.data.loading import ImageIndex
+from seg_datamodule.structures import Polygons, Sample
+from seg_datamodule.transforms.albu import AlbumentationsTransform
+from seg_datamodule.transforms.plan import TilePlan
+from seg_datamodule.transforms.polygons import drop_reasons, transform_polygons
+from seg_datamodule.transforms.warp import FILL_VALUE, warp_tiles
+
+__all__ = ["assemble_sample", "empty_sample", "other_index"]
+
+
+def assemble_sample(
+    index: ImageIndex,
+    ids: np.ndarray,
+    plan: TilePlan,
+    images: Sequence[np.ndarray | None],
+    reduces: Sequence[int],
+    crowd_tiles: Sequence[np.ndarray | None],
+    *,
+    flip: bool,
+    transforms: AlbumentationsTransform | None,
+    rng: np.random.Generator | None,
+    min_area_ratio: float,
+    min_box_size: float,
+) -> tuple[Sample, np.ndarray]:
+    """Warp the tiles into one canvas and carry every instance of every tile through.
+
+    Args:
+        index (ImageIndex): polygons, labels and annotation ids of the tiles' images.
+        ids (ndarray[K] int64): image index of each tile (the sample's own image first).
+        plan (TilePlan): where each tile lands.
+        images: per tile, the decoded image (None for a tile that does not show).
+        reduces: per tile, the JPEG reduction its image was decoded at.
+        crowd_tiles: per tile, its crowd mask ``bool (H, W)`` or None.
+        flip (bool): mirror the canvas horizontally.
+        transforms (AlbumentationsTransform | None): the user's pipeline (training only).
+        rng (numpy.random.Generator | None): the sample's generator, for ``transforms``.
+        min_area_ratio (float): drop an instance keeping less than this fraction of its area.
+        min_box_size (float): drop an instance whose box is narrower or lower than this.
+
+    Returns:
+        sample (Sample): the kept instances.
+        codes (ndarray[N] int64): per instance of every tile, 0 if kept or the index of its
+            drop reason in :data:`~seg_datamodule.transforms.polygons.DROP_REASONS`.
+    """
+    # 1. Pixels: one resample per tile, straight into the output.
+    image = warp_tiles(images, plan, reduces)
+
+    # 2. Crowd regions through the same matrices (nearest), if the index keeps them.
+    crowd = None
+    if any(c is not None for c in crowd_tiles):
+        sel = [k for k, c in enumerate(crowd_tiles) if c is not None]
+        sub = TilePlan(plan.matrices[sel], plan.regions[sel], plan.output_size,
+                       None if plan.resize is None else plan.resize[sel])
+        crowd = warp_tiles(
+            [crowd_tiles[k].view(np.uint8) for k in sel],
+            sub,
+            fill=0,
+            interpolation=cv2.INTER_NEAREST,
+            out=np.zeros(plan.output_size, np.uint8),
+        )
+
+    # 3. Polygons: clip to each tile's region, map, clip to the output.
+    labels = np.concatenate([index.labels(int(i)) for i in ids]).astype(np.int64)
+    ann_ids = np.concatenate([index.annotation_ids(int(i)) for i in ids]).astype(np.int64)
+    polygons, area_before, area_after = transform_polygons([index.polygons(int(i)) for i in ids], plan)
+
+    # 4. Horizontal flip: mirror pixels and vertices (exact; no resample).
+    if flip:
+        w = plan.output_size[1]
+        image = cv2.flip(image, 1, dst=image)  # in place: the canvas is ours
+        crowd = None if crowd is None else cv2.flip(crowd, 1, dst=crowd)
+        polygons = polygons.flip_lr(w)
+
+    # 5. The user's albumentations pipeline (training only); geometric steps move the
+    # vertices as keypoints, then the polygons are clipped to the image again.
+    if transforms and rng is not None:
+        if transforms.geometric:
+            image, vertices, crowd = transforms(rng, image, polygons.vertices, crowd)
+            unclipped = Polygons(vertices, polygons.ring_offsets, polygons.instance_offsets)
+            polygons = unclipped.clip((0.0, 0.0, float(image.shape[1]), float(image.shape[0])))
+            moved, after = unclipped.areas(), polygons.areas()
+            # Compound the two clips' ratios: before * (moved / area_after) is the area the
+            # final clip should be compared with.
+            with np.errstate(divide="ignore", invalid="ignore"):
+                area_before = np.where(area_after > 0, area_before * moved / area_after, area_before)
+            area_after = after
+        else:
+            image = transforms(rng, image)[0]
+
+    # 6. Drop what is degenerate, outside, mostly cut off or tiny.
+    codes, boxes = drop_reasons(polygons, area_before, area_after, min_area_ratio, min_box_size)
+    keep = codes == 0
+    sample = Sample(
+        image=np.ascontiguousarray(image),
+        image_id=int(index.image_ids[int(ids[0])]),
+        polygons=polygons.select(keep),
+        labels=labels[keep],
+        annotation_ids=ann_ids[keep],
+        boxes=boxes[keep].astype(np.float32),
+        crowd_mask=None if crowd is None else crowd.astype(bool),
+    )
+    return sample, codes
+
+
+def other_index(rng: np.random.Generator, bad: int, n: int) -> int:
+    """A uniform draw from ``0..n-1`` without ``bad`` (``bad`` itself when it is the only one)."""
+    if n < 2:
+        return bad
+    other = int(rng.integers(0, n - 1))
+    return other + (other >= bad)
+
+
+def empty_sample(
+    image_id: int, image_size: int, scale: float, pad: tuple[float, float], orig_size: tuple[int, int]
+) -> Sample:
+    """A grey validation sample without instances, standing in for an image that failed to load."""
+    return Sample(
+        image=np.full((image_size, image_size, 3), FILL_VALUE, np.uint8),
+        image_id=image_id,
+        polygons=Polygons.empty(),
+        labels=np.zeros(0, np.int64),
+        annotation_ids=np.zeros(0, np.int64),
+        boxes=np.zeros((0, 4), np.float32),
+        scale=float(scale),
+        pad=(float(pad[0]), float(pad[1])),
+        orig_size=orig_size,
+    )

@@ -1,0 +1,125 @@
+"""Where a dataset's pixels come from: the index protocol, a per-worker LRU cache, a per-batch
+decode table that decodes each image once per batch, and the DataLoader worker set-up.
+"""
+
+from __future__ import annotations
+
+from collections import OrderedDict
+from typing import Any, Callable, Protocol, runtime_checkable
+
+import cv2
+import numpy as np
+import torch
+from torch.utils.data import get_worker_info
+
+from seg_datamodule.io.images import BadImageError
+from seg_datamodule.structures import Polygons
+
+__all__ = ["BatchDecodes", "ImageIndex", "LRUCache", "worker_init_fn"]
+
+
+@runtime_checkable
+class ImageIndex(Protocol):
+    """What :class:`~seg_datamodule.data.dataset.SegDataset` needs from an index (``CocoIndex`` has it)."""
+
+    image_ids: np.ndarray
+    heights: np.ndarray
+    widths: np.ndarray
+
+    def __len__(self) -> int: ...
+
+    def polygons(self, i: int) -> Polygons:
+        """Image ``i``'s target instances in original pixels."""
+        ...
+
+    def labels(self, i: int) -> np.ndarray:
+        """int64 (N,) contiguous labels of those instances."""
+        ...
+
+    def annotation_ids(self, i: int) -> np.ndarray:
+        """int64 (N,) their COCO annotation ids."""
+        ...
+
+    def crowd_mask(self, i: int) -> np.ndarray | None:
+        """bool (H, W) union of crowd regions, or None."""
+        ...
+
+    def load_image(self, i: int, reduce: int = 1) -> np.ndarray:
+        """uint8 (ceil(H / reduce), ceil(W / reduce), 3) RGB; raises BadImageError."""
+        ...
+
+
+class LRUCache:
+    """Per-kind least-recently-used caches of at most ``capacity`` entries each (0: no caching)."""
+
+    def __init__(self, capacity: int) -> None:
+        self.capacity = capacity
+        self._kinds: dict[str, OrderedDict[Any, Any]] = {}
+
+    def get(self, kind: str, key: Any, make: Callable[[], Any]) -> Any:
+        """The cached value of ``(kind, key)``, made (and kept) on a miss."""
+        if self.capacity == 0:
+            return make()
+        cache = self._kinds.setdefault(kind, OrderedDict())
+        if key in cache:
+            cache.move_to_end(key)
+            return cache[key]
+        value = make()
+        cache[key] = value
+        while len(cache) > self.capacity:
+            cache.popitem(last=False)
+        return value
+
+
+class BatchDecodes:
+    """The images one batch decodes: each image once, at the finest scale any of its tiles needs.
+
+    A batch's tiles are planned first, so the decode scale of every image is known before any
+    decode (:meth:`want`); :meth:`get` then serves every tile that shows the image from that one
+    decode. What a batch holds depends only on the batch, never on which worker built it or what
+    it built before, so samples stay a pure function of ``(seed, epoch, batch)``.
+
+    Args:
+        decode: ``decode(i, reduce) -> uint8 (H', W', 3)``, raising ``BadImageError``.
+    """
+
+    def __init__(self, decode: Callable[[int, int], np.ndarray]) -> None:
+        self._decode = decode
+        self._wanted: dict[int, int] = {}
+        self._done: dict[int, tuple[np.ndarray, int] | BadImageError] = {}
+
+    def want(self, i: int, reduce: int) -> None:
+        """Record that a tile shows image ``i`` and could take it at ``reduce``."""
+        self._wanted[i] = min(reduce, self._wanted.get(i, reduce))
+
+    def get(self, i: int, reduce: int) -> tuple[np.ndarray, int]:
+        """Image ``i`` and the reduction it was decoded at (``<= reduce`` when planned).
+
+        Raises:
+            BadImageError: the image failed to load (once decoded, the failure is remembered).
+        """
+        if i not in self._done:
+            r = min(reduce, self._wanted.get(i, reduce))
+            try:
+                self._done[i] = (self._decode(i, r), r)
+            except BadImageError as err:
+                self._done[i] = err
+        done = self._done[i]
+        if isinstance(done, BadImageError):
+            raise done
+        return done
+
+
+def worker_init_fn(worker_id: int) -> None:
+    """DataLoader ``worker_init_fn``: one thread per worker, a fresh per-worker cache.
+
+    ``cv2.setNumThreads(0)`` and ``torch.set_num_threads(1)`` stop each worker from spawning a
+    thread pool per core (with ``W`` workers on ``C`` cores that is ``W x C`` threads fighting).
+    No seeding is needed: every sample seeds its own generator from ``(seed, epoch, index)``.
+    """
+    cv2.setNumThreads(0)
+    torch.set_num_threads(1)
+    info = get_worker_info()
+    dataset = getattr(info, "dataset", None)
+    if hasattr(dataset, "on_worker_start"):
+        dataset.on_worker_start()
