@@ -1,31 +1,45 @@
-"""End-to-end train-loader throughput on coco-mini at 640 with mosaic on: this project vs Ultralytics.
+"""End-to-end train-loader throughput at real scale (nothing fits a cache): ours vs Ultralytics.
+
+Dataset: COCO-sized data never fits a per-worker image cache, so the headline is measured on a
+dataset too large to cache: coco-mini's 80 train images repeated through ``--images`` entries
+(default 2,048, above the DataModule's auto-cache limit of 512) of a generated annotation file,
+each entry its own image id, annotation ids and file name (a symlink to the real JPEG). The OS
+page cache holds the 80 files for both sides alike, so this measures decoding and augmentation,
+not the disk.
 
 Ours: ``CocoIndex`` -> ``SegDataset`` (4-image mosaic, random affine, flip, a YOLO-recipe
-albumentations pipeline, exact polygon clip) -> ``DetectionCollate`` (stride-4 masks), in a
-DataLoader of batch 32. Peer: Ultralytics' segmentation loader (``imgsz=640, mosaic=1.0,
-mask_ratio=4, overlap_mask=False``, batch 32, its default hyper-parameters) on the same images,
-with labels converted from the same JSON by ``ultralytics.data.converter.convert_coco``; measured
-in the same run when ``ultralytics`` is importable (install it outside the project environment,
-e.g. ``pip install --target /tmp/ultra --no-deps ultralytics`` and ``PYTHONPATH=/tmp/ultra``; it
-is never a dependency).
+albumentations pipeline, exact polygon clip) -> ``DetectionCollate`` (stride-4 masks), batch 32,
+``cache_images=0`` (what the DataModule picks for a dataset this size), in two configurations:
+``mosaic_partners="batch"`` (the default: partners are the batch's other images, each image
+decoded once per batch) and ``"uniform"`` (partners uniform over the dataset: four decodes per
+mosaic). The decodes per output image are counted by the dataset and printed.
 
-Both sides do the same work per image: decode (or take from a per-worker cache), mosaic, affine,
-HSV jitter plus Blur / MedianBlur / ToGray / CLAHE at p=0.01, flip, polygon handling, masks at
-stride 4, collate. Ultralytics keeps a buffer of recently decoded images per worker
-(``min(n, 8 * batch, 1000)`` images: all 80 of coco-mini) and draws the three mosaic partners
-from it, so on any dataset a mosaic decodes at most one new image. Ours draws partners uniformly
-over the dataset (so a sample does not depend on which worker built it) and decodes every
-visible tile unless its cache holds it. Rows: ours without a cache (``cache_images=0``) against
-Ultralytics without its buffer (partners uniform, every tile decoded: the same work), and ours
-with a cache of the buffer's size (``cache_images=80``) against Ultralytics as it ships.
+Peer: Ultralytics' segmentation loader as it ships with ``cache=False`` (``imgsz=640,
+mosaic=1.0, mask_ratio=4, overlap_mask=False``, batch 32, its default hyper-parameters), labels
+converted from the same JSON by ``ultralytics.data.converter.convert_coco``; measured in the
+same run when ``ultralytics`` is importable (install it outside the project environment, e.g.
+``pip install --target /tmp/ultra --no-deps ultralytics`` and ``PYTHONPATH=/tmp/ultra``; it is
+never a dependency). It draws mosaic partners from a buffer of recently decoded images
+(``min(n, 8 * batch, 1000)`` per worker, so about one decode per output image) at the price of
+batches that depend on worker timing; ours gets one decode per image from the batch instead, and
+keeps the same batches for any number of workers.
 
-Timing: after ``--warmup`` batches (worker start-up, cache fill), images per second over
-``--batches`` batches, best of ``--repeat`` runs, the contenders interleaved run by run (the
-machine may be shared: the spread of the runs is printed). OpenCV is set to one thread in the main process
-too (Ultralytics does this on import), and ``--breakdown`` splits our single-thread CPU time
-into stages (CPU time, so other load on the machine inflates it less than wall time).
+What differs between the two, so the ratio is read right: Ultralytics resamples every segment
+to 1,000 points before its affine (ours transforms the original vertices) and rasterises with
+``cv2.fillPoly`` (ours exactly, see ``bench_raster.py``); its ``build_dataloader`` prefetches 4
+batches per worker against our DataLoader's default 2; and ``overlap_mask=False`` is not its
+default: by default it returns one ``(H/4, W/4)`` index mask per image with overlaps resolved by
+area, while a YOLACT-style loss needs per-instance masks ``(sum_N, H/4, W/4)``, which is what
+this loader returns, so per-instance masks are the like-for-like setting.
 
-Run: ``python benchmarks/bench_loader.py [--coco-mini PATH] [--workers 0 2] [--breakdown]``.
+Timing: after ``--warmup`` batches (worker start-up), images per second over ``--batches``
+batches, best of ``--repeat`` runs, the contenders interleaved run by run (the machine may be
+shared: the spread of the runs is printed). OpenCV is set to one thread in the main process too
+(Ultralytics does this on import), and ``--breakdown`` splits our single-thread CPU time into
+stages (CPU time, so other load on the machine inflates it less than wall time).
+
+Run: ``python benchmarks/bench_loader.py [--coco-mini PATH] [--images 2048] [--workers 0 2]
+[--breakdown]``.
 """
 
 from __future__ import annotations
@@ -33,6 +47,7 @@ from __future__ import annotations
 import argparse
 import contextlib
 import io
+import json
 import os
 import shutil
 import sys
@@ -43,13 +58,14 @@ from pathlib import Path
 from typing import Any, Iterator
 
 os.environ.setdefault("OMP_NUM_THREADS", "1")
+os.environ.setdefault("YOLO_VERBOSE", "False")
 
 import albumentations as A
 import cv2
 import torch
 from torch.utils.data import DataLoader, RandomSampler
 
-import seg_datamodule.data.dataset as dataset_module
+import seg_datamodule.data.assemble as assemble_module
 from seg_datamodule.transforms.albu import RandomHSV
 from seg_datamodule.io.coco.index import CocoIndex
 from seg_datamodule.data.collate import DetectionCollate
@@ -92,14 +108,41 @@ def _time_batches(batches: Iterator[Any], warmup: int, count: int) -> float:
 # ----------------------------------------------------------------------------- ours
 
 
-def build_ours(root: Path, image_size: int, cache_images: int, cache_dir: Path) -> SegDataset:
-    index = CocoIndex.build(root / "annotations" / "instances_train2017.json", root / "train2017",
-                            cache_dir=cache_dir)
-    return SegDataset(index, image_size=image_size, mosaic=1.0, transforms=yolo_recipe(),
-                      cache_images=cache_images, seed=0)
+def make_large_split(root: Path, work: Path, num_images: int) -> tuple[Path, Path]:
+    """coco-mini train repeated through ``num_images`` entries: a JSON and a folder of symlinks.
+
+    Entry ``k`` is image ``k % 80`` of coco-mini under a new id, file name and annotation ids, so
+    both loaders see ``num_images`` distinct images (pixels and instances repeat).
+    """
+    data = json.loads((root / "annotations" / "instances_train2017.json").read_text())
+    images, anns = sorted(data["images"], key=lambda im: im["id"]), data["annotations"]
+    by_image: dict[int, list[dict]] = defaultdict(list)
+    for ann in anns:
+        by_image[ann["image_id"]].append(ann)
+    folder = work / "images" / "train2017"
+    folder.mkdir(parents=True)
+    out_images, out_anns = [], []
+    for k in range(num_images):
+        im = images[k % len(images)]
+        name = f"{k:07d}_{im['file_name']}"
+        (folder / name).symlink_to((root / "train2017" / im["file_name"]).resolve())
+        out_images.append(dict(im, id=k + 1, file_name=name))
+        for ann in by_image[im["id"]]:
+            out_anns.append(dict(ann, id=len(out_anns) + 1, image_id=k + 1))
+    ann_file = work / "annotations" / "instances_train2017.json"
+    ann_file.parent.mkdir(parents=True)
+    ann_file.write_text(json.dumps(dict(data, images=out_images, annotations=out_anns)))
+    return ann_file, folder
 
 
-def measure_ours(ds: SegDataset, workers: int, batch_size: int, warmup: int, count: int) -> float:
+def build_ours(ann_file: Path, images: Path, image_size: int, partners: str, cache_dir: Path) -> SegDataset:
+    index = CocoIndex.build(ann_file, images, cache_dir=cache_dir)
+    return SegDataset(index, image_size=image_size, mosaic=1.0, transforms=yolo_recipe(), cache_images=0,
+                      mosaic_partners=partners, seed=0)
+
+
+def measure_ours(ds: SegDataset, workers: int, batch_size: int, warmup: int, count: int) -> tuple[float, float]:
+    """Images per second, and decodes per output image over the whole run (warm-up included)."""
     total = batch_size * (warmup + count)
     loader = DataLoader(
         ds,
@@ -109,8 +152,11 @@ def measure_ours(ds: SegDataset, workers: int, batch_size: int, warmup: int, cou
         collate_fn=DetectionCollate(mask_stride=4),
         worker_init_fn=worker_init_fn if workers else None,
     )
-    ds.on_worker_start()  # an empty cache for the main process too
-    return _time_batches(iter(loader), warmup, count)
+    ds.on_worker_start()
+    ds.reset_counts()
+    rate = _time_batches(iter(loader), warmup, count)
+    counts = ds.decode_counts
+    return rate, counts["decodes"] / max(counts["samples"], 1)
 
 
 @contextlib.contextmanager
@@ -133,10 +179,10 @@ def stage_timer() -> Iterator[dict[str, float]]:
         setattr(owner, name, timed)
 
     wrap(CocoIndex, "load_image", "decode (libjpeg)")
-    wrap(dataset_module, "warp_tiles", "warp (one resample per tile, crowd masks)")
-    wrap(dataset_module, "transform_polygons", "polygons (clip, map, clip)")
-    wrap(dataset_module, "drop_reasons", "polygons (clip, map, clip)")
-    wrap(dataset_module.AlbumentationsTransform, "__call__", "albumentations (HSV, blur, ...)")
+    wrap(assemble_module, "warp_tiles", "warp (one resample per tile, crowd masks)")
+    wrap(assemble_module, "transform_polygons", "polygons (clip, map, clip)")
+    wrap(assemble_module, "drop_reasons", "polygons (clip, map, clip)")
+    wrap(assemble_module.AlbumentationsTransform, "__call__", "albumentations (HSV, blur, ...)")
     wrap(CocoIndex, "crowd_mask", "crowd RLE decode")
     wrap(DetectionCollate, "__call__", "collate (stride-4 masks, stack)")
     try:
@@ -151,15 +197,13 @@ def breakdown(ds: SegDataset, batch_size: int, batches: int) -> None:
     gen = torch.Generator().manual_seed(1)
     order = torch.randint(0, len(ds), (batch_size * batches,), generator=gen).tolist()
     ds.on_worker_start()
-    for i in order[:batch_size]:  # warm the cache as the timed loaders do
-        ds[i]
     with stage_timer() as totals:
         start = time.thread_time()
         for b in range(batches):
-            collate([ds[i] for i in order[b * batch_size : (b + 1) * batch_size]])
+            collate(ds.__getitems__(order[b * batch_size : (b + 1) * batch_size]))
         wall = time.thread_time() - start
     n = batch_size * batches
-    print(f"  where the CPU time goes (one thread, cache_images={ds.cache_images}, {n} images, "
+    print(f"  where the CPU time goes (one thread, mosaic_partners={ds.mosaic_partners!r}, {n} images, "
           f"{1e3 * wall / n:.2f} ms/image):")
     other = wall - sum(totals.values())
     for stage, t in sorted(totals.items(), key=lambda kv: -kv[1]) + [("other (draws, Python)", other)]:
@@ -169,21 +213,21 @@ def breakdown(ds: SegDataset, batch_size: int, batches: int) -> None:
 # ----------------------------------------------------------------------------- ultralytics
 
 
-def prepare_ultralytics(root: Path, work: Path) -> Path:
-    """YOLO-format copy of coco-mini train (image symlinks, labels from convert_coco)."""
+def prepare_ultralytics(ann_file: Path, images: Path, work: Path) -> Path:
+    """YOLO-format copy of the split (image symlinks, labels from convert_coco)."""
     from ultralytics.data.converter import convert_coco
 
     ann_dir = work / "annotations"
     ann_dir.mkdir(parents=True)
-    shutil.copy(root / "annotations" / "instances_train2017.json", ann_dir)
+    shutil.copy(ann_file, ann_dir)
     out = work / "converted"
     with contextlib.redirect_stdout(io.StringIO()):
         convert_coco(labels_dir=str(ann_dir), save_dir=str(out), use_segments=True, cls91to80=True)
-    images = out / "images" / "train2017"
-    images.mkdir(parents=True)
-    for f in (root / "train2017").iterdir():
-        (images / f.name).symlink_to(f)
-    return images
+    target = out / "images" / "train2017"
+    target.mkdir(parents=True)
+    for f in images.iterdir():
+        (target / f.name).symlink_to(f.resolve())
+    return target
 
 
 def measure_ultralytics(images: Path, workers: int, batch_size: int, image_size: int, warmup: int,
@@ -204,16 +248,19 @@ def measure_ultralytics(images: Path, workers: int, batch_size: int, image_size:
 # ----------------------------------------------------------------------------- CPU time
 
 
-def cpu_ms_per_image(get: Any, collate: Any, n: int, batch_size: int, repeat: int = 7) -> float:
-    """Single-thread CPU ms per image (sample + collate), the best of ``repeat`` passes.
+def cpu_ms_per_image(get_batch: Any, collate: Any, n: int, batch_size: int, repeat: int = 5) -> float:
+    """Single-thread CPU ms per image (batch of samples + collate), the best of ``repeat`` batches.
 
     CPU time of one thread, unlike wall time, barely moves when other processes share the
     machine, so this ratio is the stable one; the wall-clock loader figures above are the goal.
     """
     best = float("inf")
-    for r in range(repeat):
+    rng = torch.Generator().manual_seed(3)
+    collate(get_batch(torch.randint(0, n, (batch_size,), generator=rng).tolist()))  # warm buffers
+    for _ in range(repeat):
+        indices = torch.randint(0, n, (batch_size,), generator=rng).tolist()
         start = time.thread_time()
-        collate([get((r * batch_size + j) % n) for j in range(batch_size)])
+        collate(get_batch(indices))
         best = min(best, (time.thread_time() - start) / batch_size * 1e3)
     return best
 
@@ -254,32 +301,27 @@ def ultralytics_dataset(images: Path, batch_size: int, image_size: int, buffer: 
 
 # ----------------------------------------------------------------------------- main
 
-#: The peer rows: Ultralytics as it ships (a buffer of decoded images that mosaic partners come
-#: from), and without the buffer (partners uniform over the dataset, every tile decoded, as ours).
-PEERS = {"ultralytics": True, "ultralytics no buffer": False}
+#: Our rows: the default (partners from the batch) and the old uniform partners.
+OURS = {"ours, partners from batch": "batch", "ours, uniform partners": "uniform"}
+PEER = "ultralytics cache=False"
 
 
-def _ratio(name: str, row: dict[str, float], value: float, inverse: bool = False) -> str:
-    """Ours against the peer that caches alike: no cache <-> no buffer, a cache <-> its buffer."""
-    if not name.startswith("ours"):
+def _ratio(name: str, row: dict[str, float], inverse: bool = False) -> str:
+    if not name.startswith("ours") or PEER not in row:
         return ""
-    peer = "ultralytics no buffer" if name.endswith("cache_images=0") else "ultralytics"
-    if peer not in row:
-        return ""
-    ratio = row[peer] / value if inverse else value / row[peer]
-    return f"  ({ratio:.2f}x {peer})"
-
+    ratio = row[PEER] / row[name] if inverse else row[name] / row[PEER]
+    return f"  ({ratio:.2f}x Ultralytics)"
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--coco-mini", type=Path, default=Path(os.environ.get("COCO_MINI", DEFAULT_ROOT)))
+    parser.add_argument("--images", type=int, default=2048, help="entries of the generated split")
     parser.add_argument("--image-size", type=int, default=640)
     parser.add_argument("--batch-size", type=int, default=32)
     parser.add_argument("--workers", type=int, nargs="*", default=[0, 2])
-    parser.add_argument("--cache-images", type=int, nargs="+", default=[0, 80])
     parser.add_argument("--warmup", type=int, default=2)
-    parser.add_argument("--batches", type=int, default=10)
+    parser.add_argument("--batches", type=int, default=12)
     parser.add_argument("--repeat", type=int, default=2)
     parser.add_argument("--no-ultralytics", action="store_true")
     parser.add_argument("--breakdown", action="store_true")
@@ -289,58 +331,56 @@ def main() -> None:
     torch.set_num_threads(1)
     work = Path(tempfile.mkdtemp(prefix="bench_loader_"))
     try:
-        datasets = {c: build_ours(args.coco_mini, args.image_size, c, work / "index") for c in args.cache_images}
+        ann_file, images = make_large_split(args.coco_mini, work / "split", args.images)
+        datasets = {name: build_ours(ann_file, images, args.image_size, partners, work / "index")
+                    for name, partners in OURS.items()}
         peer: Path | None = None
         if not args.no_ultralytics:
             try:
                 os.environ.setdefault("YOLO_CONFIG_DIR", str(work / "ultralytics_config"))
                 import ultralytics
 
-                peer = prepare_ultralytics(args.coco_mini, work / "yolo")
+                peer = prepare_ultralytics(ann_file, images, work / "yolo")
                 print(f"ultralytics {ultralytics.__version__} from {Path(ultralytics.__file__).parent}")
             except ImportError:
                 print("ultralytics not importable: measuring ours only")
-        print(f"coco-mini train ({len(next(iter(datasets.values())))} images), imgsz {args.image_size}, "
+        print(f"coco-mini train repeated to {args.images} images (no cache fits), imgsz {args.image_size}, "
               f"batch {args.batch_size}, {os.cpu_count()} CPUs, torch {torch.__version__}, "
               f"albumentations {A.__version__}, opencv {cv2.__version__}")
-        print(f"images/s over {args.batches} batches after {args.warmup} warm-up, best of {args.repeat}")
+        print(f"images/s over {args.batches} batches after {args.warmup} warm-up, best of {args.repeat}; "
+              "decodes per output image counted by our loader")
         for workers in args.workers:
             # Interleave the contenders repeat by repeat, so load from elsewhere hits both alike.
             runs: dict[str, list[float]] = defaultdict(list)
+            decodes: dict[str, float] = {}
             for _ in range(args.repeat):
-                for c, ds in datasets.items():
-                    runs[f"ours cache_images={c}"].append(
-                        measure_ours(ds, workers, args.batch_size, args.warmup, args.batches))
+                for name, ds in datasets.items():
+                    rate, decodes[name] = measure_ours(ds, workers, args.batch_size, args.warmup, args.batches)
+                    runs[name].append(rate)
                 if peer is not None:
-                    for name, buffer in PEERS.items():
-                        with contextlib.redirect_stdout(io.StringIO()), contextlib.redirect_stderr(io.StringIO()):
-                            runs[name].append(measure_ultralytics(peer, workers, args.batch_size, args.image_size,
-                                                                  args.warmup, args.batches, buffer))
+                    with contextlib.redirect_stdout(io.StringIO()), contextlib.redirect_stderr(io.StringIO()):
+                        runs[PEER].append(measure_ultralytics(peer, workers, args.batch_size, args.image_size,
+                                                              args.warmup, args.batches))
             row = {name: max(values) for name, values in runs.items()}
             for name, value in row.items():
                 spread = ", ".join(f"{v:.0f}" for v in runs[name])
-                print(f"  workers={workers}  {name:30s} {value:7.1f} img/s{_ratio(name, row, value)}   "
+                extra = f"  {decodes[name]:.2f} decodes/image" if name in decodes else ""
+                print(f"  workers={workers}  {name:28s} {value:7.1f} img/s{_ratio(name, row)}{extra}   "
                       f"[runs: {spread}]")
             sys.stdout.flush()
 
-        # Single-thread CPU per image, warm caches / buffers on both sides.
-        print("single-thread CPU time per image (sample + collate), best of 7 batches:")
+        print("single-thread CPU time per image (a batch of samples + collate), best of 5 batches:")
         cpu: dict[str, float] = {}
-        for c, ds in datasets.items():
-            collate = DetectionCollate(mask_stride=4)
+        for name, ds in datasets.items():
             ds.on_worker_start()
-            for i in range(2 * len(ds)):
-                ds[i % len(ds)]
-            cpu[f"ours cache_images={c}"] = cpu_ms_per_image(ds.__getitem__, collate, len(ds), args.batch_size)
+            cpu[name] = cpu_ms_per_image(ds.__getitems__, DetectionCollate(mask_stride=4), len(ds), args.batch_size)
         if peer is not None:
-            for name, buffer in PEERS.items():
-                with contextlib.redirect_stdout(io.StringIO()), contextlib.redirect_stderr(io.StringIO()):
-                    udata = ultralytics_dataset(peer, args.batch_size, args.image_size, buffer)
-                    for i in range(2 * len(udata)):
-                        udata[i % len(udata)]
-                    cpu[name] = cpu_ms_per_image(udata.__getitem__, udata.collate_fn, len(udata), args.batch_size)
+            with contextlib.redirect_stdout(io.StringIO()), contextlib.redirect_stderr(io.StringIO()):
+                udata = ultralytics_dataset(peer, args.batch_size, args.image_size)
+                cpu[PEER] = cpu_ms_per_image(lambda idx: [udata[i] for i in idx], udata.collate_fn, len(udata),
+                                             args.batch_size)
         for name, value in cpu.items():
-            print(f"  {name:30s} {value:6.2f} ms/image{_ratio(name, cpu, value, inverse=True)}")
+            print(f"  {name:28s} {value:6.2f} ms/image{_ratio(name, cpu, inverse=True)}")
         if args.breakdown:
             for ds in datasets.values():
                 breakdown(ds, args.batch_size, args.batches)
