@@ -32,7 +32,7 @@ import cv2
 import numpy as np
 import torch
 
-from seg_datamodule import DetectionCollate, Polygons, Sample, rasterize_flat
+from seg_datamodule import DetectionCollate, Polygons, Sample, rasterize_flat, rasterize_polygons
 from seg_datamodule.structures import polygons_from_instances
 
 CANVAS = 640
@@ -86,15 +86,13 @@ def build_mosaic_batch(root: Path, num_canvases: int = 64, seed: int = 0) -> lis
 def _flat(samples: list[Sample]) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     from seg_datamodule.ops.geometry import concat_polygons
 
-    return concat_polygons([(s.vertices, s.ring_offsets, s.instance_offsets) for s in samples])
+    return concat_polygons([s.polygons.arrays for s in samples])
 
 
 def _instances(samples: list[Sample]) -> list[list[np.ndarray]]:
     out = []
     for s in samples:
-        for n in range(s.num_instances):
-            rings = range(s.instance_offsets[n], s.instance_offsets[n + 1])
-            out.append([s.vertices[s.ring_offsets[r] : s.ring_offsets[r + 1]] for r in rings])
+        out.extend(s.polygons.instance(n) for n in range(s.num_instances))
     return out
 
 
@@ -278,6 +276,9 @@ def main() -> None:
 
     ours = rasterize_flat(*flat, hw, STRIDE)
     rows = [("this project (exact)", _time(lambda: rasterize_flat(*flat, hw, STRIDE), args.repeat))]
+    # The peers below take lists of rings and convert inside their timers: so does this row.
+    rows.append(("this project, list API (rasterize_polygons)",
+                 _time(lambda: rasterize_polygons(inst, hw, STRIDE), args.repeat)))
     rows.append(("cv2.fillPoly loop at stride 4 (not exact)", _time(lambda: peer_fillpoly_stride(inst, hw), args.repeat)))
     rows.append(("Ultralytics: fillPoly full + resize 1/4", _time(lambda: peer_ultralytics(inst, hw), args.repeat)))
     rows.append(("per-ring windowed crossing test", _time(lambda: peer_windowed_per_ring(inst, hw), max(1, args.repeat // 2))))

@@ -7,6 +7,7 @@ images) as one flat array plus an ``int64 (K + 1,)`` offsets array whose ``k``-t
 
 from __future__ import annotations
 
+import itertools
 from typing import Any, Sequence
 
 import numpy as np
@@ -65,6 +66,10 @@ def flatten_rings(
 ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """Flatten nested instances into flat polygon arrays.
 
+    Rings that are all ``(K, 2)`` arrays, or all flat coordinate lists, are converted in one
+    pass (one ``np.concatenate`` or one ``np.fromiter``) and checked vectorised; a per-ring
+    ``np.asarray`` costs more than rasterising the ring.
+
     Args:
         instances: one item per instance, each a sequence of rings; a ring is array-like
             ``(K, 2)`` of x, y or a flat COCO list ``[x0, y0, x1, y1, ...]``.
@@ -76,20 +81,48 @@ def flatten_rings(
         ValueError: a ring is not ``(K, 2)`` or a flat list of even length, has fewer than 3
             vertices, or holds NaN or infinite coordinates; the message names the instance index.
     """
-    rings: list[np.ndarray] = []
+    # 1. Gather the rings, remembering each one's instance.
+    rings: list[Any] = []
     rings_per_instance = np.zeros(len(instances), np.int64)
     for n, instance in enumerate(instances):
         if isinstance(instance, np.ndarray) and instance.ndim == 2 and instance.shape[1] == 2:
-            # A lone (K, 2) array is one ring, not K rings of 2 numbers.
-            instance = [instance]
-        for ring in instance:
-            rings.append(_as_ring(ring, n))
-            rings_per_instance[n] += 1
+            instance = (instance,)  # a lone (K, 2) array is one ring, not K rings of 2 numbers
+        rings.extend(instance)
+        rings_per_instance[n] = len(instance)
     instance_offsets = offsets_from_lengths(rings_per_instance)
     if not rings:
         return np.zeros((0, 2), np.float64), np.zeros(1, np.int64), instance_offsets
-    ring_offsets = offsets_from_lengths([len(r) for r in rings])
-    return np.concatenate(rings), ring_offsets, instance_offsets
+    owner = segment_ids(instance_offsets)
+
+    # 2. Convert: one pass for uniform input, ring by ring otherwise.
+    kinds = {type(r) for r in rings}
+    if kinds == {np.ndarray} and all(r.ndim == 2 and r.shape[1] == 2 for r in rings):
+        lengths = np.fromiter((len(r) for r in rings), np.int64, len(rings))
+        vertices = np.concatenate(rings).astype(np.float64, copy=False)
+    elif kinds <= {list, tuple} and all(not r or not isinstance(r[0], (list, tuple, np.ndarray)) for r in rings):
+        sizes = np.fromiter((len(r) for r in rings), np.int64, len(rings))
+        odd = np.flatnonzero(sizes % 2)
+        if len(odd):
+            raise ValueError(
+                f"instance {owner[odd[0]]}: flat ring has an odd number of coordinates ({sizes[odd[0]]})"
+            )
+        flat = np.fromiter(itertools.chain.from_iterable(rings), np.float64, int(sizes.sum()))
+        lengths, vertices = sizes // 2, flat.reshape(-1, 2)
+    else:
+        arrays = [_as_ring(ring, int(owner[r])) for r, ring in enumerate(rings)]
+        lengths = np.fromiter((len(a) for a in arrays), np.int64, len(arrays))
+        vertices = np.concatenate(arrays)
+
+    # 3. Check every ring at once, naming the first bad instance.
+    short = np.flatnonzero(lengths < 3)
+    if len(short):
+        raise ValueError(f"instance {owner[short[0]]}: a ring needs at least 3 vertices, got {lengths[short[0]]}")
+    ring_offsets = offsets_from_lengths(lengths)
+    bad = np.flatnonzero(~np.isfinite(vertices).all(axis=1))
+    if len(bad):
+        ring = int(np.searchsorted(ring_offsets, bad[0], side="right")) - 1
+        raise ValueError(f"instance {owner[ring]}: ring has NaN or infinite coordinates")
+    return np.ascontiguousarray(vertices), ring_offsets, instance_offsets
 
 
 def _as_ring(ring: Any, instance: int) -> np.ndarray:
@@ -101,8 +134,4 @@ def _as_ring(ring: Any, instance: int) -> np.ndarray:
         arr = arr.reshape(-1, 2)
     if arr.ndim != 2 or arr.shape[1] != 2:
         raise ValueError(f"instance {instance}: a ring must be (K, 2) or a flat list, got shape {arr.shape}")
-    if arr.shape[0] < 3:
-        raise ValueError(f"instance {instance}: a ring needs at least 3 vertices, got {arr.shape[0]}")
-    if not np.isfinite(arr).all():
-        raise ValueError(f"instance {instance}: ring has NaN or infinite coordinates")
     return arr
