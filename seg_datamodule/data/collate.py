@@ -191,6 +191,7 @@ class DetectionCollate:
                 dtype=torch.int64,
             ).reshape(-1, 2),
             mask_stride=stride,
+            counts=getattr(samples, "counts", None),
         )
         if lease is not None:
             # Unpickled in the main process, it hands the slot back once the batch is dropped.

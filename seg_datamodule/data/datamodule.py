@@ -31,7 +31,8 @@ from lightning.pytorch.utilities import rank_zero_info
 from torch.utils.data import DataLoader
 
 from seg_datamodule.data.collate import DetectionCollate
-from seg_datamodule.data.dataset import SegDataset, worker_init_fn
+from seg_datamodule.data.dataset import COUNT_KEYS, DECODE_KEYS, SegDataset, worker_init_fn
+from seg_datamodule.data.resume import ResumableDataLoader
 from seg_datamodule.data.sampler import EpochShardSampler
 from seg_datamodule.demo.data import ensure_demo_dataset
 from seg_datamodule.io.coco import CocoIndex, format_skip_summary
@@ -87,6 +88,9 @@ class COCOSegDataModule(LightningDataModule):
             the other images of the same batch, so each image is decoded once per batch and
             appears about four times in it) or ``"uniform"`` (the whole dataset; four decodes
             per mosaic without a cache). See :class:`~seg_datamodule.data.dataset.SegDataset`.
+        on_resume_mismatch: a checkpoint whose train-loader state was saved for another dataset,
+            batch size, world size or seed: ``"raise"`` (default) refuses it with a message
+            naming the difference; ``"restart"`` warns and starts that epoch from its first batch.
         pin_memory: page-lock batches for faster host-to-device copies.
         persistent_workers: keep workers alive between epochs (when ``num_workers > 0``).
         prefetch_factor: batches each worker prepares ahead (when ``num_workers > 0``).
@@ -122,6 +126,7 @@ class COCOSegDataModule(LightningDataModule):
         cache_dir: str | None = None,
         cache_images: int | None = None,
         mosaic_partners: Literal["batch", "uniform"] = "batch",
+        on_resume_mismatch: Literal["raise", "restart"] = "raise",
         pin_memory: bool = True,
         persistent_workers: bool = True,
         prefetch_factor: int | None = 2,
@@ -137,6 +142,7 @@ class COCOSegDataModule(LightningDataModule):
         check_int("prefetch_factor", prefetch_factor, 1, allow_none=True)
         check_int("cache_images", cache_images, 0, allow_none=True)
         check_choice("on_bad_sample", on_bad_sample, ("raise", "skip"))
+        self.on_resume_mismatch = check_choice("on_resume_mismatch", on_resume_mismatch, ("raise", "restart"))
         if (train_ann is None) != (train_images is None):
             raise ValueError("give both train_ann and train_images, or neither (the demo dataset)")
         if (val_ann is None) != (val_images is None):
@@ -170,6 +176,8 @@ class COCOSegDataModule(LightningDataModule):
         self.train_index: CocoIndex | None = None
         self.val_index: CocoIndex | None = None
         self.train_dataset: SegDataset | None = None
+        self._train_loader: ResumableDataLoader | None = None
+        self._loader_state: dict[str, Any] | None = None
         self.val_dataset: SegDataset | None = None
 
     # ------------------------------------------------------------------ data sources
@@ -271,8 +279,36 @@ class COCOSegDataModule(LightningDataModule):
         world_size, rank = self._world()
         sampler = EpochShardSampler(self.train_dataset, num_replicas=world_size, rank=rank, shuffle=True,
                                     seed=self.seed)
-        return DataLoader(self.train_dataset, batch_size=self.batch_size, sampler=sampler,
-                          **self._loader_kwargs())
+        loader = ResumableDataLoader(self.train_dataset, batch_size=self.batch_size, sampler=sampler,
+                                     progress=self._trained_batches if self.trainer is not None else None,
+                                     on_mismatch=self.on_resume_mismatch, **self._loader_kwargs())
+        if self._train_loader is not None:  # a reloaded loader keeps counting where the last one was
+            loader._delivered.update(self._train_loader.delivered_counts)
+        if self._loader_state is not None:  # a checkpoint being resumed
+            loader.load_state_dict(self._loader_state)
+            self._loader_state = None
+        self._train_loader = loader
+        return loader
+
+    def state_dict(self) -> dict[str, Any]:
+        """The train loader's state, also kept here so a resume can apply it early enough.
+
+        Lightning saves the loader's own ``state_dict`` with the fit loop and restores it in
+        ``FitLoop.setup_data``; but when ``configure_optimizers`` reads
+        ``trainer.estimated_stepping_batches`` (any schedule sized to the run, as
+        :class:`~seg_datamodule.demo.model.YolactLite` does), ``setup_data`` runs before the
+        loops are restored, creates and starts the iterator, and is then skipped, so that state
+        would never reach the loader. The DataModule's state is restored before that point.
+        """
+        return {} if self._train_loader is None else {"train_loader": self._train_loader.state_dict()}
+
+    def load_state_dict(self, state_dict: dict[str, Any]) -> None:
+        """Keep the train loader's state for the next ``train_dataloader()`` (see :meth:`state_dict`)."""
+        self._loader_state = state_dict.get("train_loader")
+
+    def _trained_batches(self) -> int:
+        """Batches of the current epoch the Trainer has taken (fetched ahead ones not included)."""
+        return int(self.trainer.fit_loop.epoch_loop.batch_progress.current.ready)
 
     def val_dataloader(self) -> DataLoader | list:
         if self.val_dataset is None and self.val_ann is not None:
@@ -291,11 +327,12 @@ class COCOSegDataModule(LightningDataModule):
 
         ``train_index`` / ``val_index``: annotations and images left out of the index at setup
         (``on_bad_sample="skip"``, ``drop_crowd``, ``drop_empty``). ``train`` / ``val``: per
-        annotation of every tile the workers built, ``kept`` (in the sample) or the reason it
-        was dropped (outside the canvas, clipped below ``min_area_ratio``, a tiny box, a bad
-        image), summed over this process's DataLoader workers since setup. Samples are counted
-        when built, so batches prefetched but never trained on count too; under DDP each rank
-        counts its own shard.
+        annotation of every tile drawn, ``kept`` (in the sample) or the reason it was dropped
+        (outside the canvas, clipped below ``min_area_ratio``, a tiny box, a bad image).
+        ``train`` counts the batches the Trainer took (each batch carries its counts, so batches
+        the workers built ahead but nobody trained on are not counted, and a resumed run
+        continues the count saved in the checkpoint); ``val`` counts what the workers built.
+        Under DDP each rank counts its own shard.
         """
         out: dict[str, dict[str, int]] = {}
         for name, index in (("train_index", self.train_index), ("val_index", self.val_index)):
@@ -303,8 +340,16 @@ class COCOSegDataModule(LightningDataModule):
                 out[name] = {**index.skip_counts, **index.dropped_counts}
         for name, dataset in (("train", self.train_dataset), ("val", self.val_dataset)):
             if dataset is not None:
-                out[name] = dict(dataset.counts)
+                out[name] = {key: 0 for key in COUNT_KEYS} | {
+                    k: v for k, v in self._counts_of(name, dataset).items() if k in COUNT_KEYS
+                }
         return out
+
+    def _counts_of(self, name: str, dataset: SegDataset) -> dict[str, int]:
+        """Training: the batches trained on (exact across a resume); else what the workers built."""
+        if name == "train" and self._train_loader is not None:
+            return self._train_loader.delivered_counts
+        return dataset.counts | dataset.decode_counts
 
     def report(self) -> str:
         """A human-readable summary of :attr:`skip_counts`."""
@@ -318,8 +363,9 @@ class COCOSegDataModule(LightningDataModule):
                     "skipped", "dropped by augmentation or loading", 1)
             lines.append(f"{name}: {summary}")
         dataset = self.train_dataset
-        if dataset is not None and dataset.decode_counts["samples"]:
-            d = dataset.decode_counts
+        d = self._counts_of("train", dataset) if dataset is not None else {}
+        if dataset is not None and d.get("samples"):
+            d = {key: d.get(key, 0) for key in DECODE_KEYS}
             lines.append(
                 f"train decodes: {d['decodes'] / d['samples']:.2f} per output image "
                 f"({d['decodes']} decodes for {d['samples']} images, {d['reduced_decodes']} at reduced "

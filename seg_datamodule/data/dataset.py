@@ -20,6 +20,7 @@ Accounting: every annotation of every tile drawn is in the sample or counted by 
 
 from __future__ import annotations
 
+import collections
 from typing import Any, Callable, Literal, Sequence
 
 import albumentations as A
@@ -27,7 +28,7 @@ import numpy as np
 import torch
 from torch.utils.data import Dataset
 
-from seg_datamodule.data.accounting import SkipCounter
+from seg_datamodule.data.accounting import CountedSamples, SkipCounter
 from seg_datamodule.data.assemble import assemble_sample, empty_sample, other_index
 from seg_datamodule.data.loading import BatchDecodes, ImageIndex, LRUCache, worker_init_fn
 from seg_datamodule.io.images import IMAGE_ERROR_REASONS, BadImageError
@@ -171,6 +172,7 @@ class SegDataset(Dataset[Sample]):
         self.counter = SkipCounter(COUNT_KEYS)
         self.decode_counter = SkipCounter(DECODE_KEYS)
         self._cache: LRUCache | None = None
+        self._tally: collections.Counter[str] | None = None
 
     # ------------------------------------------------------------------ state
 
@@ -269,9 +271,9 @@ class SegDataset(Dataset[Sample]):
 
     def _decode(self, i: int, reduce: int) -> np.ndarray:
         image = self.index.load_image(i, reduce=reduce)
-        self.decode_counter.add("decodes")
+        self._count(self.decode_counter, "decodes")
         if reduce > 1:
-            self.decode_counter.add("reduced_decodes")
+            self._count(self.decode_counter, "reduced_decodes")
         return image
 
     def _crowd(self, i: int) -> np.ndarray | None:
@@ -287,8 +289,8 @@ class SegDataset(Dataset[Sample]):
         """Count a bad image (and its annotations), or re-raise it."""
         if self.on_bad_sample == "raise":
             raise err
-        self.counter.add_error(err)
-        self.counter.add("bad_image", len(self.index.labels(i)))
+        self._count(self.counter, err.reason if err.reason in IMAGE_ERROR_REASONS else "image_corrupt")
+        self._count(self.counter, "bad_image", len(self.index.labels(i)))
 
     # ------------------------------------------------------------------ samples
 
@@ -307,7 +309,7 @@ class SegDataset(Dataset[Sample]):
             RuntimeError: more than ``max_retries`` bad images in one sample.
         """
         epoch, index = self._key(item)
-        self.decode_counter.add("samples")
+        self._count(self.decode_counter, "samples")
         if not self.train:
             return self._val_sample(index)
         rng = self.generator(index, epoch)
@@ -324,13 +326,25 @@ class SegDataset(Dataset[Sample]):
         ``(seed, epoch, indices)``; every tile is planned before any decode, and each image is
         then decoded once, at the finest JPEG scale any of its tiles needs.
 
+        Returns:
+            CountedSamples: the samples, with ``.counts``, this batch's share of :attr:`counts`
+            and :attr:`decode_counts` (the collate puts it on ``DetectionBatch.counts``).
+
         Raises:
             the same as :meth:`__getitem__`.
         """
         keys = [self._key(item) for item in items]
+        self._tally = collections.Counter()
+        try:
+            samples = self._batch(keys)
+            return CountedSamples(samples, counts=dict(self._tally))
+        finally:
+            self._tally = None
+
+    def _batch(self, keys: list[tuple[int, int]]) -> list[Sample]:
         if not self.train or self.mosaic_partners == "uniform" or len(keys) < 2:
             return [self[key] for key in keys]
-        self.decode_counter.add("samples", len(keys))
+        self._count(self.decode_counter, "samples", len(keys))
         # 1. Per sample: mosaic or not, drawn from its own generator as in __getitem__.
         rngs = [self.generator(index, epoch) for epoch, index in keys]
         mosaics = [self._use_mosaic(rng, epoch) for rng, (epoch, _) in zip(rngs, keys)]
@@ -353,6 +367,12 @@ class SegDataset(Dataset[Sample]):
             self._train_sample(rng, epoch, index, tile_ids, draw, decodes.get)
             for rng, (epoch, index), tile_ids, draw in zip(rngs, keys, ids, draws)
         ]
+
+    def _count(self, counter: SkipCounter, key: str, n: int = 1) -> None:
+        """Count in the shared counter, and in the tally of the batch being built (if any)."""
+        counter.add(key, n)
+        if self._tally is not None:
+            self._tally[key] += n
 
     def _key(self, item: int | tuple[int, int]) -> tuple[int, int]:
         """``(epoch, index)`` of an item; raises ``IndexError`` when out of range."""
@@ -437,5 +457,5 @@ class SegDataset(Dataset[Sample]):
         )
         for reason, count in zip(DROP_REASONS, np.bincount(codes, minlength=len(DROP_REASONS))):
             if count:
-                self.counter.add(reason, int(count))
+                self._count(self.counter, reason, int(count))
         return sample

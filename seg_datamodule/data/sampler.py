@@ -13,9 +13,12 @@ never be stale.
 
 from __future__ import annotations
 
+import itertools
 from typing import Iterator, Sized
 
 from torch.utils.data import DistributedSampler
+
+from seg_datamodule.ops.checks import check_int
 
 __all__ = ["EpochShardSampler"]
 
@@ -47,14 +50,27 @@ class EpochShardSampler(DistributedSampler):
         seed: int = 0,
         drop_last: bool = False,
     ) -> None:
-        if not isinstance(num_replicas, int) or num_replicas < 1:
-            raise ValueError(f"num_replicas must be a positive int, got {num_replicas!r}")
+        check_int("num_replicas", num_replicas, 1)
         if not isinstance(rank, int) or not 0 <= rank < num_replicas:
             raise ValueError(f"rank must be in [0, {num_replicas}), got {rank!r}")
         super().__init__(dataset, num_replicas=num_replicas, rank=rank, shuffle=shuffle, seed=seed,
                          drop_last=drop_last)
+        self._start: tuple[int, int] | None = None
+
+    def start_at(self, epoch: int, position: int) -> None:
+        """Begin the next pass over ``epoch`` at this rank's ``position``-th index (a resume).
+
+        One-shot: it applies to the next ``__iter__`` if the epoch is then ``epoch``, and the
+        pass after it starts from the beginning again. Skipping costs O(1) per skipped index:
+        nothing is loaded for them.
+        """
+        self._start = (check_int("epoch", epoch, 0), check_int("position", position, 0))
 
     def __iter__(self) -> Iterator[tuple[int, int]]:  # type: ignore[override]
         epoch = int(self.epoch)
-        for index in super().__iter__():
+        start = 0
+        if self._start is not None:
+            start = self._start[1] if self._start[0] == epoch else 0
+            self._start = None
+        for index in itertools.islice(super().__iter__(), start, None):
             yield epoch, int(index)

@@ -32,6 +32,9 @@ class DetectionBatch:
         pads (Tensor[B, 2] float32): letterbox padding (left, top) in canvas pixels.
         orig_sizes (Tensor[B, 2] int64): original image (H, W).
         mask_stride (int): the stride of the mask grid.
+        counts (dict[str, int] | None): where this batch's annotations went (``kept`` and the
+            reasons others were dropped) and the decodes it took, when the dataset reports them
+            (``SegDataset`` does); what the DataModule's accounting sums over trained batches.
     """
 
     images: torch.Tensor
@@ -46,6 +49,7 @@ class DetectionBatch:
     pads: torch.Tensor
     orig_sizes: torch.Tensor
     mask_stride: int = field(default=4)
+    counts: dict[str, int] | None = None
 
     def __len__(self) -> int:
         return int(self.images.shape[0])

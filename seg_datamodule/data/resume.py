@@ -1,0 +1,183 @@
+"""A DataLoader that Lightning checkpoints and resumes mid-epoch, with exactly the batches left.
+
+Every sample is a pure function of ``(seed, epoch, batch)``, so resuming needs no replay: the
+state is the epoch, how many batches of it training consumed, a fingerprint of what the batches
+are built from, and the annotation counts of the consumed batches. Lightning saves the state of
+a train loader that has ``state_dict`` / ``load_state_dict`` in every checkpoint and restores it
+before the loader's first ``iter()`` (``FitLoop.setup_data``); the sampler then starts the epoch
+at the first batch not yet trained on, in O(1): no skipped batch is decoded or augmented.
+
+"Consumed" is what the Trainer says it took (``batch_progress.current.ready``), not what this
+loader handed out: Lightning fetches a batch ahead, so at a checkpoint one more batch has usually
+left the loader than was trained on.
+"""
+
+from __future__ import annotations
+
+import collections
+import hashlib
+import warnings
+from typing import Any, Callable, Iterator, Literal
+
+import numpy as np
+import torch
+from torch.utils.data import DataLoader
+
+from seg_datamodule.data.sampler import EpochShardSampler
+from seg_datamodule.ops.checks import check_choice
+
+__all__ = ["ResumableDataLoader", "dataset_fingerprint"]
+
+_VERSION = 1
+
+
+def dataset_fingerprint(dataset: Any) -> str:
+    """A short hash of what a dataset's batches are built from: its length and image ids."""
+    index = getattr(dataset, "index", None)
+    ids = np.asarray(getattr(index, "image_ids", np.arange(len(dataset))), np.int64)
+    digest = hashlib.sha256(np.int64(len(dataset)).tobytes() + ids.tobytes()).hexdigest()
+    return digest[:16]
+
+
+class ResumableDataLoader(DataLoader):
+    """``DataLoader`` over an :class:`EpochShardSampler` with ``state_dict`` / ``load_state_dict``.
+
+    Args:
+        *args, **kwargs: as for ``DataLoader``; ``sampler`` must be an ``EpochShardSampler``.
+        progress: returns how many batches of the current epoch training consumed (the
+            DataModule passes the Trainer's count); ``None`` counts the batches this loader
+            handed out, right for a loop that fetches nothing ahead.
+        on_mismatch: what to do with a state saved for another dataset, batch size or world
+            size: ``"raise"`` (default) or ``"restart"`` the epoch with a warning.
+
+    Raises:
+        TypeError: ``sampler`` is not an ``EpochShardSampler``.
+    """
+
+    def __init__(
+        self,
+        *args: Any,
+        progress: Callable[[], int] | None = None,
+        on_mismatch: Literal["raise", "restart"] = "raise",
+        **kwargs: Any,
+    ) -> None:
+        super().__init__(*args, **kwargs)
+        if not isinstance(self.sampler, EpochShardSampler):
+            raise TypeError(f"sampler must be an EpochShardSampler, got {type(self.sampler).__name__}")
+        self.progress = progress
+        self.on_mismatch = check_choice("on_mismatch", on_mismatch, ("raise", "restart"))
+        self._handed_out = 0
+        self._recent: collections.deque[tuple[int, int, dict[str, int]]] = collections.deque(maxlen=64)
+        self._delivered: collections.Counter[str] = collections.Counter()
+        self._resume: tuple[int, int] | None = None
+        self._started = False
+
+    # ------------------------------------------------------------------ iteration
+
+    def __iter__(self) -> Iterator[Any]:
+        sampler: EpochShardSampler = self.sampler  # type: ignore[assignment]
+        self._started = True
+        if self._resume is not None:
+            # Lightning creates the iterator before it sets the epoch: take both from the state.
+            epoch, start = self._resume
+            self._resume = None
+            sampler.set_epoch(epoch)
+            sampler.start_at(epoch, start * self.batch_size)
+            self._handed_out = start
+        else:
+            self._handed_out = 0
+        return self._counting(super().__iter__())
+
+    def _counting(self, batches: Iterator[Any]) -> Iterator[Any]:
+        epoch = int(self.sampler.epoch)  # type: ignore[attr-defined]
+        for batch in batches:
+            counts = getattr(batch, "counts", None) or {}
+            self._delivered.update(counts)
+            self._recent.append((epoch, self._handed_out, dict(counts)))
+            self._handed_out += 1
+            yield batch
+
+    @property
+    def delivered_counts(self) -> dict[str, int]:
+        """Annotation and decode counts of the batches training consumed (see ``DetectionBatch.counts``)."""
+        consumed, epoch = self._consumed(), int(self.sampler.epoch)  # type: ignore[attr-defined]
+        out = collections.Counter(self._delivered)
+        for batch_epoch, position, counts in self._recent:
+            if batch_epoch == epoch and position >= consumed:  # handed out, not trained on
+                out.subtract(counts)
+        return {k: int(v) for k, v in out.items() if v}
+
+    def _consumed(self) -> int:
+        return int(self.progress()) if self.progress is not None else self._handed_out
+
+    # ------------------------------------------------------------------ state
+
+    def _identity(self) -> dict[str, Any]:
+        sampler: EpochShardSampler = self.sampler  # type: ignore[assignment]
+        return {
+            "dataset": dataset_fingerprint(self.dataset),
+            "batch_size": self.batch_size,
+            "drop_last": self.drop_last,
+            "world_size": sampler.num_replicas,
+            "seed": sampler.seed,
+            "shuffle": sampler.shuffle,
+        }
+
+    def state_dict(self) -> dict[str, Any]:
+        """Epoch, consumed batches, the loader's identity and the consumed batches' counts."""
+        sampler: EpochShardSampler = self.sampler  # type: ignore[assignment]
+        return {
+            "version": _VERSION,
+            "epoch": int(sampler.epoch),
+            "batches": self._consumed(),
+            "epoch_batches": len(self),
+            **self._identity(),
+            "counts": _gather_per_rank(self.delivered_counts),
+        }
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        """Resume where ``state`` left off; the next ``iter()`` starts at the first batch not trained on.
+
+        Raises:
+            ValueError: ``state`` is from another dataset, batch size, world size, seed or shuffle
+                setting (with ``on_mismatch="raise"``), or not from this loader at all.
+        """
+        if not isinstance(state, dict) or state.get("version") != _VERSION:
+            raise ValueError(f"not a ResumableDataLoader state (version {_VERSION}): {state!r:.200}")
+        mine, theirs = self._identity(), {k: state.get(k) for k in self._identity()}
+        if mine != theirs:
+            diff = ", ".join(f"{k} {theirs[k]!r} in the checkpoint, {mine[k]!r} now"
+                             for k in mine if mine[k] != theirs[k])
+            message = f"the checkpoint's train loader state does not match this loader: {diff}"
+            if self.on_mismatch == "raise":
+                raise ValueError(message + " (on_resume_mismatch='restart' restarts the epoch instead)")
+            warnings.warn(message + "; restarting the epoch from its first batch", stacklevel=2)
+            return
+        epoch, batches = int(state["epoch"]), int(state["batches"])
+        if batches >= int(state["epoch_batches"]):  # saved at the end of an epoch
+            epoch, batches = epoch + 1, 0
+        if self._started and self._resume != (epoch, batches):
+            warnings.warn(
+                f"the train loader state (epoch {epoch}, batch {batches}) arrived after its iterator "
+                "started: the iterator already running is not moved; the next one starts there",
+                stacklevel=2,
+            )
+        self._resume = (epoch, batches)
+        per_rank = state["counts"]
+        rank = self.sampler.rank if len(per_rank) > 1 else 0  # type: ignore[attr-defined]
+        self._delivered = collections.Counter(per_rank[rank])
+        self._recent.clear()
+
+
+def _gather_per_rank(counts: dict[str, int]) -> list[dict[str, int]]:
+    """Every rank's counts, in rank order (a checkpoint is written by rank 0 alone).
+
+    Lightning builds the checkpoint dict on every rank, so the collective is matched.
+    """
+    if not (torch.distributed.is_available() and torch.distributed.is_initialized()):
+        return [counts]
+    if torch.distributed.get_world_size() == 1:
+        return [counts]
+    gathered: list[Any] = [None] * torch.distributed.get_world_size()
+    torch.distributed.all_gather_object(gathered, counts)
+    return gathered
