@@ -2,8 +2,9 @@
 
 ``python _resume_run.py OUT DEMO_DIR --workers W [--kill-at STEP] [--ckpt PATH]`` trains the demo
 model for two epochs with a checkpoint after every step, writes one line per trained batch to
-``OUT/batches.jsonl`` (epoch, step, image ids and hashes of the images and masks) and, when fit
-ends, the DataModule's counts to ``OUT/counts.json``. ``--kill-at`` sends SIGKILL to itself when
+``OUT/batches_rank<R>.jsonl`` (epoch, step, image ids and hashes of the images and masks) and,
+when fit ends, the DataModule's counts to ``OUT/counts_rank<R>.json``; ``--devices 2`` runs DDP
+on two CPU processes, each rank killing itself at the same step. ``--kill-at`` sends SIGKILL to itself when
 that step starts (no clean-up); ``--ckpt`` resumes from a checkpoint.
 """
 
@@ -39,7 +40,7 @@ class Fingerprints(Callback):
         row = {"epoch": trainer.current_epoch, "step": trainer.global_step, "batch_idx": batch_idx,
                "image_ids": batch.image_ids.tolist(), "images": _digest(batch.images),
                "masks": _digest(batch.masks), "ignore": _digest(batch.ignore_masks)}
-        with (self.out / "batches.jsonl").open("a") as f:
+        with (self.out / f"batches_rank{trainer.global_rank}.jsonl").open("a") as f:
             f.write(json.dumps(row) + "\n")
 
 
@@ -51,13 +52,14 @@ def main() -> None:
     parser.add_argument("--kill-at", type=int, default=None)
     parser.add_argument("--ckpt", default=None)
     parser.add_argument("--batch-size", type=int, default=4)
+    parser.add_argument("--devices", type=int, default=1, help="> 1: DDP on that many CPU processes")
     args = parser.parse_args()
     args.out.mkdir(parents=True, exist_ok=True)
     dm = COCOSegDataModule(demo_dir=args.demo_dir, image_size=96, batch_size=args.batch_size,
                            num_workers=args.workers, persistent_workers=args.workers > 0,
                            cache_dir=str(args.out / "index"), seed=5)
     trainer = Trainer(
-        accelerator="cpu", devices=1, max_epochs=2, logger=False, enable_progress_bar=False,
+        accelerator="cpu", devices=args.devices, strategy="ddp" if args.devices > 1 else "auto", max_epochs=2, logger=False, enable_progress_bar=False,
         enable_model_summary=False, limit_val_batches=0, num_sanity_val_steps=0,
         callbacks=[Fingerprints(args.out, args.kill_at),
                    ModelCheckpoint(dirpath=args.out.parent / "ckpt", every_n_train_steps=1, save_last=True,
@@ -66,7 +68,7 @@ def main() -> None:
     torch.manual_seed(0)
     trainer.fit(YolactLite(num_classes=dm.num_classes, width=8, num_prototypes=4), datamodule=dm,
                 ckpt_path=args.ckpt)
-    (args.out / "counts.json").write_text(json.dumps(dm.skip_counts["train"], sort_keys=True))
+    (args.out / f"counts_rank{trainer.global_rank}.json").write_text(json.dumps(dm.skip_counts["train"], sort_keys=True))
 
 
 if __name__ == "__main__":

@@ -128,9 +128,13 @@ def _run(out: Path, demo_dir: Path, workers: int, *args: str) -> subprocess.Comp
                           timeout=600)
 
 
-def _rows(out: Path) -> dict[int, dict]:
-    rows = [json.loads(line) for line in (out / "batches.jsonl").read_text().splitlines()]
+def _rows(out: Path, rank: int = 0) -> dict[int, dict]:
+    rows = [json.loads(line) for line in (out / f"batches_rank{rank}.jsonl").read_text().splitlines()]
     return {r["step"]: r for r in rows}
+
+
+def _counts(out: Path, rank: int = 0) -> dict:
+    return json.loads((out / f"counts_rank{rank}.json").read_text())
 
 
 @pytest.mark.slow
@@ -150,5 +154,28 @@ def test_sigkill_mid_epoch_then_resume_sees_the_same_batches(demo_dir: Path, tmp
     key = ("epoch", "batch_idx", "image_ids", "images", "masks", "ignore")
     for step in got:
         assert [got[step][k] for k in key] == [want[step][k] for k in key], step
-    counts = [json.loads((tmp_path / d / "counts.json").read_text()) for d in ("straight/run", "killed/resumed")]
+    counts = [_counts(tmp_path / d) for d in ("straight/run", "killed/resumed")]
     assert counts[0] == counts[1] and counts[0]["kept"] > 0
+
+
+@pytest.mark.slow
+def test_sigkill_under_ddp_then_resume_gives_each_rank_its_batches(demo_dir: Path, tmp_path: Path) -> None:
+    """DDP on two CPU processes, both killed at step 3 of an epoch of 6: each rank resumes its own
+    shard at the right batch, and each rank's counts match the uninterrupted run's."""
+    ddp = ("--devices", "2")
+    assert _run(tmp_path / "straight" / "run", demo_dir, 0, *ddp).returncode == 0
+    killed = _run(tmp_path / "killed" / "run", demo_dir, 0, *ddp, "--kill-at", "3")
+    assert killed.returncode == -9, killed.stderr[-3000:]
+    resumed = _run(tmp_path / "killed" / "resumed", demo_dir, 0, *ddp, "--ckpt",
+                   str(tmp_path / "killed" / "ckpt" / "last.ckpt"))
+    assert resumed.returncode == 0, resumed.stderr[-3000:]
+    key = ("epoch", "batch_idx", "image_ids", "images", "masks", "ignore")
+    for rank in (0, 1):
+        want, got = _rows(tmp_path / "straight" / "run", rank), _rows(tmp_path / "killed" / "resumed", rank)
+        assert min(got) == 3 and max(got) == max(want) == 11
+        for step in got:
+            assert [got[step][k] for k in key] == [want[step][k] for k in key], (rank, step)
+        assert _counts(tmp_path / "killed" / "resumed", rank) == _counts(tmp_path / "straight" / "run", rank)
+    shards = [{i for r in _rows(tmp_path / "straight" / "run", rank).values() if r["epoch"] == 0
+               for i in r["image_ids"]} for rank in (0, 1)]
+    assert not shards[0] & shards[1]
