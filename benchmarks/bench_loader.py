@@ -108,11 +108,12 @@ def _time_batches(batches: Iterator[Any], warmup: int, count: int) -> float:
 # ----------------------------------------------------------------------------- ours
 
 
-def make_large_split(root: Path, work: Path, num_images: int) -> tuple[Path, Path]:
+def make_large_split(root: Path, work: Path, num_images: int, annotate_every: int = 1) -> tuple[Path, Path]:
     """coco-mini train repeated through ``num_images`` entries: a JSON and a folder of symlinks.
 
     Entry ``k`` is image ``k % 80`` of coco-mini under a new id, file name and annotation ids, so
-    both loaders see ``num_images`` distinct images (pixels and instances repeat).
+    both loaders see ``num_images`` distinct images (pixels and instances repeat); only every
+    ``annotate_every``-th entry keeps its annotations (a smaller JSON for very large splits).
     """
     data = json.loads((root / "annotations" / "instances_train2017.json").read_text())
     images, anns = sorted(data["images"], key=lambda im: im["id"]), data["annotations"]
@@ -127,7 +128,7 @@ def make_large_split(root: Path, work: Path, num_images: int) -> tuple[Path, Pat
         name = f"{k:07d}_{im['file_name']}"
         (folder / name).symlink_to((root / "train2017" / im["file_name"]).resolve())
         out_images.append(dict(im, id=k + 1, file_name=name))
-        for ann in by_image[im["id"]]:
+        for ann in by_image[im["id"]] if k % annotate_every == 0 else ():
             out_anns.append(dict(ann, id=len(out_anns) + 1, image_id=k + 1))
     ann_file = work / "annotations" / "instances_train2017.json"
     ann_file.parent.mkdir(parents=True)

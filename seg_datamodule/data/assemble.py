@@ -1,4 +1,5 @@
-"""Assemble one sample from planned, decoded tiles: pixels, crowd regions, polygons, drops.
+"""Assemble one sample from its tiles: load them (replacing bad images), then pixels, crowd
+regions, polygons and drops.
 
 Pure given its inputs: the same tiles, plan and generator give the same sample, whichever worker
 builds it.
@@ -6,19 +7,59 @@ builds it.
 
 from __future__ import annotations
 
-from typing import Sequence
+from typing import Callable, Sequence
 
 import cv2
 import numpy as np
 
 from seg_datamodule.data.loading import ImageIndex
+from seg_datamodule.io.images import BadImageError
 from seg_datamodule.structures import Polygons, Sample
 from seg_datamodule.transforms.albu import AlbumentationsTransform
-from seg_datamodule.transforms.plan import TilePlan
+from seg_datamodule.transforms.plan import TilePlan, choose_reduce, visible_tiles
 from seg_datamodule.transforms.polygons import drop_reasons, transform_polygons
 from seg_datamodule.transforms.warp import FILL_VALUE, warp_tiles
 
-__all__ = ["assemble_sample", "empty_sample", "other_index"]
+__all__ = ["assemble_sample", "empty_sample", "load_tiles", "other_index"]
+
+
+def load_tiles(
+    ids: np.ndarray,
+    plan_for: Callable[[np.ndarray], TilePlan],
+    load: Callable[[int, int], tuple[np.ndarray, int]],
+    on_bad: Callable[[BadImageError, int, int], int],
+) -> tuple[np.ndarray, TilePlan, list[np.ndarray | None], list[int]]:
+    """Plan the tiles ``ids`` and decode the visible ones, replacing images that fail to load.
+
+    Args:
+        ids (ndarray[K] int64): image index per tile (the sample's own image first).
+        plan_for: ``plan_for(ids) -> TilePlan`` under the sample's drawn geometry.
+        load: ``load(i, reduce) -> (image, reduce it was decoded at)``, at most ``reduce``.
+        on_bad: ``on_bad(error, i, retries) -> replacement index``; counts or raises.
+
+    Returns:
+        the tile ids after replacements, their plan, per tile the image (None when not
+        visible) and the reduction it was decoded at.
+    """
+    ids = ids.copy()
+    plan = plan_for(ids)
+    images: list[np.ndarray | None] = [None] * len(ids)
+    reduces = [1] * len(ids)
+    retries = k = 0
+    visible = visible_tiles(plan)
+    while k < len(ids):
+        if visible[k]:
+            try:
+                # The coarsest JPEG scale the tile's resample allows, decided before the decode.
+                images[k], reduces[k] = load(int(ids[k]), choose_reduce(plan.matrices[k]))
+            except BadImageError as err:
+                retries += 1
+                ids[k] = on_bad(err, int(ids[k]), retries)
+                plan = plan_for(ids)
+                visible = visible_tiles(plan)
+                continue
+        k += 1
+    return ids, plan, images, reduces
 
 
 def assemble_sample(

@@ -1,21 +1,22 @@
 """``COCOSegDataModule``: COCO loading, mosaic augmentation and worker-side mask collation.
 
-The data path, one stage per module: :mod:`~seg_datamodule.coco` (a flat, worker-safe index) ->
-:mod:`~seg_datamodule.dataset` (mosaic / random affine / albumentations, or letterbox for
-validation) -> :mod:`~seg_datamodule.collate` (images and stride-grid masks, rasterised inside the
-DataLoader workers into shared memory) -> a :class:`~seg_datamodule.sample.DetectionBatch`.
+The data path, one folder per stage: :mod:`~seg_datamodule.io.coco` (a flat, worker-safe index)
+-> :mod:`~seg_datamodule.data.dataset` (mosaic / random affine / albumentations, or letterbox for
+validation) -> :mod:`~seg_datamodule.data.collate` (images and stride-grid masks, rasterised in
+the DataLoader workers into reused shared memory) -> a
+:class:`~seg_datamodule.structures.DetectionBatch`.
 
-Sharding and order: training uses :class:`~seg_datamodule.sampler.EpochShardSampler`, a
+Sharding and order: training uses :class:`~seg_datamodule.data.sampler.EpochShardSampler`, a
 ``DistributedSampler`` (so Lightning keeps it under DDP) that reshuffles from ``(seed, epoch)``,
 gives every rank a disjoint shard (padding at most ``world_size - 1`` repeats per epoch) and hands
-the epoch to the dataset with every index. Each sample's augmentation is a pure function of
-``(seed, epoch, index)``, so the batches are the same for any ``num_workers``, and a run resumed
-from a checkpoint taken at an epoch boundary continues with exactly the batches the uninterrupted
-run would have seen. Resuming from a mid-epoch checkpoint restarts that epoch's order from its
-first batch (Lightning restores the epoch, not a position inside a plain DataLoader).
+the epoch to the dataset with every index. A batch is a pure function of ``(seed, epoch, its
+indices)``, so batches are the same for any ``num_workers``, and the train loader
+(:class:`~seg_datamodule.data.resume.ResumableDataLoader`) checkpoints its position: a run
+resumed from any checkpoint, mid-epoch included, continues with exactly the batches the
+uninterrupted run would have seen.
 
 Without ``train_ann`` the module uses the embedded demo dataset, generated on first use (see
-:mod:`~seg_datamodule.demo_data`).
+:mod:`~seg_datamodule.demo.data`).
 """
 
 from __future__ import annotations

@@ -21,16 +21,15 @@ Accounting: every annotation of every tile drawn is in the sample or counted by 
 from __future__ import annotations
 
 import collections
-from typing import Any, Callable, Literal, Sequence
+from typing import Callable, Literal, Sequence
 
 import albumentations as A
 import numpy as np
-import torch
 from torch.utils.data import Dataset
 
 from seg_datamodule.data.accounting import CountedSamples, SkipCounter
-from seg_datamodule.data.assemble import assemble_sample, empty_sample, other_index
-from seg_datamodule.data.loading import BatchDecodes, ImageIndex, LRUCache, worker_init_fn
+from seg_datamodule.data.assemble import assemble_sample, empty_sample, load_tiles, other_index
+from seg_datamodule.data.loading import BatchDecodes, ImageIndex, ImageSource, SharedEpoch, worker_init_fn
 from seg_datamodule.io.images import IMAGE_ERROR_REASONS, BadImageError
 from seg_datamodule.ops.checks import check_bool, check_choice, check_int, check_number
 from seg_datamodule.structures import Sample
@@ -73,11 +72,9 @@ class SegDataset(Dataset[Sample]):
         scale (tuple[float, float]): random scale range.
         shear (float): random shear range, degrees.
         flip_lr (float): probability of a horizontal flip.
-        min_area_ratio (float): an instance whose clipped area is below this fraction of its area
-            before clipping (both in output pixels) is dropped (reason ``clipped``); training only. 0.1 keeps
-            any object with a tenth of it in view, Ultralytics' detection threshold (it uses 0.01
-            of the box area for segments); masks here are exact at the borders, so the threshold
-            is about whether a fragment still shows the object, not about mask error.
+        min_area_ratio (float): drop (as ``clipped``) an instance keeping less than this fraction
+            of its area after clipping; training only. 0.1 is Ultralytics' detection threshold;
+            masks are exact at borders, so it is about what a fragment shows, not mask error.
         min_box_size (float): an instance whose clipped box is narrower or lower than this many
             output pixels is dropped (reason ``small_box``); training only.
         transforms (albumentations.BaseCompose | str | None): per-sample albumentations
@@ -88,20 +85,16 @@ class SegDataset(Dataset[Sample]):
             value the index was built with). Skipping replaces a training tile by another image
             drawn from the sample's generator, and gives an empty (grey, no instances)
             validation sample; both are counted.
-        cache_images (int): decoded images (and crowd masks) kept per worker, least recently
-            used out; 0 keeps none. Pays off when the dataset, or the part of it a worker sees,
-            is small (Ultralytics buffers ``min(n, 8 * batch, 1000)`` images per worker).
+        cache_images (int): decoded images (and crowd masks) kept per worker (LRU); 0 keeps
+            none. Pays off when the dataset a worker sees is small.
         max_retries (int): bad images tolerated per sample before giving up.
-        mosaic_partners (str): where a training mosaic's three other images come from.
-            ``"batch"`` (default): from the other images of the same batch, drawn from
-            ``(seed, epoch, batch)``, so each image of a batch is decoded once and serves as its
-            own sample's main tile and, at other positions, scales and crops, as a partner in
-            about three others: about one decode per output image instead of four, with batches
-            still independent of ``num_workers``. Each image then shows up about four times in
-            its batch (never twice in one mosaic when the batch has 4 or more images).
-            ``"uniform"``: uniform over the whole dataset (four decodes per mosaic without a
-            cache; each sample depends only on ``(seed, epoch, index)``). A batch of one image
-            falls back to ``"uniform"``. ``ds[i]`` (one sample, no batch) always uses
+        mosaic_partners (str): where a mosaic's three other images come from. ``"batch"``
+            (default): the batch's other images (:func:`~seg_datamodule.transforms.plan.
+            draw_batch_partners`, from ``(seed, epoch, batch)``): each image is decoded once per
+            batch and is the main tile of its sample and a partner in exactly three others, at
+            other positions, scales and crops; one decode per output image instead of four, and
+            batches still independent of ``num_workers``. ``"uniform"``: the whole dataset (four
+            decodes per mosaic without a cache). ``ds[i]`` and batches of one always use
             ``"uniform"``; DataLoaders with a ``batch_size`` call :meth:`__getitems__`.
 
     Raises:
@@ -166,12 +159,11 @@ class SegDataset(Dataset[Sample]):
         )
         self.image_size = self.geometry.image_size
         self.transforms = AlbumentationsTransform(transforms)
-        # 4. Shared state: [epoch, max_epochs or -1], read by (persistent) workers.
-        self._state = torch.tensor([0, -1 if max_epochs is None else max_epochs], dtype=torch.int64)
-        self._state.share_memory_()
+        # 4. Shared state, read by (persistent) workers: the epoch and the run's epochs; counts.
+        self._state = SharedEpoch(max_epochs)
         self.counter = SkipCounter(COUNT_KEYS)
         self.decode_counter = SkipCounter(DECODE_KEYS)
-        self._cache: LRUCache | None = None
+        self.images = ImageSource(index, self.cache_images, self._count_decode)
         self._tally: collections.Counter[str] | None = None
 
     # ------------------------------------------------------------------ state
@@ -188,33 +180,18 @@ class SegDataset(Dataset[Sample]):
             f"transforms={self.transforms.transforms!r})"
         )
 
-    def __getstate__(self) -> dict[str, Any]:
-        state = self.__dict__.copy()
-        state["_cache"] = None  # a worker starts with an empty cache
-        state.pop("_state_np", None)  # rebuilt from the (shared) tensor
-        return state
-
     @property
     def epoch(self) -> int:
         """The epoch plain indices use (shared with the workers)."""
-        return int(self._state_view()[0])
-
-    def _state_view(self) -> np.ndarray:
-        """numpy view of the shared state (reading a numpy scalar is ~50x cheaper than torch's)."""
-        view = self.__dict__.get("_state_np")
-        if view is None:
-            view = self._state.numpy()
-            self.__dict__["_state_np"] = view
-        return view
+        return self._state.epoch
 
     def set_epoch(self, epoch: int) -> None:
         """Set the epoch for plain indices; persistent workers see it (shared memory)."""
-        self._state[0] = check_int("epoch", epoch, minimum=0)
+        self._state.set_epoch(epoch)
 
     def set_max_epochs(self, max_epochs: int) -> None:
         """Set the run's number of epochs, which ``close_mosaic`` counts back from."""
-        self.max_epochs = check_int("max_epochs", max_epochs, minimum=1)
-        self._state[1] = self.max_epochs
+        self.max_epochs = self._state.set_max_epochs(max_epochs)
 
     def mosaic_active(self, epoch: int) -> bool:
         """Whether mosaic may apply in ``epoch`` (training, and not within ``close_mosaic``).
@@ -226,8 +203,8 @@ class SegDataset(Dataset[Sample]):
             return False
         if self.close_mosaic == 0:
             return True
-        max_epochs = int(self._state_view()[1])
-        if max_epochs < 0:
+        max_epochs = self._state.max_epochs
+        if max_epochs is None:
             raise RuntimeError(
                 f"close_mosaic={self.close_mosaic} needs max_epochs: pass max_epochs= or call "
                 "set_max_epochs() before iterating"
@@ -257,33 +234,18 @@ class SegDataset(Dataset[Sample]):
 
     def on_worker_start(self) -> None:
         """Per-worker reset (called by :func:`worker_init_fn`): an empty image cache."""
-        self._cache = None
+        self.images.reset()
 
     # ------------------------------------------------------------------ loading
 
     def _load(self, i: int, reduce: int) -> np.ndarray:
-        """Decode image ``i`` at ``reduce``, through the per-worker cache.
-
-        The cache is keyed by ``(i, reduce)``: serving a finer decode would change the pixels,
-        and then a sample would depend on what its worker happened to decode before.
-        """
-        return self._lru().get("images", (i, reduce), lambda: self._decode(i, reduce))
-
-    def _decode(self, i: int, reduce: int) -> np.ndarray:
-        image = self.index.load_image(i, reduce=reduce)
-        self._count(self.decode_counter, "decodes")
-        if reduce > 1:
-            self._count(self.decode_counter, "reduced_decodes")
-        return image
+        return self.images.image(i, reduce)
 
     def _crowd(self, i: int) -> np.ndarray | None:
-        """Image ``i``'s crowd mask (decoded from RLE), through the per-worker cache."""
-        return self._lru().get("crowd", i, lambda: self.index.crowd_mask(i))
+        return self.images.crowd(i)
 
-    def _lru(self) -> LRUCache:
-        if self._cache is None:
-            self._cache = LRUCache(self.cache_images)
-        return self._cache
+    def _count_decode(self, key: str) -> None:
+        self._count(self.decode_counter, key)
 
     def _bad(self, err: BadImageError, i: int) -> None:
         """Count a bad image (and its annotations), or re-raise it."""
@@ -393,33 +355,16 @@ class SegDataset(Dataset[Sample]):
         draw: GlobalDraw,
         load: Callable[[int, int], tuple[np.ndarray, int]],
     ) -> Sample:
-        # 1. Plan the tiles ``ids`` (the sample's image first) under the drawn geometry.
-        ids = ids.copy()
-        plan = self.geometry.plan(draw, self._sizes[ids])
+        def on_bad(err: BadImageError, bad: int, retries: int) -> int:
+            self._bad(err, bad)
+            if retries > self.max_retries:
+                raise RuntimeError(f"more than max_retries={self.max_retries} bad images while building "
+                                   f"sample {index} (epoch {epoch}); last: {err}") from err
+            return other_index(rng, bad, len(self))
 
-        # 2. Decode the visible tiles at the coarsest sufficient JPEG scale; replace bad ones.
-        images: list[np.ndarray | None] = [None] * len(ids)
-        reduces = [1] * len(ids)
-        retries = 0
-        k = 0
-        visible = visible_tiles(plan)
-        while k < len(ids):
-            if visible[k]:
-                try:
-                    images[k], reduces[k] = load(int(ids[k]), choose_reduce(plan.matrices[k]))
-                except BadImageError as err:
-                    self._bad(err, int(ids[k]))
-                    retries += 1
-                    if retries > self.max_retries:
-                        raise RuntimeError(
-                            f"more than max_retries={self.max_retries} bad images while building "
-                            f"sample {index} (epoch {epoch}); last: {err}"
-                        ) from err
-                    ids[k] = other_index(rng, int(ids[k]), len(self))
-                    plan = self.geometry.plan(draw, self._sizes[ids])
-                    visible = visible_tiles(plan)
-                    continue
-            k += 1
+        ids, plan, images, reduces = load_tiles(
+            ids, lambda tile_ids: self.geometry.plan(draw, self._sizes[tile_ids]), load, on_bad
+        )
         return self._finish(rng, ids, plan, images, reduces, flip=draw.flip)
 
     def _val_sample(self, index: int) -> Sample:

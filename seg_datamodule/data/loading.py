@@ -13,9 +13,10 @@ import torch
 from torch.utils.data import get_worker_info
 
 from seg_datamodule.io.images import BadImageError
+from seg_datamodule.ops.checks import check_int
 from seg_datamodule.structures import Polygons
 
-__all__ = ["BatchDecodes", "ImageIndex", "LRUCache", "worker_init_fn"]
+__all__ = ["BatchDecodes", "ImageIndex", "ImageSource", "LRUCache", "SharedEpoch", "worker_init_fn"]
 
 
 @runtime_checkable
@@ -49,6 +50,47 @@ class ImageIndex(Protocol):
         ...
 
 
+class SharedEpoch:
+    """The epoch plain indices use and the run's epoch count, in shared memory.
+
+    Persistent DataLoader workers keep their own copy of the dataset; values set in the main
+    process reach them through the shared tensor.
+
+    Args:
+        max_epochs: the run's epochs, or None when not known yet.
+    """
+
+    def __init__(self, max_epochs: int | None = None) -> None:
+        self._values = torch.tensor([0, -1 if max_epochs is None else max_epochs], dtype=torch.int64)
+        self._values.share_memory_()
+
+    def __getstate__(self) -> dict[str, Any]:
+        return {"_values": self._values}  # the numpy view is rebuilt on first read
+
+    def _view(self) -> np.ndarray:
+        # Reading a numpy scalar is ~50x cheaper than indexing the tensor.
+        view = self.__dict__.get("_np")
+        if view is None:
+            view = self.__dict__["_np"] = self._values.numpy()
+        return view
+
+    @property
+    def epoch(self) -> int:
+        return int(self._view()[0])
+
+    @property
+    def max_epochs(self) -> int | None:
+        value = int(self._view()[1])
+        return None if value < 0 else value
+
+    def set_epoch(self, epoch: int) -> None:
+        self._values[0] = check_int("epoch", epoch, 0)
+
+    def set_max_epochs(self, max_epochs: int) -> int:
+        self._values[1] = check_int("max_epochs", max_epochs, 1)
+        return int(max_epochs)
+
+
 class LRUCache:
     """Per-kind least-recently-used caches of at most ``capacity`` entries each (0: no caching)."""
 
@@ -69,6 +111,52 @@ class LRUCache:
         while len(cache) > self.capacity:
             cache.popitem(last=False)
         return value
+
+
+class ImageSource:
+    """An index's images and crowd masks, through a per-worker LRU cache, with decodes counted.
+
+    Args:
+        index (ImageIndex): where the images come from.
+        cache_images (int): entries kept per kind (0: none).
+        count: called with ``"decodes"`` for every decode (a cache miss), and also with
+            ``"reduced_decodes"`` when it ran at reduced JPEG scale.
+    """
+
+    def __init__(self, index: ImageIndex, cache_images: int, count: Callable[[str], None]) -> None:
+        self.index, self.cache_images, self.count = index, cache_images, count
+        self._cache: LRUCache | None = None
+
+    def __getstate__(self) -> dict[str, Any]:
+        return self.__dict__ | {"_cache": None}  # a worker starts with an empty cache
+
+    def reset(self) -> None:
+        """Empty the cache (a new worker)."""
+        self._cache = None
+
+    def image(self, i: int, reduce: int) -> np.ndarray:
+        """Image ``i`` decoded at ``reduce``; raises ``BadImageError``.
+
+        Cached by ``(i, reduce)``: serving a finer decode would change the pixels, and a sample
+        would then depend on what its worker happened to decode before.
+        """
+        return self._lru().get("images", (i, reduce), lambda: self._decode(i, reduce))
+
+    def crowd(self, i: int) -> np.ndarray | None:
+        """Image ``i``'s crowd mask (decoded from RLE), or None."""
+        return self._lru().get("crowd", i, lambda: self.index.crowd_mask(i))
+
+    def _decode(self, i: int, reduce: int) -> np.ndarray:
+        image = self.index.load_image(i, reduce=reduce)
+        self.count("decodes")
+        if reduce > 1:
+            self.count("reduced_decodes")
+        return image
+
+    def _lru(self) -> LRUCache:
+        if self._cache is None:
+            self._cache = LRUCache(self.cache_images)
+        return self._cache
 
 
 class BatchDecodes:

@@ -418,7 +418,7 @@ def test_image_cache_does_not_change_samples() -> None:
         assert_same_sample(a, c)
     small = SegDataset(index, image_size=96, cache_images=2, seed=0)
     [small[i] for i in range(len(small))]
-    assert len(small._cache._kinds["images"]) <= 2 and len(small._cache._kinds["crowd"]) <= 2
+    assert len(small.images._cache._kinds["images"]) <= 2 and len(small.images._cache._kinds["crowd"]) <= 2
 
 
 # ----------------------------------------------------------------------------- real data and a picture
