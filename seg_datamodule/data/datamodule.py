@@ -38,6 +38,7 @@ from seg_datamodule.data.sampler import EpochShardSampler
 from seg_datamodule.demo.data import ensure_demo_dataset
 from seg_datamodule.io.coco import CocoIndex, format_skip_summary
 from seg_datamodule.ops.checks import check_choice, check_int
+from seg_datamodule.transforms.augment import MosaicAffine
 
 __all__ = ["AUTO_CACHE_MAX_IMAGES", "COCOSegDataModule"]
 
@@ -112,6 +113,7 @@ class COCOSegDataModule(LightningDataModule):
         num_workers: int = 4,
         mosaic: float = 1.0,
         close_mosaic: int = 0,
+        mosaic_partners: Literal["batch", "uniform"] = "batch",
         degrees: float = 0.0,
         translate: float = 0.1,
         scale: tuple[float, float] = (0.5, 1.5),
@@ -126,7 +128,6 @@ class COCOSegDataModule(LightningDataModule):
         verify_images: bool = False,
         cache_dir: str | None = None,
         cache_images: int | None = None,
-        mosaic_partners: Literal["batch", "uniform"] = "batch",
         on_resume_mismatch: Literal["raise", "restart"] = "raise",
         pin_memory: bool = True,
         persistent_workers: bool = True,
@@ -158,22 +159,23 @@ class COCOSegDataModule(LightningDataModule):
         self.batch_size = batch_size
         self.val_batch_size = val_batch_size or batch_size
         self.num_workers = num_workers
+        # The random affine and flip are one object the dataset draws from (it checks them here).
+        self.geometry = MosaicAffine(image_size=image_size, degrees=degrees, translate=translate,
+                                     scale=tuple(scale), shear=shear, flip_lr=flip_lr)
         self.augment_kwargs: dict[str, Any] = dict(
-            mosaic=mosaic, close_mosaic=close_mosaic, degrees=degrees, translate=translate,
-            scale=tuple(scale), shear=shear, flip_lr=flip_lr, min_area_ratio=min_area_ratio,
-            min_box_size=min_box_size, transforms=transforms, cache_images=cache_images,
-            mosaic_partners=mosaic_partners,
+            mosaic=mosaic, close_mosaic=close_mosaic, mosaic_partners=mosaic_partners,
+            min_area_ratio=min_area_ratio, min_box_size=min_box_size, transforms=transforms,
+            cache_images=cache_images,
         )
         self.index_kwargs: dict[str, Any] = dict(
             on_bad_sample=on_bad_sample, drop_crowd=drop_crowd, drop_empty=drop_empty,
             verify_images=verify_images, cache_dir=cache_dir,
         )
-        self.on_bad_sample = on_bad_sample
-        self.pin_memory = pin_memory
-        self.persistent_workers = persistent_workers
-        self.prefetch_factor = prefetch_factor
-        self.seed = seed
-        self.demo_dir = demo_dir
+        self.on_bad_sample, self.seed, self.demo_dir = on_bad_sample, seed, demo_dir
+        # What every DataLoader of this module shares (pinning is decided per run, see _on_cuda).
+        self.loader_options: dict[str, Any] = dict(
+            pin_memory=pin_memory, persistent_workers=persistent_workers, prefetch_factor=prefetch_factor
+        )
         self.train_index: CocoIndex | None = None
         self.val_index: CocoIndex | None = None
         self.train_dataset: SegDataset | None = None
@@ -240,7 +242,8 @@ class COCOSegDataModule(LightningDataModule):
                 n = len(self.train_index)
                 kwargs["cache_images"] = n if n <= AUTO_CACHE_MAX_IMAGES else 0
             self.train_dataset = SegDataset(
-                self.train_index, image_size=self.image_size, train=True, max_epochs=max_epochs,
+                self.train_index, image_size=self.image_size, geometry=self.geometry, train=True,
+                max_epochs=max_epochs,
                 seed=self.seed, on_bad_sample=self.on_bad_sample, **kwargs,
             )
         elif max_epochs is not None:  # set up before a Trainer was attached, or a new Trainer
@@ -256,10 +259,10 @@ class COCOSegDataModule(LightningDataModule):
         return dict(
             num_workers=workers,
             collate_fn=DetectionCollate(mask_stride=self.mask_stride),
-            pin_memory=self.pin_memory and self._on_cuda(),
+            pin_memory=self.loader_options["pin_memory"] and self._on_cuda(),
             worker_init_fn=worker_init_fn if workers > 0 else None,
-            persistent_workers=self.persistent_workers and workers > 0,
-            prefetch_factor=self.prefetch_factor if workers > 0 else None,
+            persistent_workers=self.loader_options["persistent_workers"] and workers > 0,
+            prefetch_factor=self.loader_options["prefetch_factor"] if workers > 0 else None,
         )
 
     def _on_cuda(self) -> bool:

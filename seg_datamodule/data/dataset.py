@@ -61,17 +61,14 @@ class SegDataset(Dataset[Sample]):
     Args:
         index (ImageIndex): the images and annotations (a ``CocoIndex``).
         image_size (int): output side ``s`` (square ``s x s``).
+        geometry (MosaicAffine | None): the random affine (rotation, translation, scale,
+            shear) and flip training draws, for ``image_size``; None: the YOLO defaults.
         train (bool): training augmentation when True; plain letterbox when False.
         mosaic (float): probability of a 4-image mosaic per training sample.
         close_mosaic (int): switch mosaic off for the last ``close_mosaic`` epochs (needs
             ``max_epochs``).
         max_epochs (int | None): the run's epochs, for ``close_mosaic`` (or
             :meth:`set_max_epochs`).
-        degrees (float): random rotation range, degrees.
-        translate (float): random translation, fraction of ``s``.
-        scale (tuple[float, float]): random scale range.
-        shear (float): random shear range, degrees.
-        flip_lr (float): probability of a horizontal flip.
         min_area_ratio (float): drop (as ``clipped``) an instance keeping less than this fraction
             of its area after clipping; training only. 0.1 is Ultralytics' detection threshold;
             masks are exact at borders, so it is about what a fragment shows, not mask error.
@@ -108,15 +105,11 @@ class SegDataset(Dataset[Sample]):
         index: ImageIndex,
         *,
         image_size: int = 640,
+        geometry: MosaicAffine | None = None,
         train: bool = True,
         mosaic: float = 1.0,
         close_mosaic: int = 0,
         max_epochs: int | None = None,
-        degrees: float = 0.0,
-        translate: float = 0.1,
-        scale: tuple[float, float] = (0.5, 1.5),
-        shear: float = 0.0,
-        flip_lr: float = 0.5,
         min_area_ratio: float = 0.1,
         min_box_size: float = 2.0,
         transforms: A.BaseCompose | str | None = None,
@@ -149,15 +142,14 @@ class SegDataset(Dataset[Sample]):
         self.max_retries = check_int("max_retries", max_retries, minimum=0)
         self.mosaic_partners = check_choice("mosaic_partners", mosaic_partners, ("batch", "uniform"))
         # 3. The augmentation stages (they check their own arguments).
-        self.geometry = MosaicAffine(
-            image_size=image_size,
-            degrees=degrees,
-            translate=translate,
-            scale=scale,
-            shear=shear,
-            flip_lr=flip_lr,
-        )
-        self.image_size = self.geometry.image_size
+        if geometry is None:
+            geometry = MosaicAffine(image_size=image_size)
+        elif not isinstance(geometry, MosaicAffine):
+            raise TypeError(f"geometry must be a MosaicAffine or None, got {type(geometry).__name__}")
+        elif geometry.image_size != image_size:
+            raise ValueError(f"image_size {image_size!r} differs from geometry.image_size {geometry.image_size}")
+        self.geometry = geometry
+        self.image_size = geometry.image_size
         self.transforms = AlbumentationsTransform(transforms)
         # 4. Shared state, read by (persistent) workers: the epoch and the run's epochs; counts.
         self._state = SharedEpoch(max_epochs)

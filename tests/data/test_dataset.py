@@ -22,6 +22,7 @@ from seg_datamodule.io.images import BadImageError
 from seg_datamodule.ops.raster import rasterize_flat
 from seg_datamodule.structures import Polygons, Sample, polygons_from_instances
 from seg_datamodule.data.sampler import EpochShardSampler
+from seg_datamodule.transforms.augment import MosaicAffine
 from seg_datamodule.transforms.plan import draw_batch_partners
 
 # ----------------------------------------------------------------------------- a synthetic index
@@ -115,7 +116,7 @@ def loader_samples(ds: SegDataset, num_workers: int, **kwargs) -> list[Sample]:
 
 
 def test_train_samples_are_valid_and_exactly_clipped() -> None:
-    ds = SegDataset(FakeIndex(), image_size=128, degrees=10.0, shear=3.0, seed=1)
+    ds = SegDataset(FakeIndex(), image_size=128, geometry=MosaicAffine(128, degrees=10.0, shear=3.0), seed=1)
     for i in range(len(ds)):
         s = ds[i]
         s.validate()
@@ -163,7 +164,7 @@ def test_mosaic_draws_other_images_and_close_mosaic_turns_it_off() -> None:
 
 def test_mosaic_probability_zero_letterboxes_the_image() -> None:
     index = FakeIndex()
-    ds = SegDataset(index, image_size=96, mosaic=0.0, scale=(1.0, 1.0), translate=0.0, flip_lr=0.0)
+    ds = SegDataset(index, image_size=96, mosaic=0.0, geometry=MosaicAffine(96, scale=(1.0, 1.0), translate=0.0, flip_lr=0.0))
     s = ds[4]
     assert set((s.annotation_ids // 100).tolist()) <= {4}
     h, w = index.heights[4], index.widths[4]
@@ -243,8 +244,9 @@ def test_different_workers_draw_different_augmentations() -> None:
     0 and 1 (2 and 3, ...) would be identical.
     """
     transforms = A.Compose([A.GaussNoise(std_range=(0.1, 0.1), p=1.0)])
-    ds = SegDataset(FakeIndex(n=6, constant=True), image_size=64, mosaic=0.0, translate=0.0,
-                    scale=(1.0, 1.0), flip_lr=0.0, transforms=transforms, seed=5)
+    still = MosaicAffine(64, translate=0.0, scale=(1.0, 1.0), flip_lr=0.0)
+    ds = SegDataset(FakeIndex(n=6, constant=True), image_size=64, mosaic=0.0, geometry=still,
+                    transforms=transforms, seed=5)
     dl = DataLoader(ds, batch_size=1, num_workers=2, collate_fn=list, worker_init_fn=worker_init_fn)
     images = [batch[0].image for batch in dl]
     for a in range(len(images)):
@@ -297,12 +299,14 @@ def test_dataset_pickles() -> None:
 
 def test_geometric_albumentations_carry_polygons_exactly(tmp_path: Path) -> None:
     index = FakeIndex()
-    kw = dict(image_size=96, degrees=0.0, scale=(1.0, 1.0), translate=0.0, seed=2)
-    ours = SegDataset(index, flip_lr=1.0, **kw)
-    albu = SegDataset(index, flip_lr=0.0, transforms=A.Compose([A.HorizontalFlip(p=1.0)]), **kw)
+    kw = dict(image_size=96, seed=2)
+    still = dict(degrees=0.0, scale=(1.0, 1.0), translate=0.0)
+    ours = SegDataset(index, geometry=MosaicAffine(96, flip_lr=1.0, **still), **kw)
+    no_flip = MosaicAffine(96, flip_lr=0.0, **still)
+    albu = SegDataset(index, geometry=no_flip, transforms=A.Compose([A.HorizontalFlip(p=1.0)]), **kw)
     path = tmp_path / "flip.yaml"
     A.save(A.Compose([A.HorizontalFlip(p=1.0)]), str(path), data_format="yaml")
-    from_file = SegDataset(index, flip_lr=0.0, transforms=str(path), **kw)
+    from_file = SegDataset(index, geometry=no_flip, transforms=str(path), **kw)
     assert from_file.transforms.geometric
     for i in range(len(index)):
         a, b, c = ours[i], albu[i], from_file[i]
@@ -383,7 +387,11 @@ def test_argument_errors() -> None:
     with pytest.raises(ValueError, match="mosaic must be in"):
         SegDataset(FakeIndex(), mosaic=1.5)
     with pytest.raises(ValueError, match="scale must satisfy"):
-        SegDataset(FakeIndex(), scale=(1.5, 0.5))
+        SegDataset(FakeIndex(), geometry=MosaicAffine(scale=(1.5, 0.5)))
+    with pytest.raises(ValueError, match="image_size 96 differs from geometry.image_size 640"):
+        SegDataset(FakeIndex(), image_size=96, geometry=MosaicAffine())
+    with pytest.raises(TypeError, match="geometry must be a MosaicAffine or None, got dict"):
+        SegDataset(FakeIndex(), geometry={})
     with pytest.raises(ValueError, match="image_size must be >= 1, got 0"):
         SegDataset(FakeIndex(), image_size=0)
     with pytest.raises(TypeError, match="min_box_size must be a number"):
@@ -437,7 +445,7 @@ def test_coco_mini_batches_and_picture(coco_mini: Path, tmp_path: Path) -> None:
 
     index = _coco_index(coco_mini, "train2017", tmp_path)
     transforms = A.Compose([A.HueSaturationValue(p=0.5), A.Blur(p=0.1)])
-    ds = SegDataset(index, image_size=320, transforms=transforms, degrees=5.0, seed=0)
+    ds = SegDataset(index, image_size=320, transforms=transforms, geometry=MosaicAffine(320, degrees=5.0), seed=0)
     dl = DataLoader(ds, batch_size=8, num_workers=2, collate_fn=collate_detection, worker_init_fn=worker_init_fn)
     batches = list(dl)
     batch = batches[0]
