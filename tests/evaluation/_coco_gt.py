@@ -1,0 +1,64 @@
+"""Test helpers: ground truth of a COCO file as predictions, and batches that carry a letterbox.
+
+These build predictions straight from ``pycocotools`` (``annToMask``) and this package's own
+letterbox layout, so the tests compare the metric with COCO's reading of the same file.
+"""
+
+from __future__ import annotations
+
+from typing import Sequence
+
+import numpy as np
+import torch
+from pycocotools.coco import COCO
+
+from seg_datamodule.structures import DetectionBatch
+
+
+def letterbox_batch(
+    image_ids: Sequence[int],
+    scales: Sequence[float],
+    pads: Sequence[tuple[float, float]],
+    orig_sizes: Sequence[tuple[int, int]],
+    canvas: tuple[int, int],
+    mask_stride: int = 4,
+) -> DetectionBatch:
+    """A DetectionBatch with no targets, only what evaluation reads (images are a cheap view)."""
+    b = len(image_ids)
+    hp, wp = -(-canvas[0] // mask_stride), -(-canvas[1] // mask_stride)
+    return DetectionBatch(
+        images=torch.zeros((), dtype=torch.uint8).expand(b, 3, *canvas),
+        boxes=torch.zeros(0, 4),
+        labels=torch.zeros(0, dtype=torch.int64),
+        masks=torch.zeros(0, hp, wp, dtype=torch.bool),
+        boxes_per_image=torch.zeros(b, dtype=torch.int64),
+        image_ids=torch.tensor(list(image_ids), dtype=torch.int64),
+        annotation_ids=torch.zeros(0, dtype=torch.int64),
+        ignore_masks=torch.zeros(b, hp, wp, dtype=torch.bool),
+        scales=torch.tensor(list(scales), dtype=torch.float32),
+        pads=torch.tensor([list(p) for p in pads], dtype=torch.float32).reshape(b, 2),
+        orig_sizes=torch.tensor([list(s) for s in orig_sizes], dtype=torch.int64).reshape(b, 2),
+        mask_stride=mask_stride,
+    )
+
+
+def gt_annotations(coco: COCO, image_id: int) -> list[dict]:
+    """Non-crowd annotations of an image (what a perfect model would predict), by annotation id."""
+    anns = coco.loadAnns(coco.getAnnIds(imgIds=[image_id], iscrowd=False))
+    return sorted(anns, key=lambda a: a["id"])
+
+
+def gt_full_resolution(coco: COCO, image_id: int) -> dict[str, torch.Tensor]:
+    """Ground truth as predictions on a canvas equal to the original image (scale 1, no pad)."""
+    category_ids = sorted(coco.cats)
+    anns = gt_annotations(coco, image_id)
+    img = coco.imgs[image_id]
+    h, w = img["height"], img["width"]
+    boxes = np.array([[x, y, x + bw, y + bh] for x, y, bw, bh in (a["bbox"] for a in anns)], np.float64).reshape(-1, 4)
+    masks = np.stack([coco.annToMask(a).astype(bool) for a in anns]) if anns else np.zeros((0, h, w), bool)
+    return {
+        "boxes": torch.from_numpy(boxes),
+        "scores": torch.linspace(1.0, 0.5, len(anns)),
+        "labels": torch.tensor([category_ids.index(a["category_id"]) for a in anns], dtype=torch.int64),
+        "masks": torch.from_numpy(masks),
+    }
