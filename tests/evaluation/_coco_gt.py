@@ -62,3 +62,64 @@ def gt_full_resolution(coco: COCO, image_id: int) -> dict[str, torch.Tensor]:
         "labels": torch.tensor([category_ids.index(a["category_id"]) for a in anns], dtype=torch.int64),
         "masks": torch.from_numpy(masks),
     }
+
+
+def letterboxed(coco: COCO, image_id: int, image_size: int) -> tuple[float, tuple[float, float], tuple[int, int]]:
+    """(scale, pad, orig_size) of an image letterboxed as the validation dataset does it."""
+    from seg_datamodule.transforms.plan import letterbox_layout
+
+    img = coco.imgs[image_id]
+    orig = (int(img["height"]), int(img["width"]))
+    _, _, scale, pad = letterbox_layout(orig, (image_size, image_size))
+    return float(scale), (float(pad[0]), float(pad[1])), orig
+
+
+def gt_on_canvas(coco: COCO, image_id: int, image_size: int = 640, stride: int = 4) -> dict[str, torch.Tensor]:
+    """Ground truth letterboxed onto the canvas and rasterised at ``stride`` (bool masks), as a
+    model trained on perfect stride-``stride`` targets would predict it."""
+    from seg_datamodule.ops.raster import rasterize_polygons
+
+    category_ids = sorted(coco.cats)
+    scale, (pad_x, pad_y), _ = letterboxed(coco, image_id, image_size)
+    anns = gt_annotations(coco, image_id)
+    instances = []
+    for a in anns:
+        if not isinstance(a["segmentation"], list):
+            raise NotImplementedError(f"annotation {a['id']}: a non-crowd RLE; these helpers take polygons")
+        instances.append([np.asarray(r, np.float64).reshape(-1, 2) * scale + (pad_x, pad_y) for r in a["segmentation"]])
+    masks = rasterize_polygons(instances, (image_size, image_size), stride)
+    boxes = np.array([[x, y, x + bw, y + bh] for x, y, bw, bh in (a["bbox"] for a in anns)], np.float64).reshape(-1, 4)
+    boxes = boxes * scale + np.array([pad_x, pad_y, pad_x, pad_y])
+    return {
+        "boxes": torch.from_numpy(boxes),
+        "scores": torch.linspace(1.0, 0.5, len(anns)),
+        "labels": torch.tensor([category_ids.index(a["category_id"]) for a in anns], dtype=torch.int64),
+        "masks": torch.from_numpy(masks),
+    }
+
+
+def perturbed(pred: dict[str, torch.Tensor], num_classes: int, seed: int, image_size: int = 640) -> dict[str, torch.Tensor]:
+    """A plausible, imperfect model: jittered boxes, some wrong labels, random scores, a false
+    positive or two, and masks as noisy stride-grid logits (deterministic in ``seed``)."""
+    gen = torch.Generator().manual_seed(seed)
+    boxes = pred["boxes"].double().clone()
+    n = boxes.shape[0]
+    size = (boxes[:, 2:] - boxes[:, :2]).repeat(1, 2)
+    boxes = boxes + 0.08 * size * torch.randn(n, 4, generator=gen, dtype=torch.float64)
+    labels = pred["labels"].clone()
+    wrong = torch.rand(n, generator=gen) < 0.2
+    labels[wrong] = torch.randint(0, num_classes, (int(wrong.sum()),), generator=gen)
+    masks = pred["masks"]
+    logits = (masks.float() * 2 - 1) * 3 + 2.0 * torch.randn(masks.shape, generator=gen)
+    extra = int(torch.randint(0, 3, (1,), generator=gen))
+    xy = torch.rand(extra, 2, generator=gen, dtype=torch.float64) * image_size * 0.7
+    wh = torch.rand(extra, 2, generator=gen, dtype=torch.float64) * image_size * 0.3 + 4
+    boxes = torch.cat([boxes, torch.cat([xy, xy + wh], 1)])
+    labels = torch.cat([labels, torch.randint(0, num_classes, (extra,), generator=gen)])
+    logits = torch.cat([logits, torch.randn((extra, *masks.shape[1:]), generator=gen) * 3])
+    return {
+        "boxes": boxes,
+        "scores": torch.rand(n + extra, generator=gen),
+        "labels": labels,
+        "mask_logits": logits,
+    }
