@@ -19,9 +19,9 @@ import torch
 from pycocotools import mask as mask_utils
 from torch import Tensor
 
-from seg_datamodule.evaluation.letterbox import boxes_to_original, masks_to_original
+from seg_datamodule.evaluation.letterbox import MaskWindow, boxes_to_original, mask_windows
 
-__all__ = ["CocoDetections", "canvas_predictions_to_coco", "encode_masks", "mask_stride_of"]
+__all__ = ["CocoDetections", "canvas_predictions_to_coco", "encode_windows", "mask_stride_of"]
 
 
 @dataclass(frozen=True)
@@ -61,20 +61,45 @@ class CocoDetections:
         ]
 
 
-def encode_masks(masks_wh: Tensor) -> list[bytes]:
-    """Compressed COCO RLE ``counts`` of binary masks.
+def encode_windows(windows: Sequence[MaskWindow], orig_size: tuple[int, int]) -> list[bytes]:
+    """Compressed COCO RLE ``counts`` of full-size masks given by their windows.
+
+    The column-major run boundaries are found inside each window only (a full-size mask is
+    never built), then ``pycocotools`` compresses them; the bytes equal
+    ``pycocotools.mask.encode`` of the full mask.
 
     Args:
-        masks_wh (Tensor[N, W, H] bool): masks stored transposed, i.e. each mask column-major,
-            the layout ``pycocotools.mask.encode`` reads without a copy.
+        windows: :class:`~seg_datamodule.evaluation.letterbox.MaskWindow` per mask.
+        orig_size (tuple[int, int]): (H, W) of the full masks.
 
     Returns:
-        list of N ``bytes``.
+        list of ``bytes``, one per window.
     """
-    if masks_wh.shape[0] == 0:
+    height, width = orig_size
+    uncompressed = []
+    for top, left, block in windows:
+        if not block.any():
+            uncompressed.append({"size": [height, width], "counts": [height * width]})
+            continue
+        # Each window column padded with an off pixel above and below: a change between
+        # padded rows j - 1 and j is a run boundary at flat index (left + x) * H + top + j.
+        h, w = block.shape
+        padded = np.zeros((w, h + 2), bool)
+        padded[:, 1:-1] = block.T
+        x, j = np.nonzero(padded[:, 1:] != padded[:, :-1])
+        flat = (left + x).astype(np.int64) * height + top + j
+        # A run that ends at the bottom of one image column and one that starts at the top of the
+        # next share a boundary: the two cancel (the runs are one).
+        shared = np.flatnonzero(flat[1:] == flat[:-1])
+        if shared.size:
+            flat = np.delete(flat, np.concatenate([shared, shared + 1]))
+        if flat.size and flat[-1] == height * width:  # on to the last pixel: no run after it
+            flat = flat[:-1]
+        counts = np.diff(np.concatenate([[0], flat, [height * width]]))
+        uncompressed.append({"size": [height, width], "counts": counts.tolist()})
+    if not uncompressed:
         return []
-    array = masks_wh.cpu().numpy().view(np.uint8).transpose(2, 1, 0)  # (H, W, N), Fortran order
-    return [rle["counts"] for rle in mask_utils.encode(np.asfortranarray(array))]
+    return [rle["counts"] for rle in mask_utils.frPyObjects(uncompressed, height, width)]
 
 
 def mask_stride_of(mask_shape: tuple[int, int], canvas_size: tuple[int, int], mask_stride: int) -> int | None:
@@ -139,7 +164,8 @@ def _check_image(
         )
     if keys[0] == "mask_logits" and not masks.is_floating_point():
         raise TypeError(f"predictions['mask_logits'] of image id {image_id} must be float, got {masks.dtype}")
-    if masks.is_floating_point() and masks.numel() and torch.isnan(masks).any():
+    # amax propagates NaN: one reduction, no (N, Hm, Wm) temporary.
+    if masks.is_floating_point() and masks.numel() and torch.isnan(masks.amax()):
         raise ValueError(f"predictions[{keys[0]!r}] of image id {image_id} contain NaN")
     return boxes, scores, labels, masks, keys[0] == "mask_logits"
 
@@ -230,8 +256,7 @@ def canvas_predictions_to_coco(
                 f"or its stride-{mask_stride} grid {grid}"
             )
         threshold = logit_threshold if logits else (0.5 if masks.dtype == torch.bool else mask_threshold)
-        binary = masks_to_original(masks.detach(), scale, pad, orig, stride, threshold, transposed=True)
-        encoded = encode_masks(binary)
+        encoded = encode_windows(mask_windows(masks.detach(), scale, pad, orig, stride, threshold), orig)
         lengths.append(torch.tensor([len(c) for c in encoded], dtype=torch.int64))
         chunks.extend(encoded)
     return CocoDetections(

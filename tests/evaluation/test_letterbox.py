@@ -12,6 +12,7 @@ from hypothesis import strategies as st
 from seg_datamodule.evaluation.letterbox import (
     boxes_to_canvas,
     boxes_to_original,
+    mask_windows,
     masks_to_original,
     resample_axis,
 )
@@ -82,20 +83,28 @@ def test_masks_match_grid_sample(orig: tuple[int, int], canvas: int, stride: int
     out = masks_to_original(masks, scale, pad, orig, stride, threshold=0.0)
     decided = (reference.abs() > 1e-5)  # values at the threshold itself may round either way
     assert torch.equal(out[decided], (reference > 0)[decided])
-    transposed = masks_to_original(masks, scale, pad, orig, stride, threshold=0.0, transposed=True)
-    assert torch.equal(transposed, out.transpose(1, 2))
-    chunked = masks_to_original(masks, scale, pad, orig, stride, threshold=0.0, chunk=2)
-    assert torch.equal(chunked, out)
+    windows = mask_windows(masks, scale, pad, orig, stride, threshold=0.0)
+    for k, (top, left, window) in enumerate(windows):  # everything on lies inside the window
+        assert int(window.sum()) == int(out[k].sum())
+        assert np.array_equal(out[k, top : top + window.shape[0], left : left + window.shape[1]].numpy(), window)
+    # Windows: a mask that is on in one corner cell only is computed there only, and right.
+    corner = torch.full((1, grid, grid), -5.0)
+    corner[0, -1, -1] = 5.0
+    reference = _reference(corner, scale, pad, orig, stride)[0]
+    assert torch.equal(masks_to_original(corner, scale, pad, orig, stride, 0.0)[0], reference > 0)
+    assert not masks_to_original(corner.neg() - 20, scale, pad, orig, stride, 0.0).any()
 
 
 def test_identity_letterbox_is_exact_and_empty_works() -> None:
     masks = torch.rand(3, 17, 23) > 0.5
     assert torch.equal(masks_to_original(masks, 1.0, (0.0, 0.0), (17, 23), 1, 0.5), masks)
     assert masks_to_original(torch.zeros(0, 8, 8), 2.0, (0.0, 4.0), (3, 4), 4, 0.0).shape == (0, 3, 4)
-    assert masks_to_original(torch.zeros(0, 8, 8), 2.0, (0.0, 4.0), (3, 4), 4, 0.0, transposed=True).shape == (0, 4, 3)
+    assert mask_windows(torch.zeros(0, 8, 8), 2.0, (0.0, 4.0), (3, 4), 4, 0.0) == []
+    (off,) = mask_windows(torch.full((1, 8, 8), -1.0), 2.0, (0.0, 4.0), (3, 4), 4, 0.0)
+    assert off.mask.shape == (0, 0)
     i0, i1, w = resample_axis(4, 2, 1.0, 0.0, 2)  # centres 0.5..3.5 -> cells -0.25, 0.25, 0.75, 1.25
     assert i0.tolist() == [0, 0, 0, 1] and i1.tolist() == [0, 1, 1, 1]
-    torch.testing.assert_close(w, torch.tensor([0.75, 0.25, 0.75, 0.25]))
+    np.testing.assert_allclose(w, [0.75, 0.25, 0.75, 0.25])
 
 
 def test_stride4_raster_maps_back_close_to_the_full_resolution_raster() -> None:
