@@ -7,6 +7,9 @@ Detectron2 (``evaluation/coco_evaluation.py``): the segm results carry no ``bbox
 detection's area is its mask area for segm and its box area for bbox (``loadRes`` would use the
 box area for both when a result has both). Evaluation covers exactly the images that were
 predicted on (``params.imgIds``), so validating on a subset scores that subset.
+
+Backends: ``"pycocotools"`` (the reference) or ``"faster_coco_eval"`` (its ``COCOeval_faster``,
+the same algorithm with ``evaluateImg`` and ``accumulate`` in C++; an optional install).
 """
 
 from __future__ import annotations
@@ -14,7 +17,7 @@ from __future__ import annotations
 import contextlib
 import io
 import os
-from typing import Any, Iterable, Mapping
+from typing import Any, Iterable, Literal, Mapping
 
 import numpy as np
 from pycocotools import mask as mask_utils
@@ -23,7 +26,17 @@ from pycocotools.cocoeval import COCOeval
 
 from seg_datamodule.evaluation.predictions import CocoDetections
 
-__all__ = ["IOU_TYPES", "STAT_NAMES", "deduplicate", "evaluate_detections", "image_sizes", "load_coco", "stats_table"]
+__all__ = [
+    "BACKENDS",
+    "IOU_TYPES",
+    "STAT_NAMES",
+    "backend_classes",
+    "deduplicate",
+    "evaluate_detections",
+    "image_sizes",
+    "load_coco",
+    "stats_table",
+]
 
 #: What ``COCOeval.summarize`` reports, in the order of ``COCOeval.stats``.
 STAT_NAMES = (
@@ -31,18 +44,39 @@ STAT_NAMES = (
     "AR1", "AR10", "AR100", "AR_small", "AR_medium", "AR_large",
 )
 IOU_TYPES = ("segm", "bbox")
+BACKENDS = ("pycocotools", "faster_coco_eval")
+Backend = Literal["pycocotools", "faster_coco_eval"]
 
 
-def load_coco(ann_file: str | os.PathLike[str]) -> COCO:
-    """The annotation file as a ``pycocotools`` ``COCO`` (its progress prints silenced).
+def backend_classes(backend: str) -> tuple[type, type]:
+    """``(COCO, COCOeval)`` classes of a backend."""
+    if backend == "pycocotools":
+        return COCO, COCOeval
+    if backend == "faster_coco_eval":
+        try:
+            from faster_coco_eval import COCO as FastCOCO
+            from faster_coco_eval import COCOeval_faster
+        except ImportError:
+            raise ModuleNotFoundError(
+                "backend='faster_coco_eval' needs the faster-coco-eval package: "
+                "pip install 'seg-datamodule[fast-eval]' (or faster-coco-eval)"
+            ) from None
+        return FastCOCO, COCOeval_faster
+    raise ValueError(f"backend must be one of {list(BACKENDS)}, got {backend!r}")
+
+
+def load_coco(ann_file: str | os.PathLike[str], backend: Backend = "pycocotools") -> COCO:
+    """The annotation file as the backend's ``COCO`` (its progress prints silenced).
 
     Raises:
         FileNotFoundError: ``ann_file`` does not exist.
+        ModuleNotFoundError: ``faster_coco_eval`` asked for but not installed.
     """
+    coco_class, _ = backend_classes(backend)
     if not os.path.isfile(ann_file):
         raise FileNotFoundError(f"ann_file {str(ann_file)!r} does not exist")
     with contextlib.redirect_stdout(io.StringIO()):
-        return COCO(os.fspath(ann_file))
+        return coco_class(os.fspath(ann_file))
 
 
 def image_sizes(coco: COCO) -> dict[int, tuple[int, int]]:
@@ -107,7 +141,8 @@ def _mask_areas(rles: list[dict[str, Any]]) -> list[float]:
 
 def _results_coco(coco: COCO, annotations: list[dict[str, Any]]) -> COCO:
     """A ``COCO`` over the results (``loadRes`` without its copies, prints, or failure on none)."""
-    res = COCO()
+    with contextlib.redirect_stdout(io.StringIO()):
+        res = type(coco)()
     res.dataset = {
         "images": coco.dataset["images"],
         "categories": coco.dataset["categories"],
@@ -119,23 +154,26 @@ def _results_coco(coco: COCO, annotations: list[dict[str, Any]]) -> COCO:
 
 
 def evaluate_detections(
-    coco: COCO, dets: CocoDetections, iou_types: Iterable[str] = IOU_TYPES
+    coco: COCO, dets: CocoDetections, iou_types: Iterable[str] = IOU_TYPES, backend: Backend = "pycocotools"
 ) -> dict[str, float]:
     """COCO AP / AR of the detections, over the images they cover.
 
     Args:
-        coco: the ground truth (:func:`load_coco`).
+        coco: the ground truth (:func:`load_coco` with the same ``backend``).
         dets: detections with unique image ids (see :func:`deduplicate`), with masks when
             ``"segm"`` is evaluated.
         iou_types: any of ``"segm"`` and ``"bbox"``.
+        backend: ``"pycocotools"`` or ``"faster_coco_eval"``.
 
     Returns:
         ``{f"{iou_type}_{name}": value}`` for every name in :data:`STAT_NAMES`; ``-1.0`` where
         COCO has nothing to score (no ground truth in an area range, or no images at all).
 
     Raises:
-        ValueError: an unknown iou type, or an image id not in ``coco``.
+        ValueError: an unknown iou type or backend, or an image id not in ``coco``.
+        ModuleNotFoundError: ``faster_coco_eval`` asked for but not installed.
     """
+    _, evaluator_class = backend_classes(backend)
     iou_types = tuple(iou_types)
     for iou_type in iou_types:
         if iou_type not in IOU_TYPES:
@@ -149,7 +187,8 @@ def evaluate_detections(
         if not image_ids:
             out.update({f"{iou_type}_{name}": -1.0 for name in STAT_NAMES})
             continue
-        evaluator = COCOeval(coco, _results_coco(coco, _results(coco, dets, iou_type)), iouType=iou_type)
+        with contextlib.redirect_stdout(io.StringIO()):
+            evaluator = evaluator_class(coco, _results_coco(coco, _results(coco, dets, iou_type)), iouType=iou_type)
         evaluator.params.imgIds = image_ids
         with contextlib.redirect_stdout(io.StringIO()):
             evaluator.evaluate()

@@ -22,8 +22,11 @@ from torchmetrics import Metric
 from torchmetrics.utilities import dim_zero_cat
 
 from seg_datamodule.evaluation.coco_eval import (
+    BACKENDS,
     IOU_TYPES,
     STAT_NAMES,
+    Backend,
+    backend_classes,
     deduplicate,
     evaluate_detections,
     image_sizes,
@@ -60,10 +63,13 @@ class COCOMaskMAP(Metric):
             file's category ids, sorted.
         mask_threshold (float): probability above which a resampled mask pixel is foreground
             (logits are compared with its logit; bool masks are read as 0 / 1).
+        backend (str): ``"pycocotools"`` (default) or ``"faster_coco_eval"`` (same numbers,
+            ``COCOeval``'s per-image loop in C++; ``pip install 'seg-datamodule[fast-eval]'``).
         **kwargs: ``torchmetrics.Metric`` options (``process_group``, ``sync_on_compute``, ...).
 
     Raises:
         FileNotFoundError: ``ann_file`` does not exist.
+        ModuleNotFoundError: ``backend="faster_coco_eval"`` without faster-coco-eval installed.
         TypeError, ValueError: a bad argument.
     """
 
@@ -77,6 +83,7 @@ class COCOMaskMAP(Metric):
         iou_types: Sequence[str] = IOU_TYPES,
         category_ids: Sequence[int] | None = None,
         mask_threshold: float = 0.5,
+        backend: Backend = "pycocotools",
         **kwargs: Any,
     ) -> None:
         super().__init__(**kwargs)
@@ -92,6 +99,10 @@ class COCOMaskMAP(Metric):
         check_number("mask_threshold", mask_threshold, 0.0, 1.0)
         if not 0.0 < mask_threshold < 1.0:
             raise ValueError(f"mask_threshold must be in (0, 1), got {mask_threshold!r}")
+        if backend not in BACKENDS:
+            raise ValueError(f"backend must be one of {list(BACKENDS)}, got {backend!r}")
+        backend_classes(backend)  # fails now, not at the end of the first validation epoch
+        self.backend = backend
         self.ann_file = os.fspath(ann_file)
         self.iou_types = iou_types
         self.mask_threshold = float(mask_threshold)
@@ -107,7 +118,7 @@ class COCOMaskMAP(Metric):
     def coco(self) -> COCO:
         """The annotation file as ``pycocotools`` reads it (loaded on first use)."""
         if self._coco is None:
-            self._coco = load_coco(self.ann_file)
+            self._coco = load_coco(self.ann_file, self.backend)
             self._sizes = image_sizes(self._coco)
             file_ids = sorted(int(c) for c in self._coco.cats)
             if self._category_ids is None:
@@ -196,7 +207,7 @@ class COCOMaskMAP(Metric):
         return CocoDetections(**values)
 
     def _evaluate(self) -> dict[str, float]:
-        return evaluate_detections(self.coco, deduplicate(self.detections()), self.iou_types)
+        return evaluate_detections(self.coco, deduplicate(self.detections()), self.iou_types, self.backend)
 
     def _distributed(self) -> bool:
         available = self.distributed_available_fn

@@ -42,6 +42,12 @@ def _update_on_canvas(metric: COCOMaskMAP, coco: COCO, image_ids: list[int], mak
         metric.update([make(i) for i in ids], _canvas_batch(coco, ids))
 
 
+@pytest.fixture(scope="module")
+def imperfect(coco: COCO) -> dict[int, dict[str, torch.Tensor]]:
+    """Deterministic imperfect predictions of every val image (made once for the module)."""
+    return {i: perturbed(gt_on_canvas(coco, i, CANVAS, 4), len(coco.cats), i) for i in sorted(coco.imgs)}
+
+
 def test_ground_truth_at_full_resolution_scores_one(val_ann: str, coco: COCO) -> None:
     metric = COCOMaskMAP(val_ann)
     for image_id in sorted(coco.imgs):
@@ -100,13 +106,11 @@ def _torchmetrics_inputs(coco: COCO, metric: COCOMaskMAP) -> tuple[list[dict], l
     return preds, targets
 
 
-def test_agrees_with_torchmetrics_mean_average_precision(val_ann: str, coco: COCO) -> None:
+def test_agrees_with_torchmetrics_mean_average_precision(val_ann: str, coco: COCO, imperfect: dict) -> None:
     from torchmetrics.detection import MeanAveragePrecision
 
-    image_ids = sorted(coco.imgs)
-    num_classes = len(coco.cats)
     metric = COCOMaskMAP(val_ann)
-    _update_on_canvas(metric, coco, image_ids, lambda i: perturbed(gt_on_canvas(coco, i, CANVAS, 4), num_classes, i))
+    _update_on_canvas(metric, coco, sorted(coco.imgs), imperfect.__getitem__)
     ours = {k: v.item() for k, v in metric.compute().items()}
     assert 0.05 < ours["segm_AP"] < 0.9 and 0.05 < ours["bbox_AP"] < 0.9  # a non-trivial score
 
@@ -129,13 +133,9 @@ def test_agrees_with_torchmetrics_mean_average_precision(val_ann: str, coco: COC
             assert ours[f"{iou_type}_{ours_name}"] == pytest.approx(expected, abs=1e-6), (iou_type, ours_name)
 
 
-def test_repeated_images_count_once_and_order_does_not_matter(val_ann: str, coco: COCO) -> None:
+def test_repeated_images_count_once_and_order_does_not_matter(val_ann: str, coco: COCO, imperfect: dict) -> None:
     image_ids = sorted(coco.imgs)[:12]
-    num_classes = len(coco.cats)
-
-    def make(i: int) -> dict:
-        return perturbed(gt_on_canvas(coco, i, CANVAS, 4), num_classes, i)
-
+    make = imperfect.__getitem__
     once = COCOMaskMAP(val_ann)
     _update_on_canvas(once, coco, image_ids, make)
     twice = COCOMaskMAP(val_ann)
@@ -215,3 +215,18 @@ def test_bad_input_is_named(val_ann: str, coco: COCO) -> None:
         COCOMaskMAP(val_ann, mask_threshold=1.0)
     with pytest.raises(ValueError, match=r"category_ids \[12345\]"):
         COCOMaskMAP(val_ann, category_ids=[1, 12345]).coco
+
+
+def test_faster_coco_eval_backend_gives_the_same_numbers(val_ann: str, coco: COCO, imperfect: dict) -> None:
+    pytest.importorskip("faster_coco_eval")
+    reference, fast = COCOMaskMAP(val_ann), COCOMaskMAP(val_ann, backend="faster_coco_eval")
+    for metric in (reference, fast):
+        _update_on_canvas(metric, coco, sorted(coco.imgs), imperfect.__getitem__)
+    reference, fast = reference.compute(), fast.compute()
+    for key in reference:
+        assert fast[key].item() == pytest.approx(reference[key].item(), abs=1e-6), key
+
+
+def test_unknown_backend_is_named(val_ann: str) -> None:
+    with pytest.raises(ValueError, match="backend must be one of"):
+        COCOMaskMAP(val_ann, backend="detectron2")
