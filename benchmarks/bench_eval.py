@@ -9,8 +9,9 @@ truth, as stride-4 mask logits (160 x 160), in two loads:
 * ``detector``: the same plus smooth false positives up to 100 detections per image, the usual
   ``max_det`` of a COCO detector.
 
-Timed, on one thread (``torch.set_num_threads(1)``): ``update`` (inverse letterbox, resample,
-threshold, RLE encode) and ``compute`` (COCOeval segm + bbox), each per image, then times 5,000
+Timed, on one thread (``torch.set_num_threads(1)``), best of ``--repeats``: ``update`` (inverse
+letterbox, resample, threshold, RLE encode) and ``compute`` (COCOeval segm + bbox) with each
+backend installed (pycocotools; faster-coco-eval if present), each per image, then times 5,000
 for COCO val2017. COCOeval's work grows with images x categories x detections per category, so
 the per-image extrapolation is an estimate, not a measurement.
 
@@ -86,25 +87,39 @@ def make_predictions(metric: COCOMaskMAP, load: str) -> list[tuple[list[dict], o
     return batches
 
 
-def time_load(ann_file: str, load: str) -> None:
-    metric = COCOMaskMAP(ann_file)
-    batches = make_predictions(metric, load)
+def _backends() -> list[str]:
+    try:
+        import faster_coco_eval  # noqa: F401
+    except ImportError:
+        return ["pycocotools"]
+    return ["pycocotools", "faster_coco_eval"]
+
+
+def time_load(ann_file: str, load: str, repeats: int) -> None:
+    batches = make_predictions(COCOMaskMAP(ann_file), load)
     n_images = sum(len(b.image_ids) for _, b in batches)
     n_dets = sum(len(p["scores"]) for preds, _ in batches for p in preds)
-    t0 = time.perf_counter()
-    for preds, batch in batches:
-        metric.update(preds, batch)
-    t_update = time.perf_counter() - t0
-    t0 = time.perf_counter()
-    results = metric.compute()
-    t_compute = time.perf_counter() - t0
-    per_update, per_compute = t_update / n_images, t_compute / n_images
-    total = (per_update + per_compute) * VAL2017_IMAGES
     print(f"\n[{load}] {n_images} images, {n_dets / n_images:.1f} detections per image")
-    print(f"  update  {1e3 * per_update:7.1f} ms/image   (inverse letterbox, resample, threshold, RLE)")
-    print(f"  compute {1e3 * per_compute:7.1f} ms/image   (COCOeval segm + bbox, all images at once)")
-    print(f"  -> val2017 ({VAL2017_IMAGES} images): update {per_update * VAL2017_IMAGES:.0f} s spread over the "
-          f"validation steps + compute {per_compute * VAL2017_IMAGES:.0f} s at epoch end = {total:.0f} s")
+    for backend in _backends():
+        metric = COCOMaskMAP(ann_file, backend=backend)
+        metric.coco  # noqa: B018 (load the JSON outside the timing)
+        t_update = t_compute = float("inf")
+        for _ in range(repeats):
+            metric.reset()
+            t0 = time.perf_counter()
+            for preds, batch in batches:
+                metric.update(preds, batch)
+            t_update = min(t_update, time.perf_counter() - t0)
+            t0 = time.perf_counter()
+            results = metric.compute()
+            t_compute = min(t_compute, time.perf_counter() - t0)
+        per_update, per_compute = t_update / n_images, t_compute / n_images
+        total = (per_update + per_compute) * VAL2017_IMAGES
+        print(f"  {backend}:")
+        print(f"    update  {1e3 * per_update:7.1f} ms/image   (inverse letterbox, resample, threshold, RLE)")
+        print(f"    compute {1e3 * per_compute:7.1f} ms/image   (COCOeval segm + bbox, all images at once)")
+        print(f"    -> val2017 ({VAL2017_IMAGES} images): update {per_update * VAL2017_IMAGES:.0f} s spread over "
+              f"the validation steps + compute {per_compute * VAL2017_IMAGES:.0f} s at epoch end = {total:.0f} s")
     print("  " + stats_table({k: float(v) for k, v in results.items()}).replace("\n", "\n  "))
 
 
@@ -149,6 +164,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--coco-mini", type=Path, default=ROOT.parent / "shared" / "data" / "coco-mini")
     parser.add_argument("--pipeline", action="store_true", help="also the DataModule's own validation batches")
+    parser.add_argument("--repeats", type=int, default=2, help="timings are the best of this many runs")
     args = parser.parse_args()
     ann_file = str(args.coco_mini / "annotations" / "instances_val2017.json")
     torch.set_num_threads(1)
@@ -156,7 +172,7 @@ def main() -> None:
     print(f"COCOMaskMAP on {ann_file} (torch threads: 1)")
     ceiling(ann_file)
     for load in ("oracle", "detector"):
-        time_load(ann_file, load)
+        time_load(ann_file, load, args.repeats)
     if args.pipeline:
         pipeline_ceiling(args.coco_mini)
 

@@ -110,13 +110,22 @@ def perturbed(pred: dict[str, torch.Tensor], num_classes: int, seed: int, image_
     wrong = torch.rand(n, generator=gen) < 0.2
     labels[wrong] = torch.randint(0, num_classes, (int(wrong.sum()),), generator=gen)
     masks = pred["masks"]
-    logits = (masks.float() * 2 - 1) * 3 + 2.0 * torch.randn(masks.shape, generator=gen)
     extra = int(torch.randint(0, 3, (1,), generator=gen))
     xy = torch.rand(extra, 2, generator=gen, dtype=torch.float64) * image_size * 0.7
     wh = torch.rand(extra, 2, generator=gen, dtype=torch.float64) * image_size * 0.3 + 4
     boxes = torch.cat([boxes, torch.cat([xy, xy + wh], 1)])
     labels = torch.cat([labels, torch.randint(0, num_classes, (extra,), generator=gen)])
-    logits = torch.cat([logits, torch.randn((extra, *masks.shape[1:]), generator=gen) * 3])
+    targets = torch.cat([masks.float() * 2 - 1, torch.zeros(extra, *masks.shape[1:])])
+    # Blobby noise (8 x 8 cells a value), then YOLACT's crop to the predicted box.
+    hm, wm = masks.shape[1:]
+    coarse = torch.randn((len(targets), -(-hm // 8), -(-wm // 8)), generator=gen)
+    noise = coarse.repeat_interleave(8, 1).repeat_interleave(8, 2)[:, :hm, :wm]
+    logits = targets * 3 + 2.0 * noise
+    centres_x = (torch.arange(wm, dtype=torch.float64) + 0.5) * (image_size / wm)
+    centres_y = (torch.arange(hm, dtype=torch.float64) + 0.5) * (image_size / hm)
+    inside = ((centres_x >= boxes[:, 0, None]) & (centres_x <= boxes[:, 2, None]))[:, None, :] & (
+        (centres_y >= boxes[:, 1, None]) & (centres_y <= boxes[:, 3, None]))[:, :, None]
+    logits = logits.masked_fill(~inside, -10.0)
     return {
         "boxes": boxes,
         "scores": torch.rand(n + extra, generator=gen),
