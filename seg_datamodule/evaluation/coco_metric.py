@@ -22,7 +22,6 @@ from torchmetrics import Metric
 from torchmetrics.utilities import dim_zero_cat
 
 from seg_datamodule.evaluation.coco_eval import (
-    BACKENDS,
     IOU_TYPES,
     STAT_NAMES,
     Backend,
@@ -31,6 +30,7 @@ from seg_datamodule.evaluation.coco_eval import (
     evaluate_detections,
     image_sizes,
     load_coco,
+    resolve_backend,
 )
 from seg_datamodule.evaluation.predictions import CocoDetections, canvas_predictions_to_coco
 from seg_datamodule.ops.checks import check_number
@@ -63,8 +63,10 @@ class COCOMaskMAP(Metric):
             file's category ids, sorted.
         mask_threshold (float): probability above which a resampled mask pixel is foreground
             (logits are compared with its logit; bool masks are read as 0 / 1).
-        backend (str): ``"pycocotools"`` (default) or ``"faster_coco_eval"`` (same numbers,
-            ``COCOeval``'s per-image loop in C++; ``pip install 'seg-datamodule[fast-eval]'``).
+        backend (str): ``"pycocotools"``, ``"faster_coco_eval"`` (the same numbers,
+            ``COCOeval``'s per-image loop in C++; ``pip install 'seg-datamodule[fast-eval]'``),
+            or ``"auto"`` (default): faster-coco-eval when installed. :attr:`backend` holds the
+            one in use.
         **kwargs: ``torchmetrics.Metric`` options (``process_group``, ``sync_on_compute``, ...).
 
     Raises:
@@ -83,7 +85,7 @@ class COCOMaskMAP(Metric):
         iou_types: Sequence[str] = IOU_TYPES,
         category_ids: Sequence[int] | None = None,
         mask_threshold: float = 0.5,
-        backend: Backend = "pycocotools",
+        backend: Backend = "auto",
         **kwargs: Any,
     ) -> None:
         super().__init__(**kwargs)
@@ -99,10 +101,8 @@ class COCOMaskMAP(Metric):
         check_number("mask_threshold", mask_threshold, 0.0, 1.0)
         if not 0.0 < mask_threshold < 1.0:
             raise ValueError(f"mask_threshold must be in (0, 1), got {mask_threshold!r}")
-        if backend not in BACKENDS:
-            raise ValueError(f"backend must be one of {list(BACKENDS)}, got {backend!r}")
         backend_classes(backend)  # fails now, not at the end of the first validation epoch
-        self.backend = backend
+        self.backend = resolve_backend(backend)
         self.ann_file = os.fspath(ann_file)
         self.iou_types = iou_types
         self.mask_threshold = float(mask_threshold)
