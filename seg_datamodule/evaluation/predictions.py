@@ -142,6 +142,9 @@ def _check_image(
         raise ValueError(f"predictions['scores'] of image id {image_id} contain NaN or infinite values")
     if n and not torch.isfinite(boxes).all():
         raise ValueError(f"predictions['boxes'] of image id {image_id} contain NaN or infinite values")
+    if n and ((boxes[:, 2] < boxes[:, 0]) | (boxes[:, 3] < boxes[:, 1])).any():
+        bad = boxes[(boxes[:, 2] < boxes[:, 0]) | (boxes[:, 3] < boxes[:, 1])][0].tolist()
+        raise ValueError(f"predictions['boxes'] of image id {image_id} must be xyxy with x2 >= x1 and y2 >= y1, got {bad}")
     if n and (labels.min() < 0 or labels.max() >= num_classes):
         bad = labels[(labels < 0) | (labels >= num_classes)][0].item()
         raise ValueError(

@@ -190,6 +190,7 @@ def test_bad_input_is_named(val_ann: str, coco: COCO) -> None:
     fails(good | {"labels": torch.full((n,), 80)}, ValueError, r"labels.*in \[0, 79\], got 80")
     fails(good | {"labels": torch.full((n,), -1)}, ValueError, r"labels.*got -1")
     fails(good | {"boxes": good["boxes"][:, :3]}, ValueError, r"boxes.*must be \(N, 4\)")
+    fails(good | {"boxes": good["boxes"][:, [2, 1, 0, 3]]}, ValueError, r"boxes.*x2 >= x1")
     fails(good | {"scores": good["scores"][:-1]}, ValueError, r"scores and labels of shape")
     fails(good | {"masks": good["masks"][:, :-1]}, ValueError, r"must be the canvas \(640, 640\) or its stride-4 grid \(160, 160\)")
     fails({k: v for k, v in good.items() if k != "masks"}, KeyError, r"exactly one of 'masks'")
@@ -232,3 +233,16 @@ def test_faster_coco_eval_backend_gives_the_same_numbers(val_ann: str, coco: COC
 def test_unknown_backend_is_named(val_ann: str) -> None:
     with pytest.raises(ValueError, match="backend must be one of"):
         COCOMaskMAP(val_ann, backend="detectron2")
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+def test_cuda_predictions_and_metric_give_the_cpu_numbers(val_ann: str, coco: COCO, imperfect: dict) -> None:
+    image_ids = sorted(coco.imgs)[:16]
+    on_cpu, on_gpu = COCOMaskMAP(val_ann), COCOMaskMAP(val_ann).to("cuda")
+    _update_on_canvas(on_cpu, coco, image_ids, imperfect.__getitem__)
+    for start in range(0, len(image_ids), 8):
+        ids = image_ids[start : start + 8]
+        preds = [{k: v.cuda() for k, v in imperfect[i].items()} for i in ids]
+        on_gpu.update(preds, _canvas_batch(coco, ids).to("cuda"))
+    cpu, gpu = on_cpu.compute(), on_gpu.compute()
+    assert all(gpu[k].device.type == "cuda" and gpu[k].item() == cpu[k].item() for k in cpu)
