@@ -292,3 +292,24 @@ def test_coco_ap_lands_in_metrics_csv(demo_dir, tmp_path) -> None:
     with pytest.raises(ValueError, match="categories but the model has num_classes=3"):
         L.Trainer(accelerator="cpu", logger=False, enable_progress_bar=False, enable_model_summary=False,
                   limit_val_batches=1).validate(YolactLite(num_classes=3, width=8), datamodule=dm)
+
+
+@pytest.mark.slow
+def test_coco_ap_under_ddp_spawn_on_two_cpu_processes(demo_dir, tmp_path) -> None:
+    import csv
+
+    from lightning.pytorch.loggers import CSVLogger
+
+    from seg_datamodule import COCOSegDataModule
+
+    # 16 validation images: 8 per rank, in batches of 5 and 3; rank 0 evaluates, both log the result.
+    dm = COCOSegDataModule(image_size=128, batch_size=8, val_batch_size=5, num_workers=0, demo_dir=str(demo_dir),
+                           cache_dir=str(tmp_path / "cache"), mosaic=0.0)
+    model = YolactLite(num_classes=dm.num_classes, width=8)
+    trainer = L.Trainer(max_epochs=1, limit_train_batches=2, accelerator="cpu", strategy="ddp_spawn", devices=2,
+                        enable_progress_bar=False, enable_model_summary=False, enable_checkpointing=False,
+                        num_sanity_val_steps=0, logger=CSVLogger(str(tmp_path), name="run"))
+    trainer.fit(model, datamodule=dm)
+    with open(tmp_path / "run" / "version_0" / "metrics.csv", newline="") as f:
+        rows = [r for r in csv.DictReader(f) if r.get("val/segm_AP")]
+    assert len(rows) == 1 and 0.0 <= float(rows[0]["val/segm_AP"]) <= 1.0 and 0.0 <= float(rows[0]["val/bbox_AP"]) <= 1.0
