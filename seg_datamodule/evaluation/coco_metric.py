@@ -116,17 +116,21 @@ class COCOMaskMAP(Metric):
 
     @property
     def coco(self) -> COCO:
-        """The annotation file as ``pycocotools`` reads it (loaded on first use)."""
+        """The annotation file as the backend's ``COCO`` reads it (loaded on first use).
+
+        Raises:
+            ValueError: ``category_ids`` names a category the file does not have.
+        """
         if self._coco is None:
-            self._coco = load_coco(self.ann_file, self.backend)
-            self._sizes = image_sizes(self._coco)
-            file_ids = sorted(int(c) for c in self._coco.cats)
-            if self._category_ids is None:
-                self._category_ids = file_ids
-            else:
+            coco = load_coco(self.ann_file, self.backend)
+            file_ids = sorted(int(c) for c in coco.cats)
+            if self._category_ids is not None:
                 unknown = sorted(set(self._category_ids) - set(file_ids))
                 if unknown:
                     raise ValueError(f"category_ids {unknown} are not categories of {self.ann_file}")
+            else:
+                self._category_ids = file_ids
+            self._coco, self._sizes = coco, image_sizes(coco)
         return self._coco
 
     @property
@@ -137,8 +141,8 @@ class COCOMaskMAP(Metric):
         return list(self._category_ids)
 
     def __getstate__(self) -> dict[str, Any]:
-        # The parsed JSON stays behind (a 5,000-image val file is ~0.5 GB of Python objects);
-        # a copy or a spawned process reloads it on first use.
+        # The parsed JSON stays behind (val2017's is large as Python objects, and a copy per
+        # process buys nothing); a copy or a spawned process reloads it on first use.
         state = super().__getstate__()
         state["_coco"], state["_sizes"] = None, None
         return state
@@ -194,7 +198,7 @@ class COCOMaskMAP(Metric):
     # ------------------------------------------------------------------------------- compute
 
     def detections(self) -> CocoDetections:
-        """Everything updated so far (all ranks' after a sync), repeats included."""
+        """Everything updated so far (all ranks' after a sync), repeats included, on the CPU."""
         values = {}
         for name in _STATES:
             state = getattr(self, f"det_{name}")
@@ -202,7 +206,7 @@ class COCOMaskMAP(Metric):
                 dtype = {"scores": torch.float32, "boxes": torch.float32, "rle_bytes": torch.uint8}.get(name, torch.int64)
                 values[name] = torch.zeros(0, dtype=dtype)
             else:
-                values[name] = dim_zero_cat(state)
+                values[name] = dim_zero_cat(state).cpu()
         values["boxes"] = values["boxes"].reshape(-1, 4)
         return CocoDetections(**values)
 
