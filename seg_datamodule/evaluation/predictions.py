@@ -1,8 +1,10 @@
 """Turn one batch's predictions on the validation canvas into COCO detections on the original images.
 
 Each image's boxes go back through the inverse letterbox (clipped to the image), its masks are
-resampled to the original size and thresholded (:mod:`~seg_datamodule.evaluation.letterbox`)
-and run-length encoded by ``pycocotools``; labels become the file's category ids. Everything a
+resampled to the original size and thresholded, each within its window
+(:mod:`~seg_datamodule.evaluation.letterbox`), and run-length encoded from those windows (COCO's
+compressed RLE, byte for byte what ``pycocotools.mask.encode`` gives for the full mask); labels
+become the file's category ids. Everything a
 user passes is checked here, once, with an error that names the image id and the field.
 The result is a :class:`CocoDetections` of flat tensors (what a ``torchmetrics`` state can hold
 and gather across ranks).
