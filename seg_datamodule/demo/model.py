@@ -16,6 +16,13 @@ Data path inside the model::
 The loss pieces are pure functions over tensors (:func:`crop_to_boxes`, :func:`assemble_masks`,
 :func:`mask_loss`, :func:`mask_iou`); the LightningModule only wires them.
 
+Validation also reports COCO mask and box AP (``val/segm_AP``, ``val/bbox_AP``, ...) with
+:class:`~seg_datamodule.evaluation.COCOMaskMAP` against the validation annotation file. The
+"detections" are the ground-truth boxes this model is given, each with its predicted class, class
+probability and box-cropped mask, so ``val/bbox_AP`` measures classification alone and
+``val/segm_AP`` classification and masks: an upper bound for a YOLACT with a perfect box head,
+not a number to compare with a published detector.
+
 Not included: the "rasterise in training_step" variant the step-split benchmark compares
 against; it belongs in the benchmark, which can rasterise polygons itself and hand this model an
 ordinary batch.
@@ -30,14 +37,17 @@ import lightning as L
 import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
+from lightning.pytorch.utilities import rank_zero_info
 from torchvision.ops import roi_align
 
+from seg_datamodule.evaluation import COCOMaskMAP
 from seg_datamodule.structures import DetectionBatch
 
 __all__ = [
     "YolactLite",
     "YolactOutput",
     "assemble_masks",
+    "box_predictions",
     "crop_to_boxes",
     "mask_iou",
     "mask_loss",
@@ -150,6 +160,38 @@ def mask_iou(mask_logits: Tensor, targets: Tensor, boxes: Tensor, stride: int, t
     return torch.where(union > 0, intersection / union.clamp(min=1.0), torch.ones_like(union))
 
 
+def box_predictions(
+    boxes: Tensor, class_logits: Tensor, mask_logits: Tensor, boxes_per_image: Tensor, stride: int
+) -> list[dict[str, Tensor]]:
+    """Per-image predictions for :class:`~seg_datamodule.evaluation.COCOMaskMAP` at given boxes.
+
+    Each box gets its most probable class, that probability as the score, and its mask logits
+    cropped to the box (cells outside it set to -1e4, as YOLACT crops at inference).
+
+    Args:
+        boxes (Tensor[N, 4] float): xyxy canvas boxes the model pooled at.
+        class_logits (Tensor[N, C] float): class logits.
+        mask_logits (Tensor[N, Hp, Wp] float): mask logits on the stride grid.
+        boxes_per_image (Tensor[B] int64): boxes per image; sums to N.
+        stride (int): canvas pixels per grid cell.
+
+    Returns:
+        B dicts of ``boxes (N_b, 4)``, ``scores (N_b,)``, ``labels (N_b,)`` and
+        ``mask_logits (N_b, Hp, Wp)``, all float32 / int64.
+    """
+    probabilities = class_logits.float().softmax(dim=1)
+    scores, labels = probabilities.max(dim=1) if len(probabilities) else (
+        probabilities.new_zeros(0), torch.zeros(0, dtype=torch.int64, device=class_logits.device))
+    inside = crop_to_boxes(boxes.float(), mask_logits.shape[-2:], stride)
+    cropped = mask_logits.float().masked_fill(~inside, -1e4)
+    counts = boxes_per_image.tolist()
+    return [
+        {"boxes": b, "scores": s, "labels": l, "mask_logits": m}
+        for b, s, l, m in zip(boxes.float().split(counts), scores.split(counts), labels.split(counts),
+                              cropped.split(counts))
+    ]
+
+
 # ------------------------------------------------------------------------------------ network
 
 
@@ -190,9 +232,16 @@ class YolactLite(L.LightningModule):
         cls_weight (float): weight of the class loss against the mask loss.
         cosine_schedule (bool): decay the learning rate to 0 over the run along a cosine (when
             the run's length is known); otherwise it stays constant.
+        coco_eval (bool): log COCO mask and box AP in validation (``val/segm_AP``,
+            ``val/bbox_AP``, ...; see the module docstring for what they measure here), when an
+            annotation file is known.
+        val_ann (str | None): the COCO JSON to evaluate against; ``None`` takes the DataModule's
+            ``val_ann`` at ``setup`` (a :class:`~seg_datamodule.data.datamodule.COCOSegDataModule`
+            has one); with neither (plain DataLoaders), no AP is logged.
 
     Raises:
-        ValueError: an argument is out of range.
+        ValueError: an argument is out of range, or (at ``setup``) the annotation file has a
+            number of categories other than ``num_classes``.
     """
 
     def __init__(
@@ -205,6 +254,8 @@ class YolactLite(L.LightningModule):
         weight_decay: float = 1e-4,
         cls_weight: float = 1.0,
         cosine_schedule: bool = True,
+        coco_eval: bool = True,
+        val_ann: str | None = None,
     ) -> None:
         super().__init__()
         for name, value in (("num_classes", num_classes), ("num_prototypes", num_prototypes), ("width", width)):
@@ -220,6 +271,8 @@ class YolactLite(L.LightningModule):
         self.num_classes = num_classes
         self.num_prototypes = num_prototypes
         self.mask_stride = mask_stride
+        #: Made at ``setup`` once the annotation file is known (see ``val_ann``).
+        self.coco_metric: COCOMaskMAP | None = None
         self.register_buffer("pixel_mean", torch.tensor(_MEAN).view(1, 3, 1, 1), persistent=False)
         self.register_buffer("pixel_std", torch.tensor(_STD).view(1, 3, 1, 1), persistent=False)
 
@@ -331,11 +384,34 @@ class YolactLite(L.LightningModule):
             self.log(f"train/{name}", value, prog_bar=True, batch_size=len(batch))
         return losses["loss"]
 
+    def setup(self, stage: str) -> None:
+        """Make the COCO metric once the validation annotation file is known.
+
+        Lightning calls this after the DataModule's ``setup``, so its ``val_ann`` is resolved
+        (the demo dataset's, when no files were given).
+        """
+        if not self.hparams.coco_eval or self.coco_metric is not None or stage not in ("fit", "validate"):
+            return
+        ann_file = self.hparams.val_ann
+        if ann_file is None:
+            datamodule = getattr(self._trainer, "datamodule", None) if self._trainer is not None else None
+            ann_file = getattr(datamodule, "val_ann", None)
+        if ann_file is None:
+            return
+        metric = COCOMaskMAP(ann_file)
+        if len(metric.category_ids) != self.num_classes:
+            raise ValueError(
+                f"{ann_file} has {len(metric.category_ids)} categories but the model has num_classes="
+                f"{self.num_classes}; COCO AP needs label k to be the file's k-th category"
+            )
+        self.coco_metric = metric
+
     def validation_step(self, batch: DetectionBatch, batch_idx: int) -> None:
         """Logs ``val/loss``, ``val/mask_loss``, ``val/cls_loss``, ``val/mask_iou``, ``val/cls_acc``.
 
         ``val/mask_iou`` and ``val/cls_acc`` are averaged over instances (a batch without
-        instances logs neither); the losses over images.
+        instances logs neither); the losses over images. With a COCO metric (see ``val_ann``),
+        the batch's predictions at its boxes also go into it (:func:`box_predictions`).
         """
         losses, out = self.compute_losses(batch)
         for name, value in losses.items():
@@ -346,6 +422,29 @@ class YolactLite(L.LightningModule):
             accuracy = (out.class_logits.argmax(dim=1) == batch.labels).float().mean()
             self.log("val/mask_iou", iou, prog_bar=True, batch_size=num_instances)
             self.log("val/cls_acc", accuracy, batch_size=num_instances)
+        if self.coco_metric is not None:
+            preds = box_predictions(batch.boxes, out.class_logits, out.mask_logits, batch.boxes_per_image,
+                                    batch.mask_stride)
+            self.coco_metric.update(preds, batch)
+
+    def on_validation_epoch_end(self) -> None:
+        """Logs COCO ``val/{segm,bbox}_{AP,AP50,AP75,AP_small,AP_medium,AP_large}`` (all ranks'
+        images, each once; evaluated on rank 0) and prints the two APs."""
+        metric = self.coco_metric
+        if metric is None or metric.update_count == 0:  # every rank validates, or none does
+            return
+        results = metric.compute()
+        metric.reset()
+        names = ("AP", "AP50", "AP75", "AP_small", "AP_medium", "AP_large")
+        logged = {f"val/{k}": v for k, v in results.items() if k.split("_", 1)[1] in names}
+        for name, value in logged.items():
+            # The same value on every rank; sync_dist keeps Lightning's epoch-level DDP check quiet.
+            self.log(name, value, prog_bar=name == "val/segm_AP", sync_dist=True)
+        if not self.trainer.sanity_checking:
+            rank_zero_info(
+                f"epoch {self.current_epoch}: COCO val segm AP {results['segm_AP']:.4f}, "
+                f"bbox AP {results['bbox_AP']:.4f} (at the ground-truth boxes)"
+            )
 
     def configure_optimizers(self) -> Any:
         """AdamW (no decay on norms and biases), with a per-step cosine decay when enabled."""

@@ -12,6 +12,7 @@ import torch
 
 from seg_datamodule import Sample, collate_detection, polygons_from_instances
 from seg_datamodule.demo.data import DEMO_CATEGORIES, draw_scene
+from seg_datamodule.demo.model import box_predictions
 from seg_datamodule.models import YolactLite, assemble_masks, crop_to_boxes, mask_iou, mask_loss
 from seg_datamodule.structures import DetectionBatch, Polygons, empty_polygons
 
@@ -245,3 +246,70 @@ def test_model_learns_with_a_real_trainer() -> None:
     metrics = trainer.validate(model, val_loader, verbose=False)[0]
     assert metrics["val/mask_iou"] > 0.5
     assert metrics["val/cls_acc"] > 0.8
+
+
+# --------------------------------------------------------------------------- COCO AP in validation
+
+
+def test_box_predictions_split_per_image_and_crop() -> None:
+    boxes = torch.tensor([[0.0, 0.0, 8.0, 8.0], [4.0, 4.0, 16.0, 16.0], [0.0, 0.0, 16.0, 16.0]])
+    class_logits = torch.tensor([[0.0, 2.0], [3.0, 0.0], [0.0, 0.0]])
+    mask_logits = torch.ones(3, 4, 4)
+    preds = box_predictions(boxes, class_logits, mask_logits, torch.tensor([2, 0, 1]), stride=4)
+    assert [len(p["scores"]) for p in preds] == [2, 0, 1]
+    assert preds[0]["labels"].tolist() == [1, 0] and preds[2]["labels"].tolist() == [0]
+    torch.testing.assert_close(preds[0]["scores"][0], torch.sigmoid(torch.tensor(2.0)))
+    assert (preds[0]["mask_logits"][0] > 0).sum() == 4  # cell centres 2 and 6 inside [0, 8]
+    assert preds[1]["mask_logits"].shape == (0, 4, 4)
+    empty = box_predictions(torch.zeros(0, 4), torch.zeros(0, 2), torch.zeros(0, 4, 4), torch.tensor([0]), 4)
+    assert empty[0]["labels"].dtype == torch.int64 and empty[0]["scores"].shape == (0,)
+
+
+@pytest.mark.slow
+@pytest.mark.usefixtures("one_thread")
+def test_coco_ap_lands_in_metrics_csv(demo_dir, tmp_path) -> None:
+    import csv
+
+    from lightning.pytorch.loggers import CSVLogger
+
+    from seg_datamodule import COCOSegDataModule
+
+    dm = COCOSegDataModule(image_size=128, batch_size=8, num_workers=0, demo_dir=str(demo_dir),
+                           cache_dir=str(tmp_path / "cache"), mosaic=0.0)
+    model = YolactLite(num_classes=dm.num_classes, width=8)
+    trainer = L.Trainer(max_epochs=2, limit_train_batches=3, accelerator="cpu", enable_progress_bar=False,
+                        enable_model_summary=False, enable_checkpointing=False, num_sanity_val_steps=1,
+                        logger=CSVLogger(str(tmp_path), name="run"), log_every_n_steps=1)
+    trainer.fit(model, datamodule=dm)
+    assert model.coco_metric is not None and model.coco_metric.ann_file == dm.val_ann
+    with open(tmp_path / "run" / "version_0" / "metrics.csv", newline="") as f:
+        rows = list(csv.DictReader(f))
+    values = [(float(r["val/segm_AP"]), float(r["val/bbox_AP"])) for r in rows if r.get("val/segm_AP")]
+    assert len(values) == 2  # one per epoch, none from the sanity check
+    assert all(0.0 <= v <= 1.0 for pair in values for v in pair)
+    assert {"val/segm_AP50", "val/segm_AP75", "val/segm_AP_small", "val/bbox_AP_large"} <= set(rows[0])
+
+    with pytest.raises(ValueError, match="categories but the model has num_classes=3"):
+        L.Trainer(accelerator="cpu", logger=False, enable_progress_bar=False, enable_model_summary=False,
+                  limit_val_batches=1).validate(YolactLite(num_classes=3, width=8), datamodule=dm)
+
+
+@pytest.mark.slow
+def test_coco_ap_under_ddp_spawn_on_two_cpu_processes(demo_dir, tmp_path) -> None:
+    import csv
+
+    from lightning.pytorch.loggers import CSVLogger
+
+    from seg_datamodule import COCOSegDataModule
+
+    # 16 validation images: 8 per rank, in batches of 5 and 3; rank 0 evaluates, both log the result.
+    dm = COCOSegDataModule(image_size=128, batch_size=8, val_batch_size=5, num_workers=0, demo_dir=str(demo_dir),
+                           cache_dir=str(tmp_path / "cache"), mosaic=0.0)
+    model = YolactLite(num_classes=dm.num_classes, width=8)
+    trainer = L.Trainer(max_epochs=1, limit_train_batches=2, accelerator="cpu", strategy="ddp_spawn", devices=2,
+                        enable_progress_bar=False, enable_model_summary=False, enable_checkpointing=False,
+                        num_sanity_val_steps=0, logger=CSVLogger(str(tmp_path), name="run"))
+    trainer.fit(model, datamodule=dm)
+    with open(tmp_path / "run" / "version_0" / "metrics.csv", newline="") as f:
+        rows = [r for r in csv.DictReader(f) if r.get("val/segm_AP")]
+    assert len(rows) == 1 and 0.0 <= float(rows[0]["val/segm_AP"]) <= 1.0 and 0.0 <= float(rows[0]["val/bbox_AP"]) <= 1.0

@@ -1,0 +1,25 @@
+"""COCO evaluation of canvas predictions on the original images: inverse letterbox, RLE, ``COCOeval``.
+
+:mod:`~seg_datamodule.evaluation.letterbox` (pure inverse-letterbox kernels) ->
+:mod:`~seg_datamodule.evaluation.predictions` (a batch's predictions -> COCO detections) ->
+:mod:`~seg_datamodule.evaluation.coco_eval` (``COCOeval`` against the annotation JSON), wrapped by
+:class:`~seg_datamodule.evaluation.coco_metric.COCOMaskMAP`, a ``torchmetrics.Metric``.
+"""
+
+from seg_datamodule.evaluation.coco_eval import STAT_NAMES, deduplicate, evaluate_detections, load_coco
+from seg_datamodule.evaluation.coco_metric import COCOMaskMAP
+from seg_datamodule.evaluation.letterbox import boxes_to_canvas, boxes_to_original, masks_to_original
+from seg_datamodule.evaluation.predictions import CocoDetections, canvas_predictions_to_coco
+
+__all__ = [
+    "COCOMaskMAP",
+    "CocoDetections",
+    "STAT_NAMES",
+    "boxes_to_canvas",
+    "boxes_to_original",
+    "canvas_predictions_to_coco",
+    "deduplicate",
+    "evaluate_detections",
+    "load_coco",
+    "masks_to_original",
+]
