@@ -14,10 +14,12 @@ from seg_datamodule.data.sampler import EpochShardSampler
 from seg_datamodule.data.dataset import SegDataset
 from seg_datamodule.data.datamodule import COCOSegDataModule
 from seg_datamodule.profiling import StepTimeAccumulator, StepTimeProfiler, plot_step_split
+from seg_datamodule.evaluation import COCOMaskMAP
 
 __all__ = [
     "BadAnnotationError",
     "BadImageError",
+    "COCOMaskMAP",
     "COCOSegDataModule",
     "CocoIndex",
     "DetectionBatch",

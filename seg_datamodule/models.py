@@ -4,6 +4,15 @@ The code lives in :mod:`seg_datamodule.demo.model`; this module keeps the path t
 ``class_path`` and user code name.
 """
 
-from seg_datamodule.demo.model import YolactLite, YolactOutput, assemble_masks, crop_to_boxes, mask_iou, mask_loss
+from seg_datamodule.demo.losses import assemble_masks, box_predictions, crop_to_boxes, mask_iou, mask_loss
+from seg_datamodule.demo.model import YolactLite, YolactOutput
 
-__all__ = ["YolactLite", "YolactOutput", "assemble_masks", "crop_to_boxes", "mask_iou", "mask_loss"]
+__all__ = [
+    "YolactLite",
+    "YolactOutput",
+    "assemble_masks",
+    "box_predictions",
+    "crop_to_boxes",
+    "mask_iou",
+    "mask_loss",
+]

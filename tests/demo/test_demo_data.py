@@ -15,7 +15,8 @@ from pycocotools import mask as mask_utils
 from pycocotools.coco import COCO
 
 from seg_datamodule.demo import data as demo_data
-from seg_datamodule.demo.data import DEMO_CATEGORIES, DemoPaths, draw_demo_image, draw_scene, ensure_demo_dataset, generate_demo_dataset, uncompressed_rle
+from seg_datamodule.demo.data import DEMO_CATEGORIES, DemoPaths, draw_demo_image, draw_scene, ensure_demo_dataset, generate_demo_dataset
+from seg_datamodule.ops.rle import uncompressed_rle
 
 NUM_TRAIN, NUM_VAL = 17, 4  # image 15 of train is an empty one
 

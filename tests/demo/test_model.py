@@ -12,7 +12,7 @@ import torch
 
 from seg_datamodule import Sample, collate_detection, polygons_from_instances
 from seg_datamodule.demo.data import DEMO_CATEGORIES, draw_scene
-from seg_datamodule.demo.model import box_predictions
+from seg_datamodule.demo.losses import box_predictions
 from seg_datamodule.models import YolactLite, assemble_masks, crop_to_boxes, mask_iou, mask_loss
 from seg_datamodule.structures import DetectionBatch, Polygons, empty_polygons
 
