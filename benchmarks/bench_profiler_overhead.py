@@ -39,7 +39,8 @@ from lightning.pytorch.profilers import PassThroughProfiler, Profiler
 from torch import nn
 from torch.utils.data import DataLoader, Dataset
 
-from seg_datamodule.profiling.callback import StepTimeProfiler, _TapProfiler
+from seg_datamodule.profiling import StepTimeProfiler
+from seg_datamodule.profiling.tap import _TapProfiler
 
 # Hooks and taps of StepTimeProfiler that run every step.
 _PER_STEP_METHODS = (

@@ -3,7 +3,10 @@
 Imports nothing from the data path.
 """
 
-from seg_datamodule.profiling.callback import PHASES, StepTimeAccumulator, StepTimeProfiler, format_table
+from seg_datamodule.profiling.accumulator import PHASES, StepTimeAccumulator
+from seg_datamodule.profiling.callback import StepTimeProfiler
+from seg_datamodule.profiling.optimizer import time_optimizer_step
+from seg_datamodule.profiling.report import format_table
 from seg_datamodule.profiling.plot import plot_step_split
 
-__all__ = ["PHASES", "StepTimeAccumulator", "StepTimeProfiler", "format_table", "plot_step_split"]
+__all__ = ["PHASES", "StepTimeAccumulator", "StepTimeProfiler", "format_table", "plot_step_split", "time_optimizer_step"]
