@@ -25,7 +25,9 @@ def time_optimizer_step(optimizer: torch.optim.Optimizer, repeats: int = 10) -> 
     The copy gets the current gradients (zeros when no parameter has one), takes one untimed
     step, then ``repeats`` timed ones, each bracketed by a device synchronisation on CUDA. The
     original optimiser, parameters and state are untouched. Needs memory for a second copy of
-    the parameters, gradients and optimiser state.
+    the parameters, gradients and optimiser state. An LR scheduler's wrapper around ``step``
+    is not copied (it would step the original); the original's ``_version`` counters are checked
+    afterwards, so a step that reached the original anyway raises instead of passing silently.
 
     Args:
         optimizer (torch.optim.Optimizer): the optimiser to time.
@@ -37,18 +39,10 @@ def time_optimizer_step(optimizer: torch.optim.Optimizer, repeats: int = 10) -> 
     Raises:
         TypeError: ``repeats`` is not an int.
         ValueError: ``repeats`` < 1.
+        RuntimeError: the original's parameters or state changed (nothing known does this).
     """
     check_int("repeats", repeats, 1)
-    # Not copy.deepcopy(optimizer): Optimizer.__getstate__ keeps only defaults, state and
-    # param_groups, dropping a subclass's own attributes. Same class and attributes, copied
-    # parameters and state (one memo keeps the state keyed to the copied parameters), no hooks.
-    clone = object.__new__(type(optimizer))
-    clone.__dict__.update(optimizer.__dict__)
-    memo: dict[int, Any] = {}
-    clone.param_groups = copy.deepcopy(optimizer.param_groups, memo)
-    clone.state = defaultdict(dict, copy.deepcopy(dict(optimizer.state), memo))
-    clone._optimizer_step_pre_hooks = OrderedDict()
-    clone._optimizer_step_post_hooks = OrderedDict()
+    clone = _detached_copy(optimizer)
     pairs = [
         (p, q)
         for group, clone_group in zip(optimizer.param_groups, clone.param_groups)
@@ -66,6 +60,7 @@ def time_optimizer_step(optimizer: torch.optim.Optimizer, repeats: int = 10) -> 
         for device in set(cuda):
             torch.cuda.synchronize(device)
 
+    versions = _versions(optimizer)
     clone.step()
     times = []
     for _ in range(repeats):
@@ -74,4 +69,42 @@ def time_optimizer_step(optimizer: torch.optim.Optimizer, repeats: int = 10) -> 
         clone.step()
         sync()
         times.append((time.perf_counter() - t0) * 1e3)
+    if _versions(optimizer) != versions:  # the copy reached the original after all
+        raise RuntimeError(
+            f"timing {type(optimizer).__name__} in isolation changed the original's parameters or state:"
+            " its step is bound to the original instance in a way this copy could not undo"
+        )
     return float(np.median(times))
+
+
+def _detached_copy(optimizer: torch.optim.Optimizer) -> torch.optim.Optimizer:
+    """Same class and attributes, copied parameters and state, no hooks, no instance-bound ``step``.
+
+    Not ``copy.deepcopy(optimizer)``: ``Optimizer.__getstate__`` keeps only defaults, state and
+    param_groups, dropping a subclass's own attributes. One memo keeps the copied state keyed to
+    the copied parameters.
+    """
+    cls = type(optimizer)
+    clone = object.__new__(cls)
+    # An LR scheduler replaces `step` on the instance with a wrapper that calls the class's step
+    # on the *original* (torch.optim.lr_scheduler, patch_track_step_called): copied, the clone's
+    # step() would step the real optimiser (issue 12). Any instance attribute shadowing a method
+    # of the class is such a wrapper; the clone uses the class's own.
+    clone.__dict__.update(
+        (name, value)
+        for name, value in optimizer.__dict__.items()
+        if not (callable(value) and callable(getattr(cls, name, None)))
+    )
+    memo: dict[int, Any] = {}
+    clone.param_groups = copy.deepcopy(optimizer.param_groups, memo)
+    clone.state = defaultdict(dict, copy.deepcopy(dict(optimizer.state), memo))
+    clone._optimizer_step_pre_hooks = OrderedDict()
+    clone._optimizer_step_post_hooks = OrderedDict()
+    return clone
+
+
+def _versions(optimizer: torch.optim.Optimizer) -> list[int]:
+    """In-place modification counters of the parameters and state tensors (a cheap fingerprint)."""
+    tensors = [p for group in optimizer.param_groups for p in group["params"]]
+    tensors += [v for state in optimizer.state.values() for v in state.values() if isinstance(v, torch.Tensor)]
+    return [t._version for t in tensors]

@@ -32,6 +32,27 @@ def assert_close(measured: float, expected: float, what: str) -> None:
     assert abs(measured - expected) <= tolerance, message
 
 
+def _bits(tensor: torch.Tensor) -> torch.Tensor:
+    return tensor.detach().reshape(-1).view(torch.uint8) if tensor.dtype.is_floating_point else tensor
+
+
+def assert_bit_identical(a: Any, b: Any, where: str = "state_dict") -> None:
+    """Tensors equal bit for bit (NaN included), containers recursively, the rest by ==."""
+    if isinstance(a, torch.Tensor):
+        assert isinstance(b, torch.Tensor) and a.dtype == b.dtype and a.shape == b.shape, where
+        assert torch.equal(_bits(a), _bits(b)), where
+    elif isinstance(a, dict):
+        assert a.keys() == b.keys(), where
+        for key in a:
+            assert_bit_identical(a[key], b[key], f"{where}[{key!r}]")
+    elif isinstance(a, (list, tuple)):
+        assert len(a) == len(b), where
+        for i, (x, y) in enumerate(zip(a, b)):
+            assert_bit_identical(x, y, f"{where}[{i}]")
+    else:
+        assert a == b, f"{where}: {a!r} != {b!r}"
+
+
 def sleep_ms(ms: float, spin: bool = True) -> float:
     """Sleep ``ms``, spinning the last 2 ms (plain sleep overshoots more); returns the ms taken."""
     start = time.perf_counter()

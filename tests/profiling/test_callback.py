@@ -29,6 +29,7 @@ from _profiling_doubles import (
     IteratorModel,
     MemoryLogger,
     SleepyDataset,
+    assert_bit_identical,
     assert_close,
     loader,
     make_trainer,
@@ -322,3 +323,41 @@ def test_datamodule_transfer_hook_counts_as_batch_to_device(tmp_path: Path) -> N
     summary = profiler.summary()
     assert_close(summary["batch_to_device"]["median_ms"], 20.0, "batch_to_device")
     assert summary["other"]["median_ms"] < 5.0
+
+
+class ScheduledModel(CostModel):
+    """Adam(lr=0.1) with an LR scheduler stepped every batch (YolactLite uses a cosine one)."""
+
+    def __init__(self, scheduler: str) -> None:
+        super().__init__(forward_ms=0.0)
+        self.scheduler = scheduler
+
+    def configure_optimizers(self) -> Any:
+        optimizer = torch.optim.Adam(self.parameters(), lr=0.1)
+        schedulers = {
+            "StepLR": lambda: torch.optim.lr_scheduler.StepLR(optimizer, step_size=2),
+            "OneCycleLR": lambda: torch.optim.lr_scheduler.OneCycleLR(optimizer, max_lr=0.1, total_steps=20),
+            "cosine": lambda: torch.optim.lr_scheduler.CosineAnnealingLR(optimizer, T_max=6),
+        }
+        return {"optimizer": optimizer, "lr_scheduler": {"scheduler": schedulers[self.scheduler](), "interval": "step"}}
+
+
+@pytest.mark.parametrize("scheduler", ["StepLR", "OneCycleLR", "cosine"])
+def test_fit_with_the_profiler_trains_bit_identically(tmp_path: Path, scheduler: str) -> None:
+    # issue 12.1: with a scheduler, the isolated timing used to step the real Adam 11 more times.
+    def run(callbacks: list[Any]) -> tuple[list[torch.Tensor], dict[str, Any]]:
+        torch.manual_seed(0)
+        model = ScheduledModel(scheduler)
+        trainer = L.Trainer(
+            accelerator="cpu", devices=1, max_steps=6, callbacks=callbacks, logger=False,
+            enable_progress_bar=False, enable_model_summary=False, enable_checkpointing=False,
+            default_root_dir=tmp_path,
+        )
+        trainer.fit(model, DataLoader(SleepyDataset(item_ms=0.0), batch_size=BATCH_SIZE))
+        return [p.detach().clone() for p in model.parameters()], trainer.optimizers[0].state_dict()
+
+    params, state = run([StepTimeProfiler(warmup_steps=0, isolated_optimizer_steps=10, save_plot=False)])
+    reference_params, reference_state = run([])
+    assert int(state["state"][0]["step"]) == 6
+    assert_bit_identical(params, reference_params, "parameters")
+    assert_bit_identical(state, reference_state)
