@@ -2,14 +2,20 @@
 
 ``__getitem__`` sleeps so a batch of 4 takes 40 ms with ``num_workers=0``, ``training_step`` sleeps
 10 ms, the optimiser's ``step`` sleeps 30 ms after its closure. On a loaded machine the OS
-stretches sleeps (several ms each at a load of 2 per core), so each double also times what it
-actually injected, and the profiler is held to that reference.
+stretches sleeps and everything between them (tens of ms at a load of 3 on 2 cores), so nominal
+costs mean little: each double times, step by step, the interval the profiler should report
+(``TimedLoader`` the wait in ``next()``, ``CostModel`` its ``training_step`` less what is nested
+in it, ``SlowSGD`` its own work, ``StepEnds`` the end of the step), and :func:`assert_tracks`
+holds the profiler to those per-step references, pairing step with step so that a preemption
+inside an interval stretches both sides alike.
 """
 
 from __future__ import annotations
 
+import json
 import time
 from pathlib import Path
+from collections.abc import Sequence
 from typing import Any
 
 import lightning as L
@@ -66,16 +72,32 @@ def sleep_ms(ms: float, spin: bool = True) -> float:
     return (time.perf_counter() - start) * 1e3
 
 
-def reference(costs_ms: list[float], nominal: float, what: str, group: int = 1, skip: int = 5) -> float:
-    """Median measured cost (``group`` consecutive costs summed, the first ``skip`` left out).
+def injected(costs_ms: list[float], nominal: float, what: str, group: int = 1) -> list[float]:
+    """Costs summed per ``group`` consecutive ones (a batch's items), checked to be injected.
 
-    Also checks that the cost injected stayed near the nominal one (within 35 %), so a test
-    cannot pass on a double that stopped injecting.
+    A sleep never ends early and load only stretches it, so the median must reach 90 % of the
+    nominal cost: a double that stopped injecting fails here rather than passing vacuously.
     """
-    sums = [sum(costs_ms[i : i + group]) for i in range(0, len(costs_ms) - group + 1, group)][skip:]
-    median = float(np.median(sums))
-    assert abs(median - nominal) <= 0.35 * nominal, f"{what}: injected {median:.1f} ms for nominal {nominal}"
-    return median
+    sums = [sum(costs_ms[i : i + group]) for i in range(0, len(costs_ms) - group + 1, group)]
+    assert sums and float(np.median(sums)) >= 0.9 * nominal, f"{what}: injected {sums} for nominal {nominal}"
+    return sums
+
+
+def assert_tracks(measured: Sequence[float], reference: Sequence[float], what: str, skip: int = 5) -> None:
+    """The profiler's per-step times against the test's own per-step measurement of the same span.
+
+    Pairs step ``k`` with step ``k`` (the first ``skip`` left out): the median difference must stay
+    within 10 % of the reference's median or 3 ms, whichever is looser.
+    """
+    measured = np.asarray(measured, dtype=np.float64)[skip:]
+    reference = np.asarray(reference, dtype=np.float64)[skip : skip + len(measured)]
+    assert len(measured) == len(reference) > 0, f"{what}: {len(measured)} steps measured, {len(reference)} references"
+    difference = float(np.median(measured - reference))
+    tolerance = max(0.1 * float(np.median(reference)), 3.0)
+    assert abs(difference) <= tolerance, (
+        f"{what}: measured - reference, median over steps, {difference:+.2f} ms"
+        f" (reference median {np.median(reference):.2f} ms), tolerance {tolerance:.1f}"
+    )
 
 
 class SleepyDataset(Dataset):
@@ -122,6 +144,8 @@ class CostModel(L.LightningModule):
         manual: manual optimisation (backward and step inside training_step).
         inf_every: make the loss infinite on every n-th batch (an AMP scaler then skips the step).
         straggler_ms: extra forward time on rank 1.
+        costs_dir: write ``forward_rank<r>.json`` (``forward_ref_ms``) there at the end of fit,
+            for runs in spawned processes.
     """
 
     def __init__(
@@ -130,6 +154,7 @@ class CostModel(L.LightningModule):
         manual: bool = False,
         inf_every: int = 0,
         straggler_ms: float = 0.0,
+        costs_dir: Path | None = None,
     ) -> None:
         super().__init__()
         self.layer = torch.nn.Linear(8, 1)
@@ -137,7 +162,10 @@ class CostModel(L.LightningModule):
         self.automatic_optimization = not manual
         self.inf_every = inf_every
         self.straggler_ms = straggler_ms
+        self.costs_dir = costs_dir
         self.costs_ms: list[float] = []  # measured forward sleeps
+        #: per training_step, its duration less the backward, optimiser step and fetch inside it
+        self.forward_ref_ms: list[float] = []
 
     def _loss(self, batch: torch.Tensor, batch_idx: int) -> torch.Tensor:
         extra = self.straggler_ms if self.global_rank == 1 else 0.0
@@ -148,11 +176,15 @@ class CostModel(L.LightningModule):
         return loss
 
     def training_step(self, batch: torch.Tensor, batch_idx: int) -> torch.Tensor | None:
+        start = time.perf_counter()
         loss = self._loss(batch, batch_idx)
         if self.automatic_optimization:
+            self.forward_ref_ms.append((time.perf_counter() - start) * 1e3)
             return loss
         optimizer = self.optimizers()
         optimizer.zero_grad()
+        # What follows is backward and optimizer_step to the profiler, and then the step returns.
+        self.forward_ref_ms.append((time.perf_counter() - start) * 1e3)
         self.manual_backward(loss)
         optimizer.step()
         return None
@@ -160,13 +192,58 @@ class CostModel(L.LightningModule):
     def configure_optimizers(self) -> torch.optim.Optimizer:
         return SlowSGD(self.parameters())
 
+    def on_train_end(self) -> None:
+        if self.costs_dir is not None:
+            path = Path(self.costs_dir) / f"forward_rank{self.global_rank}.json"
+            path.write_text(json.dumps(self.forward_ref_ms))
+
 
 class IteratorModel(CostModel):
     """training_step takes Lightning's ``dataloader_iter`` (found by the argument's name) and fetches."""
 
     def training_step(self, dataloader_iter: Any) -> torch.Tensor:  # type: ignore[override]
-        batch, batch_idx, _ = next(dataloader_iter)
-        return self._loss(batch, batch_idx)
+        batch, batch_idx, _ = next(dataloader_iter)  # train_dataloader_next to the profiler
+        start = time.perf_counter()
+        loss = self._loss(batch, batch_idx)
+        self.forward_ref_ms.append((time.perf_counter() - start) * 1e3)
+        return loss
+
+
+class TimedLoader(DataLoader):
+    """A DataLoader that times each ``next()`` on its iterator: the wait the profiler calls the fetch."""
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self.fetches: list[tuple[float, float]] = []  # (start, end) perf_counter seconds
+
+    def __iter__(self) -> Any:
+        iterator = super().__iter__()
+        while True:
+            start = time.perf_counter()
+            try:
+                batch = next(iterator)
+            except StopIteration:
+                return
+            self.fetches.append((start, time.perf_counter()))
+            yield batch
+
+    @property
+    def fetch_ms(self) -> list[float]:
+        return [(end - start) * 1e3 for start, end in self.fetches]
+
+
+class StepEnds(L.Callback):
+    """Listed right after the profiler: the time each step ended, as the profiler's step ends."""
+
+    def __init__(self) -> None:
+        self.ends: list[float] = []
+
+    def on_train_batch_end(self, *args: Any) -> None:
+        self.ends.append(time.perf_counter())
+
+    def step_ms(self, loader: TimedLoader) -> list[float]:
+        """Per step, from the start of its fetch to its end (sized loaders: one fetch per step)."""
+        return [(end - start) * 1e3 for (start, _), end in zip(loader.fetches, self.ends)]
 
 
 class MemoryLogger(Logger):
@@ -202,7 +279,7 @@ def make_trainer(root: Path, callback: StepTimeProfiler, max_steps: int = 25, **
         accelerator="cpu",
         devices=1,
         max_steps=max_steps,
-        callbacks=[callback],
+        callbacks=[callback, StepEnds()],
         enable_progress_bar=False,
         enable_model_summary=False,
         enable_checkpointing=False,
@@ -211,8 +288,8 @@ def make_trainer(root: Path, callback: StepTimeProfiler, max_steps: int = 25, **
     )
 
 
-def loader(num_workers: int = 0, **kwargs: Any) -> DataLoader:
-    return DataLoader(
+def loader(num_workers: int = 0, **kwargs: Any) -> TimedLoader:
+    return TimedLoader(
         SleepyDataset(spin=num_workers == 0),
         batch_size=BATCH_SIZE,
         num_workers=num_workers,
