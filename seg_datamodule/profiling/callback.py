@@ -2,36 +2,38 @@
 
 A training step (one batch) is split into phases whose names are a contract::
 
-    train_dataloader_next  waiting for the next batch (Lightning's
-                           ``[_TrainingEpochLoop].train_dataloader_next``)
-    batch_to_device        ``on_before_batch_transfer`` + the strategy's ``batch_to_device``
-                           (``transfer_batch_to_device`` and ``on_after_batch_transfer``)
-    forward                the strategy's ``training_step``, less the phases nested in it
+    train_dataloader_next  waiting for the next batch: Lightning's profiler action
+                           ``[_TrainingEpochLoop].train_dataloader_next``, the one phase no public
+                           hook brackets (seen through ``tap.py``)
+    batch_to_device        the end of the fetch .. this callback's ``on_train_batch_start``: the
+                           transfer hooks and the strategy's ``batch_to_device`` (and the
+                           ``on_train_batch_start`` of callbacks listed before this one)
+    forward                ``on_train_batch_start`` .. ``on_before_backward`` (automatic
+                           optimisation: ``training_step`` and ``zero_grad``)
     backward               ``on_before_backward`` .. ``on_after_backward``
-    optimizer_step         ``on_before_optimizer_step`` .. the end of ``optimizer.step``
+    optimizer_step         ``on_before_optimizer_step`` .. torch's ``register_step_post_hook``
                            (gradient clipping included)
-    other                  the rest of the step: hooks, ``zero_grad``, LR schedulers, ``self.log``,
-                           and under AMP ``scaler.unscale_`` (it runs before
-                           ``on_before_optimizer_step``)
+    other                  the rest of the step: hooks, LR schedulers, ``self.log``, and under AMP
+                           ``scaler.unscale_`` (it runs before ``on_before_optimizer_step``)
     step                   the whole, from the start of the fetch to ``on_train_batch_end``
 
 The phases other than ``step`` are exclusive: a phase that starts inside another (the fetch
 inside ``training_step`` with a ``dataloader_iter``; ``manual_backward`` and ``opt.step()`` inside
 ``training_step`` under manual optimisation) pauses the outer one, so the five timed phases and
-``other`` add up to ``step`` exactly.
+``other`` add up to ``step`` exactly. Every phase but the fetch comes from public hooks; the
+fetch's action name is Lightning's, so a run in which it never fires (or in which the optimiser's
+post hook never does) warns once, naming the phase, instead of reporting 0.
 
 Layout: :class:`StepTimeAccumulator` (``accumulator.py``) holds the rows, ``PhaseTimer``
 (``timing.py``) turns enter/exit calls into per-step boundary times and CUDA events, this
 callback feeds both from Lightning's hooks and writes the report (``report.py``, ``plot.py``).
 
 What exactly is measured, and where:
-* **The fetch.** Lightning brackets ``next(iterator)`` with ``profiler.start/stop`` of
-  ``[_TrainingEpochLoop].train_dataloader_next``; the callback wraps the Trainer's profiler to see
-  those calls (and forwards everything to the profiler the user configured). For a sized
-  dataloader this is the wait for the batch the step trains on. For an unsized one (an
-  ``IterableDataset``) Lightning's ``_PrefetchDataFetcher`` keeps one batch in hand: step *k*
-  trains on the batch fetched in step *k - 1* and waits for batch *k + 1*. Either way the
-  interval measured is the time step *k* spent blocked on the loader.
+
+* **The fetch.** For a sized dataloader this is the wait for the batch the step trains on. For an
+  unsized one (an ``IterableDataset``) Lightning's ``_PrefetchDataFetcher`` keeps one batch in
+  hand: step *k* trains on the batch fetched in step *k - 1* and waits for batch *k + 1*. Either
+  way the interval measured is the time step *k* spent blocked on the loader.
 * **The step** ends in this callback's ``on_train_batch_end``: callbacks listed after this one,
   the module's ``on_train_batch_end``, the loggers writing the step's metrics, validation and
   checkpointing between batches are not in any step (Lightning's own profiler reports them).
@@ -40,10 +42,12 @@ What exactly is measured, and where:
   its ``mean_ms`` / ``share``, or ``stepped_median_ms`` (the median over batches that stepped).
 * **AMP.** The phase covers ``scaler.step`` (its inf check synchronises with the device) but not
   the ``scaler.update`` after it. When the scaler skips a step (non-finite gradients)
-  ``optimizer.step`` never runs, and the phase ends with Lightning's ``optimizer_step`` hook.
-* **Manual optimisation.** ``forward`` is the user's ``training_step`` less the ``backward``
-  (``manual_backward``) and ``optimizer_step`` (each ``opt.step()``) inside it; steps without an
-  ``opt.step()`` behave like accumulation. ``batch_to_device`` is 0 when ``training_step`` takes
+  ``optimizer.step`` never runs and no post hook fires: the phase then runs to the end of the
+  step. So does it for an optimiser without ``register_step_post_hook`` (with a warning).
+* **Manual optimisation.** ``forward`` runs from ``on_train_batch_start`` to the end of the step,
+  less the ``backward`` (``manual_backward``) and ``optimizer_step`` (each ``opt.step()``) inside
+  it, so it also holds what Lightning does after ``training_step`` (LR schedulers, logging);
+  steps without an ``opt.step()`` behave like accumulation. ``batch_to_device`` is 0 when ``training_step`` takes
   a ``dataloader_iter`` (the user moves the batch, inside ``forward``).
 * **CUDA.** See ``timing.py``: host phases on ``perf_counter``, device phases from CUDA events
   on the current stream, ``synchronize=True`` to wait at every boundary.
@@ -75,7 +79,7 @@ from seg_datamodule.profiling.accumulator import (
 )
 from seg_datamodule.profiling.optimizer import time_optimizer_step
 from seg_datamodule.profiling.report import build_report, format_table, write_report
-from seg_datamodule.profiling.tap import _TapProfiler
+from seg_datamodule.profiling.tap import FETCH_ACTION_SUFFIX, attach, detach
 from seg_datamodule.profiling.timing import CudaMarks, PhaseTimer, StepRecord, split_record
 
 __all__ = ["StepTimeProfiler"]
@@ -166,7 +170,11 @@ class StepTimeProfiler(Callback):
         self._timer: PhaseTimer | None = None
         self._pending: deque[StepRecord] = deque()
         self._hook_handles: list[Any] = []
-        self._tap: _TapProfiler | None = None
+        self._profiler: Any = None  # the Trainer's profiler our fetch tap is attached to
+        self._fetches = 0  # fetches seen, and optimiser steps begun and ended: fired-phase checks
+        self._optimizer_starts = 0
+        self._optimizer_ends = 0
+        self._fetch_checked = False
         self._log_every = 0
         self._steps_since_anchor = 0
 
@@ -211,7 +219,6 @@ class StepTimeProfiler(Callback):
     def setup(self, trainer: Trainer, pl_module: LightningModule, stage: str) -> None:
         if stage != "fit":
             return
-        self._restore_profiler(trainer)
         self.accumulator.reset()
         self.rank_medians_ms = None
         self.isolated_optimizer_ms = None
@@ -224,34 +231,11 @@ class StepTimeProfiler(Callback):
                 f"StepTimeProfiler: synchronize=True has no effect on {trainer.strategy.root_device.type}"
                 " (host timing is already exact there)."
             )
-        # Lightning's action names (loops/training_epoch_loop.py, trainer/call.py,
-        # loops/optimization/manual.py), built from the classes in this run.
-        loop = f"[{type(trainer.fit_loop.epoch_loop).__name__}]"
-        strategy = f"[Strategy]{type(trainer.strategy).__name__}"
-        module = f"[LightningModule]{type(pl_module).__name__}"
-        # A DataModule that overrides the transfer hooks runs them under its own name.
-        transfer_hooks = [f"{module}.on_before_batch_transfer"]
-        if trainer.datamodule is not None:
-            transfer_hooks.append(f"[LightningDataModule]{type(trainer.datamodule).__name__}.on_before_batch_transfer")
-        on_start = {
-            f"{loop}.train_dataloader_next": self._on_fetch_start,
-            **{hook: lambda: self._enter(_TO_DEVICE) for hook in transfer_hooks},
-            f"{strategy}.batch_to_device": lambda: self._enter(_TO_DEVICE),
-            f"{strategy}.training_step": lambda: self._enter(_FORWARD),
-        }
-        on_stop = {
-            f"{loop}.train_dataloader_next": lambda: self._exit(_FETCH),
-            **{hook: lambda: self._exit(_TO_DEVICE) for hook in transfer_hooks},
-            f"{strategy}.batch_to_device": lambda: self._exit(_TO_DEVICE),
-            f"{strategy}.training_step": lambda: self._exit(_FORWARD),
-            # Where the optimiser step ends if optimizer.step never ran (AMP skipped it) or the
-            # optimiser has no step hooks: the end of the module's optimizer_step hook
-            # (automatic) or of LightningOptimizer.step (manual).
-            f"{module}.optimizer_step": lambda: self._exit(_OPTIMIZER),
-            "optimizer_step": lambda: self._exit(_OPTIMIZER),
-        }
-        self._tap = _TapProfiler(trainer.profiler, on_start, on_stop)
-        trainer.profiler = self._tap
+        self._fetches = self._optimizer_starts = self._optimizer_ends = 0
+        self._fetch_checked = False
+        self._detach(trainer)
+        self._profiler = trainer.profiler
+        attach(self._profiler, self)
 
     def on_train_start(self, trainer: Trainer, pl_module: LightningModule) -> None:
         device = trainer.strategy.root_device
@@ -276,6 +260,8 @@ class StepTimeProfiler(Callback):
     def on_train_end(self, trainer: Trainer, pl_module: LightningModule) -> None:
         self._discard_open_step()
         self._drain(trainer, flush=True)
+        self._check_fetch_fired()  # a run no longer than the warm-up
+        self._check_optimizer_end_fired()
         self._remove_hooks()
         if self.isolated_optimizer_steps > 0:
             self.isolated_optimizer_ms = self._time_isolated(trainer)
@@ -298,33 +284,60 @@ class StepTimeProfiler(Callback):
 
     def teardown(self, trainer: Trainer, pl_module: LightningModule, stage: str) -> None:
         self._remove_hooks()
-        self._restore_profiler(trainer)
+        self._detach(trainer)
 
     def on_exception(self, trainer: Trainer, pl_module: LightningModule, exception: BaseException) -> None:
         self._remove_hooks()
-        self._restore_profiler(trainer)
+        self._detach(trainer)
 
     # -- hooks -> timer ----------------------------------------------------------------------
+
+    def on_fetch_start(self) -> None:
+        """Lightning starts waiting for a batch (called by the tap): opens the step if none is."""
+        timer = self._timer
+        if timer is not None:
+            self._fetches += 1
+            timer.open()
+            timer.enter(_FETCH)
+
+    def on_fetch_end(self) -> None:
+        """The batch is in hand; at the start of a step the transfer follows until the step's hook."""
+        timer = self._timer
+        if timer is not None:
+            timer.exit(_FETCH)
+            if timer.current is None:  # not a fetch nested in training_step (dataloader_iter)
+                timer.enter(_TO_DEVICE)
 
     def on_train_batch_start(
         self, trainer: Trainer, pl_module: LightningModule, batch: Any, batch_idx: int
     ) -> None:
-        # Opens the step when no fetch did (a training_step taking a dataloader_iter).
-        if self._timer is not None:
-            self._timer.open()
+        timer = self._timer
+        if timer is not None:
+            timer.open()  # when no fetch did: a training_step taking a dataloader_iter
+            timer.exit(_TO_DEVICE)
+            timer.enter(_FORWARD)
 
     def on_before_backward(self, trainer: Trainer, pl_module: LightningModule, loss: torch.Tensor) -> None:
-        self._enter(_BACKWARD)
+        timer = self._timer
+        if timer is not None:
+            if pl_module.automatic_optimization:  # training_step is over; manual: it goes on after
+                timer.exit(_FORWARD)
+            timer.enter(_BACKWARD)
 
     def on_after_backward(self, trainer: Trainer, pl_module: LightningModule) -> None:
-        self._exit(_BACKWARD)
+        if self._timer is not None:
+            self._timer.exit(_BACKWARD)
 
     def on_before_optimizer_step(
         self, trainer: Trainer, pl_module: LightningModule, optimizer: torch.optim.Optimizer
     ) -> None:
-        if self._timer is not None:
-            self._timer.count_optimizer_call()
-            self._timer.enter(_OPTIMIZER)
+        timer = self._timer
+        if timer is not None:
+            self._optimizer_starts += 1
+            timer.count_optimizer_call()
+            if pl_module.automatic_optimization:  # no backward when training_step returned None
+                timer.exit(_FORWARD)
+            timer.enter(_OPTIMIZER)
 
     def on_train_batch_end(
         self, trainer: Trainer, pl_module: LightningModule, outputs: Any, batch: Any, batch_idx: int
@@ -347,21 +360,10 @@ class StepTimeProfiler(Callback):
         if self._steps_since_anchor >= _ANCHOR_EVERY_N_STEPS:
             self._reanchor()  # between steps, so the one synchronisation is in no step
 
-    def _on_fetch_start(self) -> None:
-        if self._timer is not None:
-            self._timer.open()
-            self._timer.enter(_FETCH)
-
     def _on_optimizer_step_end(self, optimizer: torch.optim.Optimizer, args: Any, kwargs: Any) -> None:
-        self._exit(_OPTIMIZER)
-
-    def _enter(self, phase: int) -> None:
         if self._timer is not None:
-            self._timer.enter(phase)
-
-    def _exit(self, phase: int) -> None:
-        if self._timer is not None:
-            self._timer.exit(phase)
+            self._optimizer_ends += 1
+            self._timer.exit(_OPTIMIZER)
 
     def _discard_open_step(self) -> None:
         if self._timer is not None:
@@ -398,6 +400,32 @@ class StepTimeProfiler(Callback):
             )
             if self._log_every and len(self.accumulator) % self._log_every == 0 and trainer.loggers:
                 self._log(trainer, row, labels["log_step"])
+            if len(self.accumulator) > self.warmup_steps:
+                self._check_fetch_fired()
+
+    def _check_fetch_fired(self) -> None:
+        """Once a run, after the warm-up: warn if Lightning's fetch action was never seen."""
+        if self._fetch_checked or not len(self.accumulator):
+            return
+        self._fetch_checked = True
+        steps = len(self.accumulator)
+        if not self._fetches:
+            rank_zero_warn(
+                f"StepTimeProfiler: phase 'train_dataloader_next' never fired in {steps} steps: Lightning's"
+                f" profiler action '[_TrainingEpochLoop]{FETCH_ACTION_SUFFIX}' was not seen (renamed in this"
+                " Lightning version?). The wait for batches and the transfer are in no phase and every step"
+                " looks shorter than it is."
+            )
+
+    def _check_optimizer_end_fired(self) -> None:
+        """At the end of fit (AMP may skip the first steps): warn if no optimiser step ever ended."""
+        steps = len(self.accumulator)
+        if self._optimizer_starts and not self._optimizer_ends:
+            rank_zero_warn(
+                f"StepTimeProfiler: phase 'optimizer_step' never ended in {steps} steps: torch's step post"
+                " hook did not fire (an optimiser without register_step_post_hook?), so the phase runs to"
+                " the end of each step and holds what would be 'other'."
+            )
 
     @staticmethod
     def _log(trainer: Trainer, row: Mapping[str, float], step: int) -> None:
@@ -430,11 +458,7 @@ class StepTimeProfiler(Callback):
             handle.remove()
         self._hook_handles = []
 
-    def _restore_profiler(self, trainer: Trainer) -> None:
-        profiler = trainer.profiler
-        while isinstance(profiler, _TapProfiler):  # ours, possibly left by an earlier fit
-            profiler = profiler.inner
-        trainer.profiler = profiler
-        self._tap = None
-
-
+    def _detach(self, trainer: Trainer) -> None:
+        if self._profiler is not None:
+            detach(self._profiler, self)
+            self._profiler = None

@@ -1,88 +1,89 @@
-"""A Lightning profiler that forwards everything to the Trainer's and calls taps around chosen actions.
+"""See Lightning's fetch: a tap on the Trainer's profiler for the one phase no public hook brackets.
 
-Lightning times the fetch with ``profiler.start/stop`` of
-``[_TrainingEpochLoop].train_dataloader_next``; no public hook brackets it, so seeing the profiler's
-calls is the only way to time it without patching a loop.
+Lightning waits for the next batch between ``profiler.start`` and ``profiler.stop`` of
+``[_TrainingEpochLoop].train_dataloader_next`` (``loops/training_epoch_loop.py``); no callback hook
+runs around it. Every other phase comes from public hooks (see ``callback.py``).
+
+The tap replaces ``start`` and ``stop`` on the profiler *instance* (the class is untouched), so
+``trainer.profiler`` stays the user's object: ``isinstance(trainer.profiler, SimpleProfiler)``
+holds and the user's profiler still records every action. One tap serves every listener on the
+same profiler (two ``StepTimeProfiler`` callbacks both see the fetch); the last one to leave
+restores the profiler as it was. The action's name is private to Lightning: the callback checks
+that the fetch fires and warns when it does not.
 """
 
 from __future__ import annotations
 
-from collections.abc import Generator
-from contextlib import contextmanager
-from typing import Any, Callable
+from typing import Any, Protocol
 
-from lightning.pytorch.profilers import Profiler
+__all__ = ["FETCH_ACTION_SUFFIX", "FetchListener", "attach", "detach"]
 
-__all__ = ["_TapProfiler"]
+#: Lightning's action is ``[<loop class>].train_dataloader_next``; the suffix survives a renamed loop.
+FETCH_ACTION_SUFFIX = "].train_dataloader_next"
+_TAP_ATTRIBUTE = "_step_time_fetch_tap"
 
 
-class _TapProfiler(Profiler):
-    """Forwards everything to the Trainer's profiler, calling taps around chosen actions.
+class FetchListener(Protocol):
+    def on_fetch_start(self) -> None: ...
 
-    Lightning times the fetch with ``profiler.start/stop`` and hooks with ``profiler.profile``;
-    installing this as ``trainer.profiler`` is the only way to see the fetch without patching a
-    loop. Taps run inside the wrapped profiler's bracket, so its overhead is not in our phases.
-    ``Profiler.__init__`` is deliberately not called: attributes not set here read through to
-    the wrapped profiler.
-    """
+    def on_fetch_end(self) -> None: ...
 
-    def __init__(
-        self,
-        inner: Profiler,
-        on_start: dict[str, Callable[[], None]],
-        on_stop: dict[str, Callable[[], None]],
-    ) -> None:
-        self.inner = inner
-        self._on_start = on_start
-        self._on_stop = on_stop
 
-    def __getattr__(self, name: str) -> Any:
-        if name in ("inner", "_on_start", "_on_stop"):  # unpickling: not set yet
-            raise AttributeError(name)
-        return getattr(self.inner, name)
+class _FetchTap:
+    """Wraps one profiler instance's ``start`` / ``stop``; calls the listeners around the fetch."""
+
+    def __init__(self, profiler: Any) -> None:
+        self.profiler = profiler
+        # What `start`/`stop` were on the instance before us (None: the class's), to restore.
+        self.saved = {name: vars(profiler).get(name) for name in ("start", "stop")}
+        self.inner_start = profiler.start
+        self.inner_stop = profiler.stop
+        self.listeners: list[FetchListener] = []
 
     def start(self, action_name: str) -> None:
-        self.inner.start(action_name)
-        tap = self._on_start.get(action_name)
-        if tap is not None:
-            tap()
+        self.inner_start(action_name)
+        # After the wrapped profiler's start, so its own overhead is not in the phase.
+        if action_name.endswith(FETCH_ACTION_SUFFIX):
+            for listener in self.listeners:
+                listener.on_fetch_start()
 
     def stop(self, action_name: str) -> None:
-        tap = self._on_stop.get(action_name)
-        if tap is not None:
-            tap()
-        self.inner.stop(action_name)
+        if action_name.endswith(FETCH_ACTION_SUFFIX):
+            for listener in self.listeners:
+                listener.on_fetch_end()
+        self.inner_stop(action_name)
 
-    def profile(self, action_name: str) -> Any:
-        if action_name in self._on_start or action_name in self._on_stop:
-            return self._tapped(action_name)
-        return self.inner.profile(action_name)
+    def install(self) -> None:
+        vars(self.profiler)[_TAP_ATTRIBUTE] = self
+        self.profiler.start = self.start
+        self.profiler.stop = self.stop
 
-    @contextmanager
-    def _tapped(self, action_name: str) -> Generator[str, None, None]:
-        with self.inner.profile(action_name):
-            tap = self._on_start.get(action_name)
-            if tap is not None:
-                tap()
-            try:
-                yield action_name
-            finally:
-                tap = self._on_stop.get(action_name)
-                if tap is not None:
-                    tap()
+    def uninstall(self) -> None:
+        state = vars(self.profiler)
+        state.pop(_TAP_ATTRIBUTE, None)
+        for name, saved in self.saved.items():
+            if saved is None:
+                state.pop(name, None)
+            else:
+                state[name] = saved
 
-    def summary(self) -> str:
-        return self.inner.summary()
 
-    def describe(self) -> None:
-        self.inner.describe()
+def attach(profiler: Any, listener: FetchListener) -> None:
+    """Call ``listener.on_fetch_start/on_fetch_end`` around Lightning's fetch; idempotent."""
+    tap = vars(profiler).get(_TAP_ATTRIBUTE)
+    if tap is None:
+        tap = _FetchTap(profiler)
+        tap.install()
+    if listener not in tap.listeners:
+        tap.listeners.append(listener)
 
-    def setup(self, stage: str, local_rank: int | None = None, log_dir: str | None = None) -> None:
-        self.inner.setup(stage, local_rank=local_rank, log_dir=log_dir)
 
-    def teardown(self, stage: str | None) -> None:
-        self.inner.teardown(stage)
-
-    def __del__(self) -> None:
-        # The base class tears down on deletion; the wrapped profiler is not ours to close.
-        pass
+def detach(profiler: Any, listener: FetchListener) -> None:
+    """Stop calling ``listener``; the last listener out restores the profiler's own methods."""
+    tap = vars(profiler).get(_TAP_ATTRIBUTE)
+    if tap is None:
+        return
+    if listener in tap.listeners:
+        tap.listeners.remove(listener)
+    if not tap.listeners:
+        tap.uninstall()

@@ -95,6 +95,11 @@ class PhaseTimer:
     def is_open(self) -> bool:
         return self._record is not None
 
+    @property
+    def current(self) -> int | None:
+        """The phase running now (innermost), or None between phases or steps."""
+        return self._stack[-1] if self._stack else None
+
     def open(self) -> None:
         if self._record is not None:
             return

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import json
 import time
+from dataclasses import dataclass
 from pathlib import Path
 from collections.abc import Sequence
 from typing import Any
@@ -296,3 +297,42 @@ def loader(num_workers: int = 0, **kwargs: Any) -> TimedLoader:
         persistent_workers=num_workers > 0,
         **kwargs,
     )
+
+
+class NoCudaEvents:
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        raise AssertionError("a CUDA event was created off CUDA")
+
+
+@dataclass
+class Run:
+    profiler: StepTimeProfiler
+    trainer: L.Trainer
+    model: CostModel
+    loader: TimedLoader
+    root: Path
+
+    @property
+    def dataset(self) -> SleepyDataset:
+        return self.loader.dataset
+
+    @property
+    def optimizer_costs_ms(self) -> list[float]:
+        return self.trainer.optimizers[0].costs_ms
+
+    def column(self, name: str, stepped: bool = False) -> list[float]:
+        """The profiler's ``<name>_ms`` per step, warm-up included (only stepping ones if ``stepped``)."""
+        return [r[f"{name}_ms"] for r in self.profiler.rows() if r["optimizer_calls"] or not stepped]
+
+    @property
+    def step_ref_ms(self) -> list[float]:
+        """The test's own step: from the start of the fetch to the end of the profiler's hook."""
+        ends = next(c for c in self.trainer.callbacks if isinstance(c, StepEnds))
+        return ends.step_ms(self.loader)
+
+
+def fit(root: Path, callback: StepTimeProfiler, model: CostModel, num_workers: int = 0, **kwargs: Any) -> Run:
+    trainer = make_trainer(root, callback, **kwargs)
+    data = loader(num_workers)
+    trainer.fit(model, data)
+    return Run(callback, trainer, model, data, root)

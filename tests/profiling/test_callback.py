@@ -7,7 +7,6 @@ within 10 % (or 3 ms) of what the doubles measured they injected.
 from __future__ import annotations
 
 import json
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -28,19 +27,19 @@ from _profiling_doubles import (
     CostModel,
     IteratorModel,
     MemoryLogger,
+    NoCudaEvents,
+    Run,
     SleepyDataset,
     assert_bit_identical,
-    StepEnds,
-    TimedLoader,
     assert_close,
     assert_tracks,
+    fit,
     injected,
     loader,
     make_trainer,
     sleep_ms,
 )
 from seg_datamodule.profiling import PHASES, StepTimeProfiler
-from seg_datamodule.profiling.tap import _TapProfiler
 
 # torch 2.14 deprecates pytree's LeafSpec, which Lightning 2.6 still builds for every batch.
 pytestmark = pytest.mark.filterwarnings(
@@ -83,45 +82,6 @@ def test_init_arguments_are_plain_and_stored() -> None:
 
 
 # ---------------------------------------------------------------------------- real Trainer runs
-
-
-class NoCudaEvents:
-    def __init__(self, *args: Any, **kwargs: Any) -> None:
-        raise AssertionError("a CUDA event was created off CUDA")
-
-
-@dataclass
-class Run:
-    profiler: StepTimeProfiler
-    trainer: L.Trainer
-    model: CostModel
-    loader: TimedLoader
-    root: Path
-
-    @property
-    def dataset(self) -> SleepyDataset:
-        return self.loader.dataset
-
-    @property
-    def optimizer_costs_ms(self) -> list[float]:
-        return self.trainer.optimizers[0].costs_ms
-
-    def column(self, name: str, stepped: bool = False) -> list[float]:
-        """The profiler's ``<name>_ms`` per step, warm-up included (only stepping ones if ``stepped``)."""
-        return [r[f"{name}_ms"] for r in self.profiler.rows() if r["optimizer_calls"] or not stepped]
-
-    @property
-    def step_ref_ms(self) -> list[float]:
-        """The test's own step: from the start of the fetch to the end of the profiler's hook."""
-        ends = next(c for c in self.trainer.callbacks if isinstance(c, StepEnds))
-        return ends.step_ms(self.loader)
-
-
-def fit(root: Path, callback: StepTimeProfiler, model: CostModel, num_workers: int = 0, **kwargs: Any) -> Run:
-    trainer = make_trainer(root, callback, **kwargs)
-    data = loader(num_workers)
-    trainer.fit(model, data)
-    return Run(callback, trainer, model, data, root)
 
 
 @pytest.fixture(scope="module")
@@ -195,7 +155,7 @@ def test_json_and_logged_metrics_match_summary(serial_run: Run) -> None:
 @pytest.mark.slow
 def test_trainer_is_left_as_found(serial_run: Run) -> None:
     trainer = serial_run.trainer
-    assert not isinstance(trainer.profiler, _TapProfiler)
+    assert "start" not in vars(trainer.profiler) and "stop" not in vars(trainer.profiler)
     assert all(not opt._optimizer_step_post_hooks for opt in trainer.optimizers)
 
 
