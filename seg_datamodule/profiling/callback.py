@@ -57,14 +57,17 @@ from __future__ import annotations
 
 import math
 import os
+import time
 from collections import deque
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
 import torch
+from torch.utils.data.dataloader import _MultiProcessingDataLoaderIter
 from lightning.pytorch import LightningModule, Trainer
 from lightning.pytorch.callbacks import Callback
+from lightning.pytorch.utilities.combined_loader import _shutdown_workers_and_reset_iterator
 from lightning.pytorch.utilities.rank_zero import rank_zero_info, rank_zero_warn
 
 from seg_datamodule.ops.checks import check_bool, check_int
@@ -77,7 +80,7 @@ from seg_datamodule.profiling.accumulator import (
     PHASES,
     StepTimeAccumulator,
 )
-from seg_datamodule.profiling.optimizer import time_optimizer_step
+from seg_datamodule.profiling.optimizer import running_beside, time_optimizer_step
 from seg_datamodule.profiling.report import build_report, format_table, write_report
 from seg_datamodule.profiling.tap import FETCH_ACTION_SUFFIX, attach, detach
 from seg_datamodule.profiling.timing import CudaMarks, PhaseTimer, StepRecord, split_record
@@ -95,12 +98,17 @@ class StepTimeProfiler(Callback):
 
     Per step: the phases of :data:`PHASES` (see the module docstring for what each covers under
     accumulation, AMP, manual optimisation and CUDA) to the Trainer's loggers as
-    ``step_time/<phase>_ms`` every ``log_every_n_steps``. At the end of fit, on rank 0: a table
-    on the console and ``<filename>.json`` (summary, per-rank medians, per-step rows) and
-    ``<filename>.png`` (:func:`plot_step_split`) in ``dirpath``. Under DDP the table also gives,
-    per phase, the slowest rank and its median, so stragglers show; :meth:`summary` is the local
-    rank's. With ``strategy="ddp_spawn"`` the measuring happens in the spawned processes, so the
-    callback object in the launching process stays empty: read the JSON.
+    ``step_time/<phase>_ms``, while training, labelled as Lightning labels its own step metrics:
+    one point per optimiser step at ``x = `` the optimiser steps before it, every
+    ``log_every_n_steps`` of them; with gradient accumulation a point sums the batches of its
+    optimiser step. At the end of fit, on rank 0: a table on the console and
+    ``<filename>.json`` (summary, wall time in and between steps, per-rank medians, per-step
+    rows) and ``<filename>.png`` (:func:`plot_step_split`) in ``dirpath``. An exception or
+    Ctrl-C during fit still writes them, from the steps done, marked ``"partial": true``. Under
+    DDP the table also gives, per phase, the slowest rank and its median, so stragglers show;
+    :meth:`summary` is the local rank's. With ``strategy="ddp_spawn"`` the measuring happens in
+    the spawned processes, so the callback object in the launching process stays empty: read
+    the JSON.
 
     Example::
 
@@ -118,8 +126,13 @@ class StepTimeProfiler(Callback):
         isolated_optimizer_steps (int): if > 0, at the end of fit time this many steps of each
             optimiser alone on a copy of its parameters and state and report in-loop / isolated
             (``optimizer_step``'s ``in_loop_over_isolated``): far above 1 means the optimiser is
-            starved. 0 (default) skips it.
-        dirpath (str | None): folder of the JSON and PNG; ``None`` is the Trainer's ``log_dir``.
+            starved. The training loader's workers are shut down first (Lightning would a moment
+            later); the threads and child processes still running are in the report
+            (``isolated_context``). 0 (default) skips it.
+        dirpath (str | None): folder of the JSON and PNG; ``None`` is the Trainer's ``log_dir``:
+            the first logger's ``log_dir`` (``lightning_logs/version_<n>``), or with
+            ``logger=False`` the Trainer's ``default_root_dir``, which defaults to the current
+            folder. The paths written are printed and kept in ``report_paths``.
         filename (str): stem of the files written (``step_time.json``, ``step_time.png``).
         save_plot (bool): write the PNG beside the JSON.
 
@@ -165,8 +178,16 @@ class StepTimeProfiler(Callback):
         self.rank_medians_ms: dict[str, list[float]] | None = None
         #: per optimiser, the isolated step's median (ms), when measured
         self.isolated_optimizer_ms: list[float] | None = None
+        #: what ran beside the isolated optimiser timing (threads, child processes)
+        self.isolated_context: dict[str, Any] | None = None
+        #: wall time of training (``train_s``), in steps (``steps_s``) and between them
+        self.wall: dict[str, float] | None = None
         #: the files written at the end of fit (rank 0)
         self.report_paths: list[Path] = []
+        self._partial: str | None = None  # what stopped the fit early, for the report
+        self._dirpath: str | None = None  # resolved at the start of training (a collective)
+        self._train_start_s = 0.0
+        self._window: list[Mapping[str, float]] = []  # rows of the optimiser step being logged
         self._timer: PhaseTimer | None = None
         self._pending: deque[StepRecord] = deque()
         self._hook_handles: list[Any] = []
@@ -201,17 +222,16 @@ class StepTimeProfiler(Callback):
         return self.accumulator.rows()
 
     def report(self) -> dict[str, Any]:
-        """What ``step_time.json`` holds: ``phases``, ``warmup_steps``, ``summary``, ``ranks``, ``rows``.
-
-        ``ranks`` is ``None`` on one process, else ``{"median_ms": {phase: [per rank]},
-        "slowest_rank": {phase: rank}}``. NaN is written as ``null``.
-        """
+        """What ``step_time.json`` holds; see :func:`~seg_datamodule.profiling.report.build_report`."""
         return build_report(
             summary=self.summary(),
             rows=self.rows(),
             warmup_steps=self.warmup_steps,
             rank_medians_ms=self.rank_medians_ms,
             isolated_optimizer_ms=self.isolated_optimizer_ms,
+            isolated_context=self.isolated_context,
+            wall=self.wall,
+            stopped_by=self._partial,
         )
 
     # -- set-up and tear-down --------------------------------------------------------------
@@ -222,7 +242,11 @@ class StepTimeProfiler(Callback):
         self.accumulator.reset()
         self.rank_medians_ms = None
         self.isolated_optimizer_ms = None
+        self.isolated_context = None
+        self.wall = None
         self.report_paths = []
+        self._partial = None
+        self._window = []
         self._pending.clear()
         every = self.log_every_n_steps
         self._log_every = trainer.log_every_n_steps if every is None else every
@@ -238,6 +262,10 @@ class StepTimeProfiler(Callback):
         attach(self._profiler, self)
 
     def on_train_start(self, trainer: Trainer, pl_module: LightningModule) -> None:
+        # trainer.log_dir is a collective under DDP: resolved here, where every rank comes, and
+        # not in on_exception, where only the failing one may.
+        self._dirpath = self.dirpath if self.dirpath is not None else trainer.log_dir
+        self._train_start_s = time.perf_counter()
         device = trainer.strategy.root_device
         marks = CudaMarks(device) if device.type == "cuda" else None
         self._timer = PhaseTimer(marks=marks, synchronize=self.synchronize)
@@ -258,37 +286,38 @@ class StepTimeProfiler(Callback):
         self._discard_open_step()
 
     def on_train_end(self, trainer: Trainer, pl_module: LightningModule) -> None:
-        self._discard_open_step()
-        self._drain(trainer, flush=True)
-        self._check_fetch_fired()  # a run no longer than the warm-up
-        self._check_optimizer_end_fired()
-        self._remove_hooks()
+        self._end_of_training(trainer)
         if self.isolated_optimizer_steps > 0:
+            # The loader's workers would still prefetch beside the "alone" timing and hide the
+            # very starvation it is there to show (issue 12.2); Lightning stops them right after
+            # this hook anyway (fit_loop.teardown), so stopping them first changes nothing else.
+            shut_down = _shut_down_train_workers(trainer)
+            self.isolated_context = {"loader_workers_shut_down": shut_down, **running_beside()}
             self.isolated_optimizer_ms = self._time_isolated(trainer)
         if trainer.world_size > 1:
             self.rank_medians_ms = self._gather_medians(trainer)
-        dirpath = self.dirpath if self.dirpath is not None else trainer.log_dir  # a collective
-        if not trainer.is_global_zero:
-            return
-        summary = self.summary()
-        if not summary:
-            rank_zero_warn(
-                f"StepTimeProfiler: {len(self.accumulator)} training steps, not more than"
-                f" warmup_steps={self.warmup_steps}; nothing to report."
-            )
-            return
-        measured = len(self.accumulator) - self.warmup_steps
-        rank_zero_info(format_table(summary, self.rank_medians_ms, measured))
-        if dirpath is not None:
-            self.report_paths = write_report(self.report(), Path(dirpath), self.filename, self.save_plot)
-
-    def teardown(self, trainer: Trainer, pl_module: LightningModule, stage: str) -> None:
-        self._remove_hooks()
-        self._detach(trainer)
+        if trainer.is_global_zero:
+            self._write_report()
 
     def on_exception(self, trainer: Trainer, pl_module: LightningModule, exception: BaseException) -> None:
         self._remove_hooks()
         self._detach(trainer)
+        if self._timer is None or self._partial is not None:  # not training, or already written
+            return
+        self._partial = f"{type(exception).__name__}: {exception}"
+        # No isolated timing and no gathering across ranks here: the device may be out of memory
+        # and the other ranks may not be in this hook. Never hide the exception being handled.
+        try:
+            self._end_of_training(trainer)
+            if trainer.is_global_zero:
+                self._write_report()
+        except Exception as error:
+            rank_zero_warn(f"StepTimeProfiler: could not write the partial report: {error!r}")
+
+    def teardown(self, trainer: Trainer, pl_module: LightningModule, stage: str) -> None:
+        self._remove_hooks()
+        self._detach(trainer)
+        self._timer = None
 
     # -- hooks -> timer ----------------------------------------------------------------------
 
@@ -348,9 +377,10 @@ class StepTimeProfiler(Callback):
             batch=trainer.fit_loop.total_batch_idx,
             epoch=trainer.current_epoch,
             global_step=trainer.global_step,
-            # Lightning logs a batch's metrics at `_batches_that_stepped` before it increments
+            # Lightning logs a step's metrics at `_batches_that_stepped` before it increments
             # (logger_connector.log_metrics); use the same x so the curves line up.
             log_step=getattr(trainer.fit_loop.epoch_loop, "_batches_that_stepped", trainer.global_step),
+            automatic=int(pl_module.automatic_optimization),
         )
         if record is None:
             return
@@ -398,8 +428,7 @@ class StepTimeProfiler(Callback):
                 global_step=labels["global_step"],
                 optimizer_calls=record.optimizer_calls,
             )
-            if self._log_every and len(self.accumulator) % self._log_every == 0 and trainer.loggers:
-                self._log(trainer, row, labels["log_step"])
+            self._log_step(trainer, row, labels, record.optimizer_calls)
             if len(self.accumulator) > self.warmup_steps:
                 self._check_fetch_fired()
 
@@ -427,17 +456,75 @@ class StepTimeProfiler(Callback):
                 " the end of each step and holds what would be 'other'."
             )
 
-    @staticmethod
-    def _log(trainer: Trainer, row: Mapping[str, float], step: int) -> None:
-        metrics = {f"step_time/{p}_ms": row[f"{p}_ms"] for p in PHASES}
-        if "device_step_ms" in row:
-            metrics.update({f"step_time/device_{p}_ms": row[f"device_{p}_ms"] for p in PHASES})
-            span = row["device_step_ms"]
-            metrics["step_time/device_busy_share"] = row["device_busy_ms"] / span if span > 0 else math.nan
+    def _log_step(self, trainer: Trainer, row: Mapping[str, float], labels: Mapping[str, int], calls: int) -> None:
+        """Log as Lightning logs step metrics (``update_train_step_metrics``): nothing for a batch
+        that only accumulates (automatic optimisation), then one point for the optimiser step,
+        summed over its batches, at ``x = _batches_that_stepped`` when ``(x + 1) % n == 0``."""
+        self._window.append(row)
+        if labels["automatic"] and not calls:
+            return
+        window, self._window = self._window, []
+        step = labels["log_step"]
+        if not (self._log_every and (step + 1) % self._log_every == 0 and trainer.loggers):
+            return
+        metrics = {f"step_time/{p}_ms": sum(r[f"{p}_ms"] for r in window) for p in PHASES}
+        if all("device_step_ms" in r for r in window):
+            metrics.update({f"step_time/device_{p}_ms": sum(r[f"device_{p}_ms"] for r in window) for p in PHASES})
+            span = metrics["step_time/device_step_ms"]
+            busy = sum(r["device_busy_ms"] for r in window)
+            metrics["step_time/device_busy_share"] = busy / span if span > 0 else math.nan
         for logger in trainer.loggers:
             logger.log_metrics(metrics, step=step)
 
     # -- end of fit ----------------------------------------------------------------------------
+
+    def _end_of_training(self, trainer: Trainer) -> None:
+        """Close the rows and the wall-time account; run the fired-phase checks."""
+        train_s = time.perf_counter() - self._train_start_s
+        self._discard_open_step()
+        try:
+            self._drain(trainer, flush=True)
+        except Exception as error:  # e.g. a CUDA error while reading the events of the last steps
+            rank_zero_warn(f"StepTimeProfiler: {len(self._pending)} steps dropped, their events unreadable: {error!r}")
+            self._pending.clear()
+        self._remove_hooks()
+        self._check_fetch_fired()  # a run no longer than the warm-up
+        self._check_optimizer_end_fired()
+        steps_s = float(self.accumulator.column("step_ms", measured_only=False).sum()) / 1e3
+        self.wall = {
+            "train_s": train_s,
+            "steps_s": steps_s,
+            # Validation, checkpointing, logging, callbacks after this one, epoch starts: no step's.
+            "between_steps_s": max(0.0, train_s - steps_s),
+            "steps_share": steps_s / train_s if train_s > 0 else math.nan,
+        }
+        self._timer = None  # no step after this; on_exception from here on has nothing to add
+
+    def _write_report(self) -> None:
+        summary = self.summary()
+        steps = len(self.accumulator)
+        if not summary and not (self._partial and steps):
+            rank_zero_warn(
+                f"StepTimeProfiler: {steps} training steps, not more than"
+                f" warmup_steps={self.warmup_steps}; nothing to report."
+            )
+            return
+        if summary:
+            rank_zero_info(
+                format_table(
+                    summary,
+                    self.rank_medians_ms,
+                    steps - self.warmup_steps,
+                    wall=self.wall,
+                    stopped_by=self._partial,
+                    isolated_context=self.isolated_context,
+                )
+            )
+        if self._dirpath is not None:
+            report = self.report()
+            self.report_paths = write_report(report, Path(self._dirpath), self.filename, self.save_plot)
+            what = "partial report" if self._partial else "report"
+            rank_zero_info(f"StepTimeProfiler: {what} written to " + ", ".join(map(str, self.report_paths)))
 
     def _time_isolated(self, trainer: Trainer) -> list[float] | None:
         try:
@@ -462,3 +549,25 @@ class StepTimeProfiler(Callback):
         if self._profiler is not None:
             detach(self._profiler, self)
             self._profiler = None
+
+
+def _shut_down_train_workers(trainer: Trainer) -> bool:
+    """Stop the training loader's worker processes now; whether any loader was reached.
+
+    What ``fit_loop.teardown`` does right after ``on_train_end`` (the combined loader's reset
+    shuts persistent workers down; dropping the iterators ends the others), done early.
+    Private names of Lightning and torch, hence the guard.
+    """
+    try:
+        combined = trainer.fit_loop._combined_loader
+        if combined is None:
+            return False
+        for loader in combined.flattened:  # persistent workers: the DataLoader holds the iterator
+            _shutdown_workers_and_reset_iterator(loader)
+        for iterator in getattr(combined._iterator, "iterators", None) or []:  # the others
+            if isinstance(iterator, _MultiProcessingDataLoaderIter):
+                iterator._shutdown_workers()
+    except Exception as error:
+        rank_zero_warn(f"StepTimeProfiler: could not stop the loader's workers before timing alone: {error!r}")
+        return False
+    return True

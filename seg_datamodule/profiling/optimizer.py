@@ -7,6 +7,8 @@ optimiser is starved of cores or memory bandwidth by what runs beside it in the 
 from __future__ import annotations
 
 import copy
+import multiprocessing
+import threading
 import time
 from collections import OrderedDict, defaultdict
 from typing import Any
@@ -16,7 +18,7 @@ import torch
 
 from seg_datamodule.ops.checks import check_int
 
-__all__ = ["time_optimizer_step"]
+__all__ = ["running_beside", "time_optimizer_step"]
 
 
 def time_optimizer_step(optimizer: torch.optim.Optimizer, repeats: int = 10) -> float:
@@ -108,3 +110,16 @@ def _versions(optimizer: torch.optim.Optimizer) -> list[int]:
     tensors = [p for group in optimizer.param_groups for p in group["params"]]
     tensors += [v for state in optimizer.state.values() for v in state.values() if isinstance(v, torch.Tensor)]
     return [t._version for t in tensors]
+
+
+def running_beside() -> dict[str, Any]:
+    """What else runs in and under this process, for a report to say what a timing ran beside.
+
+    Returns:
+        dict: ``threads`` (list[str], the names of the other live threads of this process) and
+        ``child_processes`` (int, live children started through ``multiprocessing``, such as
+        DataLoader workers).
+    """
+    current = threading.current_thread()
+    threads = sorted(thread.name for thread in threading.enumerate() if thread is not current)
+    return {"threads": threads, "child_processes": len(multiprocessing.active_children())}

@@ -44,11 +44,20 @@ def build_report(
     warmup_steps: int,
     rank_medians_ms: Mapping[str, Sequence[float]] | None = None,
     isolated_optimizer_ms: Sequence[float] | None = None,
+    isolated_context: Mapping[str, Any] | None = None,
+    wall: Mapping[str, float] | None = None,
+    stopped_by: str | None = None,
 ) -> dict[str, Any]:
-    """What ``step_time.json`` holds: ``phases``, ``warmup_steps``, ``summary``, ``ranks``, ``rows``.
+    """What ``step_time.json`` holds, NaN written as ``null``.
 
-    ``ranks`` is ``None`` on one process, else ``{"median_ms": {phase: [per rank]},
-    "slowest_rank": {phase: rank}}``. NaN is written as ``null``.
+    Keys: ``phases``; ``warmup_steps``; ``partial`` (bool: the fit stopped early) and
+    ``stopped_by`` (the exception, or None); ``summary`` (per phase, over the steps after the
+    warm-up); ``wall`` (``train_s`` from the start to the end of training, ``steps_s`` in steps,
+    warm-up included, ``between_steps_s`` in none: validation, checkpointing, logging, epoch
+    starts; ``steps_share``), so the phases' shares can be read against wall time; ``ranks``
+    (``None`` on one process, else ``{"median_ms": {phase: [per rank]}, "slowest_rank": {phase:
+    rank}}``); ``isolated_optimizer_ms`` and ``isolated_context`` (what ran beside that timing);
+    ``rows`` (every step).
     """
     ranks = None
     if rank_medians_ms is not None:
@@ -60,9 +69,13 @@ def build_report(
         {
             "phases": list(PHASES),
             "warmup_steps": warmup_steps,
+            "partial": stopped_by is not None,
+            "stopped_by": stopped_by,
             "summary": dict(summary),
+            "wall": None if wall is None else dict(wall),
             "ranks": ranks,
             "isolated_optimizer_ms": None if isolated_optimizer_ms is None else list(isolated_optimizer_ms),
+            "isolated_context": None if isolated_context is None else dict(isolated_context),
             "rows": list(rows),
         }
     )
@@ -90,6 +103,10 @@ def format_table(
     summary: Mapping[str, Mapping[str, float]],
     rank_medians_ms: Mapping[str, Sequence[float]] | None = None,
     num_steps: int | None = None,
+    *,
+    wall: Mapping[str, float] | None = None,
+    stopped_by: str | None = None,
+    isolated_context: Mapping[str, Any] | None = None,
 ) -> str:
     """The console table of a summary, with each phase's slowest rank under DDP.
 
@@ -97,6 +114,10 @@ def format_table(
         summary: :meth:`StepTimeProfiler.summary` (or :meth:`StepTimeAccumulator.compute`).
         rank_medians_ms: per phase, each rank's median; adds "slowest rank" columns.
         num_steps: steps summarised, for the title.
+        wall: the report's ``wall``; adds the line of time in steps against time between them.
+        stopped_by: the exception that ended the fit early; marks the table partial.
+        isolated_context: the report's ``isolated_context``; says what ran beside the
+            isolated optimiser timing.
 
     Returns:
         str: the table, one line per phase.
@@ -104,6 +125,8 @@ def format_table(
     title = "StepTimeProfiler"
     if num_steps is not None:
         title += f": {num_steps} steps after warm-up"
+    if stopped_by is not None:
+        title += f" (PARTIAL: the fit stopped early, {stopped_by})"
     header = f"{'phase':<22} {'median ms':>10} {'mean ms':>10} {'p90 ms':>10} {'total s':>9} {'share':>7}"
     device = "device_median_ms" in summary.get("step", {})
     if device:
@@ -131,10 +154,25 @@ def format_table(
             f"accelerator busy >= {step['device_busy_share']:.1%} of the step,"
             f" idle <= {step['device_idle_share']:.1%}"
         )
+    if wall is not None:
+        lines.append(
+            f"wall: {wall['train_s']:.2f} s of training, {wall['steps_s']:.2f} s in steps"
+            f" ({wall['steps_share']:.1%}), {wall['between_steps_s']:.2f} s between steps"
+            " (validation, checkpointing, logging, epoch starts)"
+        )
     opt = summary["optimizer_step"]
     if "in_loop_over_isolated" in opt:
-        lines.append(
+        line = (
             f"optimizer step: {opt['stepped_median_ms']:.2f} ms in the loop,"
             f" {opt['isolated_ms']:.2f} ms alone (x{opt['in_loop_over_isolated']:.2f})"
         )
+        if isolated_context is not None:
+            threads = isolated_context.get("threads", [])
+            line += (
+                f"; alone beside {len(threads)} other threads and"
+                f" {isolated_context.get('child_processes', 0)} child processes"
+            )
+            if not isolated_context.get("loader_workers_shut_down", False):
+                line += " (the loader's workers could not be stopped first)"
+        lines.append(line)
     return "\n".join(lines)
