@@ -1,56 +1,12 @@
-"""The ``StepTimeProfiler`` callback: the thin adapter from Lightning's hooks to the phase timer.
+"""The ``StepTimeProfiler`` callback: the thin adapter from Lightning's hooks to the step recorder.
 
-A training step (one batch) is split into phases whose names are a contract::
-
-    train_dataloader_next  waiting for the next batch: Lightning's profiler action
-                           ``[_TrainingEpochLoop].train_dataloader_next``, the one phase no public
-                           hook brackets (seen through ``tap.py``)
-    batch_to_device        the end of the fetch .. this callback's ``on_train_batch_start``: the
-                           transfer hooks and the strategy's ``batch_to_device`` (and the
-                           ``on_train_batch_start`` of callbacks listed before this one)
-    forward                ``on_train_batch_start`` .. ``on_before_backward`` (automatic
-                           optimisation: ``training_step`` and ``zero_grad``)
-    backward               ``on_before_backward`` .. ``on_after_backward``
-    optimizer_step         ``on_before_optimizer_step`` .. torch's ``register_step_post_hook``
-                           (gradient clipping included)
-    other                  the rest of the step: hooks, LR schedulers, ``self.log``, and under AMP
-                           ``scaler.unscale_`` (it runs before ``on_before_optimizer_step``)
-    step                   the whole, from the start of the fetch to ``on_train_batch_end``
-
-The phases other than ``step`` are exclusive: a phase that starts inside another (the fetch
-inside ``training_step`` with a ``dataloader_iter``; ``manual_backward`` and ``opt.step()`` inside
-``training_step`` under manual optimisation) pauses the outer one, so the five timed phases and
-``other`` add up to ``step`` exactly. Every phase but the fetch comes from public hooks; the
-fetch's action name is Lightning's, so a run in which it never fires (or in which the optimiser's
-post hook never does) warns once, naming the phase, instead of reporting 0.
-
-Layout: :class:`StepTimeAccumulator` (``accumulator.py``) holds the rows, ``PhaseTimer``
-(``timing.py``) turns enter/exit calls into per-step boundary times and CUDA events, this
-callback feeds both from Lightning's hooks and writes the report (``report.py``, ``plot.py``).
-
-What exactly is measured, and where:
-
-* **The fetch.** For a sized dataloader this is the wait for the batch the step trains on. For an
-  unsized one (an ``IterableDataset``) Lightning's ``_PrefetchDataFetcher`` keeps one batch in
-  hand: step *k* trains on the batch fetched in step *k - 1* and waits for batch *k + 1*. Either
-  way the interval measured is the time step *k* spent blocked on the loader.
-* **The step** ends in this callback's ``on_train_batch_end``: callbacks listed after this one,
-  the module's ``on_train_batch_end``, the loggers writing the step's metrics, validation and
-  checkpointing between batches are not in any step (Lightning's own profiler reports them).
-* **Gradient accumulation.** Batches that only accumulate have no optimiser call and an
-  ``optimizer_step`` of 0, so with ``accumulate_grad_batches >= 2`` the phase's median is 0: read
-  its ``mean_ms`` / ``share``, or ``stepped_median_ms`` (the median over batches that stepped).
-* **AMP.** The phase covers ``scaler.step`` (its inf check synchronises with the device) but not
-  the ``scaler.update`` after it. When the scaler skips a step (non-finite gradients)
-  ``optimizer.step`` never runs and no post hook fires: the phase then runs to the end of the
-  step. So does it for an optimiser without ``register_step_post_hook`` (with a warning).
-* **Manual optimisation.** ``forward`` runs from ``on_train_batch_start`` to the end of the step,
-  less the ``backward`` (``manual_backward``) and ``optimizer_step`` (each ``opt.step()``) inside
-  it, so it also holds what Lightning does after ``training_step`` (LR schedulers, logging);
-  steps without an ``opt.step()`` behave like accumulation. ``batch_to_device`` is 0 when ``training_step`` takes
-  a ``dataloader_iter`` (the user moves the batch, inside ``forward``).
-* **CUDA.** See ``timing.py``: host phases on ``perf_counter``, device phases from CUDA events
-  on the current stream, ``synchronize=True`` to wait at every boundary.
+Each hook calls one method of :class:`~seg_datamodule.profiling.recorder.StepRecorder` (whose
+docstring is the phase contract: which hook opens and closes which phase, and what is measured
+under accumulation, AMP, manual optimisation and CUDA); the fetch, which no public hook
+brackets, comes through the tap on the Trainer's profiler (``tap.py``). The callback also owns
+the fit's lifecycle: set-up, per-step logging as Lightning logs, the end-of-fit report
+(``report.py``, ``plot.py``), the partial report after an exception, and the isolated
+optimiser timing (``optimizer.py``) with the loader's workers stopped.
 """
 
 from __future__ import annotations
@@ -58,45 +14,31 @@ from __future__ import annotations
 import math
 import os
 import time
-from collections import deque
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
 import torch
-from torch.utils.data.dataloader import _MultiProcessingDataLoaderIter
 from lightning.pytorch import LightningModule, Trainer
 from lightning.pytorch.callbacks import Callback
-from lightning.pytorch.utilities.combined_loader import _shutdown_workers_and_reset_iterator
 from lightning.pytorch.utilities.rank_zero import rank_zero_info, rank_zero_warn
 
 from seg_datamodule.ops.checks import check_bool, check_int
-from seg_datamodule.profiling.accumulator import (
-    _BACKWARD,
-    _FETCH,
-    _FORWARD,
-    _OPTIMIZER,
-    _TO_DEVICE,
-    PHASES,
-    StepTimeAccumulator,
-)
+from seg_datamodule.profiling.accumulator import StepTimeAccumulator
 from seg_datamodule.profiling.optimizer import running_beside, time_optimizer_step
+from seg_datamodule.profiling.recorder import StepRecorder, step_metrics
 from seg_datamodule.profiling.report import build_report, format_table, write_report
-from seg_datamodule.profiling.tap import FETCH_ACTION_SUFFIX, attach, detach
-from seg_datamodule.profiling.timing import CudaMarks, PhaseTimer, StepRecord, split_record
+from seg_datamodule.profiling.tap import attach, detach
+from seg_datamodule.profiling.timing import CudaMarks, PhaseTimer
+from seg_datamodule.profiling.trainer_internals import gather_medians, shut_down_train_workers
 
 __all__ = ["StepTimeProfiler"]
-
-# A resolved CUDA anchor goes stale as host and device clocks drift; re-anchor this often.
-_ANCHOR_EVERY_N_STEPS = 1000
-# Rows kept waiting for their CUDA events before the oldest is read with a blocking wait.
-_MAX_PENDING = 64
 
 
 class StepTimeProfiler(Callback):
     """Split each training step's time into phases, log it, and report where the time goes.
 
-    Per step: the phases of :data:`PHASES` (see the module docstring for what each covers under
+    Per step: the phases of :data:`PHASES` (see ``recorder.py`` for what each covers under
     accumulation, AMP, manual optimisation and CUDA) to the Trainer's loggers as
     ``step_time/<phase>_ms``, while training, labelled as Lightning labels its own step metrics:
     one point per optimiser step at ``x = `` the optimiser steps before it, every
@@ -188,16 +130,12 @@ class StepTimeProfiler(Callback):
         self._dirpath: str | None = None  # resolved at the start of training (a collective)
         self._train_start_s = 0.0
         self._window: list[Mapping[str, float]] = []  # rows of the optimiser step being logged
-        self._timer: PhaseTimer | None = None
-        self._pending: deque[StepRecord] = deque()
+        self._recorder: StepRecorder | None = None  # from the start to the end of training
         self._hook_handles: list[Any] = []
         self._profiler: Any = None  # the Trainer's profiler our fetch tap is attached to
-        self._fetches = 0  # fetches seen, and optimiser steps begun and ended: fired-phase checks
-        self._optimizer_starts = 0
-        self._optimizer_ends = 0
         self._fetch_checked = False
+        self._warned: set[str] = set()  # each silent phase is warned about once a fit
         self._log_every = 0
-        self._steps_since_anchor = 0
 
     # -- results ---------------------------------------------------------------------------
 
@@ -247,7 +185,6 @@ class StepTimeProfiler(Callback):
         self.report_paths = []
         self._partial = None
         self._window = []
-        self._pending.clear()
         every = self.log_every_n_steps
         self._log_every = trainer.log_every_n_steps if every is None else every
         if self.synchronize and trainer.strategy.root_device.type != "cuda":
@@ -255,8 +192,8 @@ class StepTimeProfiler(Callback):
                 f"StepTimeProfiler: synchronize=True has no effect on {trainer.strategy.root_device.type}"
                 " (host timing is already exact there)."
             )
-        self._fetches = self._optimizer_starts = self._optimizer_ends = 0
         self._fetch_checked = False
+        self._warned = set()
         self._detach(trainer)
         self._profiler = trainer.profiler
         attach(self._profiler, self)
@@ -268,22 +205,25 @@ class StepTimeProfiler(Callback):
         self._train_start_s = time.perf_counter()
         device = trainer.strategy.root_device
         marks = CudaMarks(device) if device.type == "cuda" else None
-        self._timer = PhaseTimer(marks=marks, synchronize=self.synchronize)
+        self._recorder = StepRecorder(self.accumulator, PhaseTimer(marks=marks, synchronize=self.synchronize))
         for optimizer in trainer.optimizers:
             register = getattr(optimizer, "register_step_post_hook", None)
             if register is not None:
                 self._hook_handles.append(register(self._on_optimizer_step_end))
 
     def on_train_epoch_start(self, trainer: Trainer, pl_module: LightningModule) -> None:
-        self._discard_open_step()
-        self._reanchor()
+        if self._recorder is not None:
+            self._recorder.discard()
+            self._recorder.reanchor()
 
     def on_train_epoch_end(self, trainer: Trainer, pl_module: LightningModule) -> None:
         # A step can be left open when on_train_batch_start returned -1 (no on_train_batch_end).
-        self._discard_open_step()
+        if self._recorder is not None:
+            self._recorder.discard()
 
     def on_validation_start(self, trainer: Trainer, pl_module: LightningModule) -> None:
-        self._discard_open_step()
+        if self._recorder is not None:
+            self._recorder.discard()
 
     def on_train_end(self, trainer: Trainer, pl_module: LightningModule) -> None:
         self._end_of_training(trainer)
@@ -291,18 +231,23 @@ class StepTimeProfiler(Callback):
             # The loader's workers would still prefetch beside the "alone" timing and hide the
             # very starvation it is there to show (issue 12.2); Lightning stops them right after
             # this hook anyway (fit_loop.teardown), so stopping them first changes nothing else.
-            shut_down = _shut_down_train_workers(trainer)
+            shut_down = shut_down_train_workers(trainer)
             self.isolated_context = {"loader_workers_shut_down": shut_down, **running_beside()}
-            self.isolated_optimizer_ms = self._time_isolated(trainer)
+            try:
+                self.isolated_optimizer_ms = [
+                    time_optimizer_step(opt, self.isolated_optimizer_steps) for opt in trainer.optimizers
+                ]
+            except Exception as error:  # an optimiser that cannot be deep-copied (ZeRO, foreign types)
+                rank_zero_warn(f"StepTimeProfiler: could not time the optimiser step in isolation: {error!r}")
         if trainer.world_size > 1:
-            self.rank_medians_ms = self._gather_medians(trainer)
+            self.rank_medians_ms = gather_medians(trainer, self.accumulator)
         if trainer.is_global_zero:
             self._write_report()
 
     def on_exception(self, trainer: Trainer, pl_module: LightningModule, exception: BaseException) -> None:
         self._remove_hooks()
         self._detach(trainer)
-        if self._timer is None or self._partial is not None:  # not training, or already written
+        if self._recorder is None:  # not training, or the report is already written
             return
         self._partial = f"{type(exception).__name__}: {exception}"
         # No isolated timing and no gathering across ranks here: the device may be out of memory
@@ -317,144 +262,68 @@ class StepTimeProfiler(Callback):
     def teardown(self, trainer: Trainer, pl_module: LightningModule, stage: str) -> None:
         self._remove_hooks()
         self._detach(trainer)
-        self._timer = None
+        self._recorder = None
 
-    # -- hooks -> timer ----------------------------------------------------------------------
+    # -- hooks -> recorder --------------------------------------------------------------------
 
     def on_fetch_start(self) -> None:
-        """Lightning starts waiting for a batch (called by the tap): opens the step if none is."""
-        timer = self._timer
-        if timer is not None:
-            self._fetches += 1
-            timer.open()
-            timer.enter(_FETCH)
+        """Called by the tap when Lightning starts waiting for a batch."""
+        if self._recorder is not None:
+            self._recorder.fetch_start()
 
     def on_fetch_end(self) -> None:
-        """The batch is in hand; at the start of a step the transfer follows until the step's hook."""
-        timer = self._timer
-        if timer is not None:
-            timer.exit(_FETCH)
-            if timer.current is None:  # not a fetch nested in training_step (dataloader_iter)
-                timer.enter(_TO_DEVICE)
+        """Called by the tap when the batch is in hand."""
+        if self._recorder is not None:
+            self._recorder.fetch_end()
 
     def on_train_batch_start(
         self, trainer: Trainer, pl_module: LightningModule, batch: Any, batch_idx: int
     ) -> None:
-        timer = self._timer
-        if timer is not None:
-            timer.open()  # when no fetch did: a training_step taking a dataloader_iter
-            timer.exit(_TO_DEVICE)
-            timer.enter(_FORWARD)
+        if self._recorder is not None:
+            self._recorder.batch_start()
 
     def on_before_backward(self, trainer: Trainer, pl_module: LightningModule, loss: torch.Tensor) -> None:
-        timer = self._timer
-        if timer is not None:
-            if pl_module.automatic_optimization:  # training_step is over; manual: it goes on after
-                timer.exit(_FORWARD)
-            timer.enter(_BACKWARD)
+        if self._recorder is not None:
+            self._recorder.before_backward(pl_module.automatic_optimization)
 
     def on_after_backward(self, trainer: Trainer, pl_module: LightningModule) -> None:
-        if self._timer is not None:
-            self._timer.exit(_BACKWARD)
+        if self._recorder is not None:
+            self._recorder.after_backward()
 
     def on_before_optimizer_step(
         self, trainer: Trainer, pl_module: LightningModule, optimizer: torch.optim.Optimizer
     ) -> None:
-        timer = self._timer
-        if timer is not None:
-            self._optimizer_starts += 1
-            timer.count_optimizer_call()
-            if pl_module.automatic_optimization:  # no backward when training_step returned None
-                timer.exit(_FORWARD)
-            timer.enter(_OPTIMIZER)
+        if self._recorder is not None:
+            self._recorder.before_optimizer_step(pl_module.automatic_optimization)
+
+    def _on_optimizer_step_end(self, optimizer: torch.optim.Optimizer, args: Any, kwargs: Any) -> None:
+        if self._recorder is not None:
+            self._recorder.optimizer_step_end()
 
     def on_train_batch_end(
         self, trainer: Trainer, pl_module: LightningModule, outputs: Any, batch: Any, batch_idx: int
     ) -> None:
-        if self._timer is None:
+        if self._recorder is None:
             return
-        record = self._timer.close(
+        self._recorder.batch_end(
             batch=trainer.fit_loop.total_batch_idx,
             epoch=trainer.current_epoch,
             global_step=trainer.global_step,
             # Lightning logs a step's metrics at `_batches_that_stepped` before it increments
-            # (logger_connector.log_metrics); use the same x so the curves line up.
+            # (logger_connector.log_metrics); the same x lines the curves up.
             log_step=getattr(trainer.fit_loop.epoch_loop, "_batches_that_stepped", trainer.global_step),
             automatic=int(pl_module.automatic_optimization),
         )
-        if record is None:
-            return
-        self._pending.append(record)
         self._drain(trainer)
-        self._steps_since_anchor += 1
-        if self._steps_since_anchor >= _ANCHOR_EVERY_N_STEPS:
-            self._reanchor()  # between steps, so the one synchronisation is in no step
 
-    def _on_optimizer_step_end(self, optimizer: torch.optim.Optimizer, args: Any, kwargs: Any) -> None:
-        if self._timer is not None:
-            self._optimizer_ends += 1
-            self._timer.exit(_OPTIMIZER)
-
-    def _discard_open_step(self) -> None:
-        if self._timer is not None:
-            self._timer.discard()
-
-    def _reanchor(self) -> None:
-        if self._timer is not None and self._timer.marks is not None:
-            self._timer.marks.reanchor()
-        self._steps_since_anchor = 0
-
-    # -- rows -> accumulator and loggers -----------------------------------------------------
+    # -- rows -> loggers and checks -------------------------------------------------------------
 
     def _drain(self, trainer: Trainer, flush: bool = False) -> None:
-        """Move steps whose device work is done into the accumulator, oldest first."""
-        pending = self._pending
-        while pending:
-            record = pending[0]
-            if not (flush or len(pending) > _MAX_PENDING or record.ready()):
-                break
-            if record.events is not None and not record.ready():
-                record.events[-1].synchronize()
-            pending.popleft()
-            step_ms, phase_ms, device_ms, busy_ms = split_record(record)
-            labels = record.labels
-            row = self.accumulator.update(
-                step_ms,
-                phase_ms,
-                device_ms=device_ms,
-                device_busy_ms=busy_ms,
-                batch=labels["batch"],
-                epoch=labels["epoch"],
-                global_step=labels["global_step"],
-                optimizer_calls=record.optimizer_calls,
-            )
-            self._log_step(trainer, row, labels, record.optimizer_calls)
+        assert self._recorder is not None  # a programming error: only called while training
+        for row, labels, calls in self._recorder.drain(flush):
+            self._log_step(trainer, row, labels, calls)
             if len(self.accumulator) > self.warmup_steps:
-                self._check_fetch_fired()
-
-    def _check_fetch_fired(self) -> None:
-        """Once a run, after the warm-up: warn if Lightning's fetch action was never seen."""
-        if self._fetch_checked or not len(self.accumulator):
-            return
-        self._fetch_checked = True
-        steps = len(self.accumulator)
-        if not self._fetches:
-            rank_zero_warn(
-                f"StepTimeProfiler: phase 'train_dataloader_next' never fired in {steps} steps: Lightning's"
-                f" profiler action '[_TrainingEpochLoop]{FETCH_ACTION_SUFFIX}' was not seen (renamed in this"
-                " Lightning version?). The wait for batches and the transfer are in no phase and every step"
-                " looks shorter than it is."
-            )
-
-    def _check_optimizer_end_fired(self) -> None:
-        """At the end of fit (AMP may skip the first steps): warn if no optimiser step ever ended."""
-        steps = len(self.accumulator)
-        if self._optimizer_starts and not self._optimizer_ends:
-            rank_zero_warn(
-                f"StepTimeProfiler: phase 'optimizer_step' never ended in {steps} steps: torch's step post"
-                " hook did not fire (an optimiser without register_step_post_hook?), so the phase runs to"
-                " the end of each step and holds what would be 'other'."
-            )
+                self._warn_silent_phases()
 
     def _log_step(self, trainer: Trainer, row: Mapping[str, float], labels: Mapping[str, int], calls: int) -> None:
         """Log as Lightning logs step metrics (``update_train_step_metrics``): nothing for a batch
@@ -465,31 +334,36 @@ class StepTimeProfiler(Callback):
             return
         window, self._window = self._window, []
         step = labels["log_step"]
-        if not (self._log_every and (step + 1) % self._log_every == 0 and trainer.loggers):
+        if self._log_every and (step + 1) % self._log_every == 0 and trainer.loggers:
+            metrics = step_metrics(window)
+            for logger in trainer.loggers:
+                logger.log_metrics(metrics, step=step)
+
+    def _warn_silent_phases(self, end_of_fit: bool = False) -> None:
+        """Once after the warm-up and once at the end of fit: name each phase that never fired."""
+        if self._recorder is None or (self._fetch_checked and not end_of_fit):
             return
-        metrics = {f"step_time/{p}_ms": sum(r[f"{p}_ms"] for r in window) for p in PHASES}
-        if all("device_step_ms" in r for r in window):
-            metrics.update({f"step_time/device_{p}_ms": sum(r[f"device_{p}_ms"] for r in window) for p in PHASES})
-            span = metrics["step_time/device_step_ms"]
-            busy = sum(r["device_busy_ms"] for r in window)
-            metrics["step_time/device_busy_share"] = busy / span if span > 0 else math.nan
-        for logger in trainer.loggers:
-            logger.log_metrics(metrics, step=step)
+        self._fetch_checked = True
+        for phase, message in self._recorder.silent_phases(end_of_fit).items():
+            if phase not in self._warned:
+                self._warned.add(phase)
+                rank_zero_warn(f"StepTimeProfiler: {message}")
 
     # -- end of fit ----------------------------------------------------------------------------
 
     def _end_of_training(self, trainer: Trainer) -> None:
         """Close the rows and the wall-time account; run the fired-phase checks."""
         train_s = time.perf_counter() - self._train_start_s
-        self._discard_open_step()
+        assert self._recorder is not None  # a programming error: only called while training
+        self._recorder.discard()
         try:
             self._drain(trainer, flush=True)
         except Exception as error:  # e.g. a CUDA error while reading the events of the last steps
-            rank_zero_warn(f"StepTimeProfiler: {len(self._pending)} steps dropped, their events unreadable: {error!r}")
-            self._pending.clear()
+            pending = self._recorder.pending
+            rank_zero_warn(f"StepTimeProfiler: {len(pending)} steps dropped, their events unreadable: {error!r}")
+            pending.clear()
         self._remove_hooks()
-        self._check_fetch_fired()  # a run no longer than the warm-up
-        self._check_optimizer_end_fired()
+        self._warn_silent_phases(end_of_fit=True)
         steps_s = float(self.accumulator.column("step_ms", measured_only=False).sum()) / 1e3
         self.wall = {
             "train_s": train_s,
@@ -498,7 +372,7 @@ class StepTimeProfiler(Callback):
             "between_steps_s": max(0.0, train_s - steps_s),
             "steps_share": steps_s / train_s if train_s > 0 else math.nan,
         }
-        self._timer = None  # no step after this; on_exception from here on has nothing to add
+        self._recorder = None  # no step after this; on_exception from here on has nothing to add
 
     def _write_report(self) -> None:
         summary = self.summary()
@@ -526,20 +400,6 @@ class StepTimeProfiler(Callback):
             what = "partial report" if self._partial else "report"
             rank_zero_info(f"StepTimeProfiler: {what} written to " + ", ".join(map(str, self.report_paths)))
 
-    def _time_isolated(self, trainer: Trainer) -> list[float] | None:
-        try:
-            return [time_optimizer_step(opt, self.isolated_optimizer_steps) for opt in trainer.optimizers]
-        except Exception as error:  # an optimiser that cannot be deep-copied (ZeRO, foreign types)
-            rank_zero_warn(f"StepTimeProfiler: could not time the optimiser step in isolation: {error!r}")
-            return None
-
-    def _gather_medians(self, trainer: Trainer) -> dict[str, list[float]]:
-        summary = self.accumulator.compute()
-        local = [summary[p]["median_ms"] if summary else math.nan for p in PHASES]
-        tensor = torch.tensor(local, dtype=torch.float64, device=trainer.strategy.root_device)
-        gathered = trainer.strategy.all_gather(tensor).reshape(-1, len(PHASES)).cpu()
-        return {p: [float(v) for v in gathered[:, i]] for i, p in enumerate(PHASES)}
-
     def _remove_hooks(self) -> None:
         for handle in self._hook_handles:
             handle.remove()
@@ -549,25 +409,3 @@ class StepTimeProfiler(Callback):
         if self._profiler is not None:
             detach(self._profiler, self)
             self._profiler = None
-
-
-def _shut_down_train_workers(trainer: Trainer) -> bool:
-    """Stop the training loader's worker processes now; whether any loader was reached.
-
-    What ``fit_loop.teardown`` does right after ``on_train_end`` (the combined loader's reset
-    shuts persistent workers down; dropping the iterators ends the others), done early.
-    Private names of Lightning and torch, hence the guard.
-    """
-    try:
-        combined = trainer.fit_loop._combined_loader
-        if combined is None:
-            return False
-        for loader in combined.flattened:  # persistent workers: the DataLoader holds the iterator
-            _shutdown_workers_and_reset_iterator(loader)
-        for iterator in getattr(combined._iterator, "iterators", None) or []:  # the others
-            if isinstance(iterator, _MultiProcessingDataLoaderIter):
-                iterator._shutdown_workers()
-    except Exception as error:
-        rank_zero_warn(f"StepTimeProfiler: could not stop the loader's workers before timing alone: {error!r}")
-        return False
-    return True

@@ -131,3 +131,21 @@ def test_the_users_profiler_stays_itself(tmp_path: Path) -> None:
     assert len(user_profiler.recorded_durations["[_TrainingEpochLoop].train_dataloader_next"]) >= 8
     assert "start" not in vars(user_profiler) and "stop" not in vars(user_profiler)
     assert isinstance(trainer.callbacks[1], StepEnds)
+
+
+class NoPostHookModel(CostModel):
+    """Its optimiser offers no ``register_step_post_hook`` (as a foreign optimiser might)."""
+
+    def configure_optimizers(self) -> torch.optim.Optimizer:
+        optimizer = super().configure_optimizers()
+        optimizer.register_step_post_hook = None  # type: ignore[method-assign]
+        return optimizer
+
+
+def test_an_optimiser_step_that_never_ends_warns(tmp_path: Path) -> None:
+    profiler = StepTimeProfiler(warmup_steps=2, save_plot=False)
+    with pytest.warns(UserWarning, match="phase 'optimizer_step' never ended in 6 steps"):
+        run = fit(tmp_path, profiler, NoPostHookModel(forward_ms=0.0), max_steps=6)
+    # the phase then runs to the end of the step: it holds at least the optimiser's own work
+    for row, cost in zip(profiler.rows(), run.optimizer_costs_ms):
+        assert row["optimizer_step_ms"] >= cost
