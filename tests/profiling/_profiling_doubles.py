@@ -145,8 +145,8 @@ class CostModel(L.LightningModule):
         manual: manual optimisation (backward and step inside training_step).
         inf_every: make the loss infinite on every n-th batch (an AMP scaler then skips the step).
         straggler_ms: extra forward time on rank 1.
-        costs_dir: write ``forward_rank<r>.json`` (``forward_ref_ms``) there at the end of fit,
-            for runs in spawned processes.
+        costs_dir: write ``forward_rank<r>.json`` there at the end of fit (``forward_ref_ms`` and
+            the rank's profiler rows), for runs in spawned processes.
     """
 
     def __init__(
@@ -195,8 +195,10 @@ class CostModel(L.LightningModule):
 
     def on_train_end(self) -> None:
         if self.costs_dir is not None:
+            # Callbacks' on_train_end ran before this hook: the profiler's rows are complete.
+            profiler = next(c for c in self.trainer.callbacks if isinstance(c, StepTimeProfiler))
             path = Path(self.costs_dir) / f"forward_rank{self.global_rank}.json"
-            path.write_text(json.dumps(self.forward_ref_ms))
+            path.write_text(json.dumps({"forward_ref_ms": self.forward_ref_ms, "rows": profiler.rows()}))
 
 
 class IteratorModel(CostModel):
