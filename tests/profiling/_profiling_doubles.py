@@ -84,6 +84,14 @@ def injected(costs_ms: list[float], nominal: float, what: str, group: int = 1) -
     return sums
 
 
+def assert_contains(measured: Sequence[float], inner: Sequence[float], what: str) -> None:
+    """Every step's phase holds the interval the double measured inside it (the same clock, so
+    no tolerance for load: a bracket cannot be shorter than what it brackets)."""
+    assert len(measured) == len(inner) > 0, f"{what}: {len(measured)} steps, {len(inner)} inner intervals"
+    short = [(k, m, i) for k, (m, i) in enumerate(zip(measured, inner)) if m < i - 0.05]
+    assert not short, f"{what}: (step, measured ms, inner ms) shorter than what they hold: {short}"
+
+
 def assert_tracks(measured: Sequence[float], reference: Sequence[float], what: str, skip: int = 5) -> None:
     """The profiler's per-step times against the test's own per-step measurement of the same span.
 
@@ -236,13 +244,28 @@ class TimedLoader(DataLoader):
 
 
 class StepEnds(L.Callback):
-    """Listed right after the profiler: the time each step ended, as the profiler's step ends."""
+    """Listed right after the profiler: when each step started its forward, its backward, and
+    ended, as seen from the hooks the profiler uses (so load stretches both sides alike)."""
 
     def __init__(self) -> None:
+        self.starts: list[float] = []
+        self.backward_starts: list[float] = []
         self.ends: list[float] = []
+
+    def on_train_batch_start(self, *args: Any) -> None:
+        self.starts.append(time.perf_counter())
+
+    def on_before_backward(self, *args: Any) -> None:
+        self.backward_starts.append(time.perf_counter())
 
     def on_train_batch_end(self, *args: Any) -> None:
         self.ends.append(time.perf_counter())
+
+    def forward_ms(self, nested_ms: Sequence[float] | None = None) -> list[float]:
+        """Automatic optimisation: per step, on_train_batch_start to on_before_backward, less
+        ``nested_ms`` (a fetch inside training_step)."""
+        spans = [(b - s) * 1e3 for s, b in zip(self.starts, self.backward_starts)]
+        return spans if nested_ms is None else [span - n for span, n in zip(spans, nested_ms)]
 
     def step_ms(self, loader: TimedLoader) -> list[float]:
         """Per step, from the start of its fetch to its end (sized loaders: one fetch per step)."""
@@ -327,10 +350,22 @@ class Run:
         return [r[f"{name}_ms"] for r in self.profiler.rows() if r["optimizer_calls"] or not stepped]
 
     @property
+    def probe(self) -> StepEnds:
+        return next(c for c in self.trainer.callbacks if isinstance(c, StepEnds))
+
+    def check_forward(self, skip: int = 5, nested_fetch: bool = False) -> None:
+        """``forward`` holds each training_step's own work and tracks the span between the hooks
+        that bound it (automatic optimisation)."""
+        forward = self.column("forward")
+        injected(self.model.costs_ms, self.model.forward_ms, "forward")
+        assert_contains(forward, self.model.forward_ref_ms, "forward")
+        nested = self.loader.fetch_ms if nested_fetch else None
+        assert_tracks(forward, self.probe.forward_ms(nested), "forward", skip=skip)
+
+    @property
     def step_ref_ms(self) -> list[float]:
         """The test's own step: from the start of the fetch to the end of the profiler's hook."""
-        ends = next(c for c in self.trainer.callbacks if isinstance(c, StepEnds))
-        return ends.step_ms(self.loader)
+        return self.probe.step_ms(self.loader)
 
 
 def fit(root: Path, callback: StepTimeProfiler, model: CostModel, num_workers: int = 0, **kwargs: Any) -> Run:

@@ -21,10 +21,13 @@ def test_time_optimizer_step_leaves_the_original_untouched() -> None:
     optimizer.step()  # momentum buffers now exist
     before = [p.detach().clone() for p in layer.parameters()]
     momentum = [optimizer.state[p]["momentum_buffer"].clone() for p in layer.parameters()]
-    median = time_optimizer_step(optimizer, repeats=3)
-    # the copy shares the double's record: one untimed step, then the 3 timed ones
-    assert len(optimizer.costs_ms) == 5
-    assert_close(median, float(np.median(optimizer.costs_ms[2:])), "isolated step")
+    median = time_optimizer_step(optimizer, repeats=9)
+    # The copy shares the double's record: one untimed step, then the 9 timed ones. Each timing
+    # brackets the cost the double measured, and the median of 9 shrugs off a preemption or two.
+    timed = optimizer.costs_ms[2:]
+    assert len(timed) == 9
+    assert median >= float(np.median(timed)) - 0.05
+    assert_close(median, float(np.median(timed)), "isolated step")
     for p, b, m in zip(layer.parameters(), before, momentum):
         assert torch.equal(p, b) and torch.equal(optimizer.state[p]["momentum_buffer"], m)
     with pytest.raises(ValueError, match="repeats must be >= 1, got 0"):
