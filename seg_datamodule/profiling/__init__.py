@@ -1,5 +1,9 @@
 """Where the step time goes: a Lightning-free accumulator, phase timing, the callback, the report.
 
+``accumulator`` (rows in, statistics out), ``timing`` (host clock and CUDA events), ``recorder``
+(which hook opens and closes which phase), ``tap`` (the fetch, seen on the Trainer's profiler),
+``optimizer`` (the optimiser step timed alone), ``report`` and ``plot`` (table, JSON, PNG),
+``callback`` (the Lightning adapter), ``trainer_internals`` (its few private reaches).
 Imports nothing from the data path.
 """
 
