@@ -9,7 +9,7 @@ with ``num_workers=0``; the same Trainer set-up runs alternately without and wit
    step time, as the ratio of the medians (robust to the preemptions a shared machine inflicts
    on any code, ours included) and of the totals. Includes the wrapping's own cost, so it is an
    upper bound.
-2. **Tap dispatch**: what routing every Lightning profiler action through the wrapping profiler
+2. **Tap dispatch**: what passing every Lightning profiler action through the fetch tap
    costs, per step (counted actions x a micro-benchmarked per-action cost).
 3. **A/B**: median step time (batch end to batch end) without and with the callback. On a shared
    machine the noise is larger than the effect; it is printed as a sanity check.
@@ -39,7 +39,8 @@ from lightning.pytorch.profilers import PassThroughProfiler, Profiler
 from torch import nn
 from torch.utils.data import DataLoader, Dataset
 
-from seg_datamodule.profiling.callback import StepTimeProfiler, _TapProfiler
+from seg_datamodule.profiling import StepTimeProfiler
+from seg_datamodule.profiling.tap import attach
 
 # Hooks and taps of StepTimeProfiler that run every step.
 _PER_STEP_METHODS = (
@@ -48,10 +49,9 @@ _PER_STEP_METHODS = (
     "on_after_backward",
     "on_before_optimizer_step",
     "on_train_batch_end",
-    "_on_fetch_start",
+    "on_fetch_start",
+    "on_fetch_end",
     "_on_optimizer_step_end",
-    "_enter",
-    "_exit",
 )
 
 
@@ -174,11 +174,19 @@ def run_fit(
     return clock, trainer
 
 
+class _NullListener:
+    def on_fetch_start(self) -> None:
+        pass
+
+    def on_fetch_end(self) -> None:
+        pass
+
+
 def tap_dispatch_cost_us(counts: Counter[str], steps: int, tapped: set[str], repeat: int = 20000) -> float:
-    """Per-step cost of routing the counted actions through ``_TapProfiler`` instead of the plain one."""
-    inner: Profiler = PassThroughProfiler()
-    taps = {name: (lambda: None) for name in tapped}
-    tap = _TapProfiler(inner, taps, taps)
+    """Per-step cost of the fetch tap on the Trainer's profiler: every action passes through it."""
+    plain: Profiler = PassThroughProfiler()
+    tapped_profiler: Profiler = PassThroughProfiler()
+    attach(tapped_profiler, _NullListener())
 
     def per_call(profiler: Profiler, name: str) -> float:
         start = time.perf_counter()
@@ -188,7 +196,7 @@ def tap_dispatch_cost_us(counts: Counter[str], steps: int, tapped: set[str], rep
         return (time.perf_counter() - start) / repeat
 
     names = {"tapped": next(iter(tapped)), "untapped": "[Callback]X.on_train_batch_end"}
-    extra = {kind: per_call(tap, name) - per_call(inner, name) for kind, name in names.items()}
+    extra = {kind: per_call(tapped_profiler, name) - per_call(plain, name) for kind, name in names.items()}
     calls_tapped = sum(c for name, c in counts.items() if name in tapped) / steps
     calls_untapped = sum(c for name, c in counts.items() if name not in tapped) / steps
     return max(0.0, calls_tapped * extra["tapped"] + calls_untapped * extra["untapped"]) * 1e6
@@ -205,18 +213,11 @@ def main() -> None:
 
     with tempfile.TemporaryDirectory() as tmp:
         root = Path(tmp)
-        # Count the profiler actions of one profiled fit (the Trainer's profiler is wrapped).
+        # Count the profiler actions of one profiled fit (each passes through the fetch tap).
         counter_run = StepTimeProfiler(save_plot=False)
         _, trainer = run_fit(args.steps, args.batch_size, counter_run, root / "count", counting=True)
         counts: Counter[str] = trainer.profiler.counts  # type: ignore[attr-defined]
-        strategy, module = type(trainer.strategy).__name__, "SmallConvNet"
-        tapped = {
-            "[_TrainingEpochLoop].train_dataloader_next",
-            f"[LightningModule]{module}.on_before_batch_transfer",
-            f"[Strategy]{strategy}.batch_to_device",
-            f"[Strategy]{strategy}.training_step",
-            f"[LightningModule]{module}.optimizer_step",
-        }
+        tapped = {"[_TrainingEpochLoop].train_dataloader_next"}  # the only action the tap acts on
 
         without: list[float] = []
         with_profiler: list[float] = []

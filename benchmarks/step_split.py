@@ -38,7 +38,7 @@ from seg_datamodule.data.collate import DetectionCollate, boxes_from_polygons
 from seg_datamodule.data.datamodule import COCOSegDataModule
 from seg_datamodule.models import YolactLite
 from seg_datamodule.demo.losses import mask_loss
-from seg_datamodule.profiling.callback import PHASES, StepTimeProfiler
+from seg_datamodule.profiling import PHASES, StepTimeProfiler
 from seg_datamodule.ops.raster import rasterize_flat
 from seg_datamodule.structures import DetectionBatch, Polygons, Sample
 

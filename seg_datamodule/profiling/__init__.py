@@ -1,9 +1,16 @@
 """Where the step time goes: a Lightning-free accumulator, phase timing, the callback, the report.
 
+``accumulator`` (rows in, statistics out), ``timing`` (host clock and CUDA events), ``recorder``
+(which hook opens and closes which phase), ``tap`` (the fetch, seen on the Trainer's profiler),
+``optimizer`` (the optimiser step timed alone), ``report`` and ``plot`` (table, JSON, PNG),
+``callback`` (the Lightning adapter), ``trainer_internals`` (its few private reaches).
 Imports nothing from the data path.
 """
 
-from seg_datamodule.profiling.callback import PHASES, StepTimeAccumulator, StepTimeProfiler, format_table
+from seg_datamodule.profiling.accumulator import PHASES, StepTimeAccumulator
+from seg_datamodule.profiling.callback import StepTimeProfiler
+from seg_datamodule.profiling.optimizer import time_optimizer_step
+from seg_datamodule.profiling.report import format_table
 from seg_datamodule.profiling.plot import plot_step_split
 
-__all__ = ["PHASES", "StepTimeAccumulator", "StepTimeProfiler", "format_table", "plot_step_split"]
+__all__ = ["PHASES", "StepTimeAccumulator", "StepTimeProfiler", "format_table", "plot_step_split", "time_optimizer_step"]
