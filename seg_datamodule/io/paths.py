@@ -1,4 +1,4 @@
-"""Where the package keeps what it generates (index caches, the demo dataset)."""
+"""Where the package keeps what it generates (index caches, the demo dataset), and its lock."""
 
 from __future__ import annotations
 
@@ -6,6 +6,8 @@ import contextlib
 import os
 from pathlib import Path
 from typing import Iterator
+
+import filelock
 
 __all__ = ["cache_root", "file_lock"]
 
@@ -26,20 +28,17 @@ def cache_root() -> Path:
 
 @contextlib.contextmanager
 def file_lock(path: Path) -> Iterator[None]:
-    """An exclusive advisory lock on ``path`` (created if needed) where the OS has ``fcntl``.
+    """An exclusive inter-process lock on ``path`` (created if needed), with ``filelock``.
 
-    Serialises processes that would build the same cached artefact (DDP ranks starting at once);
-    without ``fcntl`` (Windows) it does nothing and the callers' atomic renames keep them safe.
+    Serialises processes that would build the same cached artefact (DDP ranks starting at once).
+    The folder is created if needed.
+
+    Args:
+        path: the lock file.
+
+    Raises:
+        OSError: the folder cannot be created or the lock file cannot be opened.
     """
-    try:
-        import fcntl
-    except ImportError:  # pragma: no cover - Windows
-        yield
-        return
     path.parent.mkdir(parents=True, exist_ok=True)
-    with open(path, "a+") as fh:
-        fcntl.flock(fh, fcntl.LOCK_EX)
-        try:
-            yield
-        finally:
-            fcntl.flock(fh, fcntl.LOCK_UN)
+    with filelock.FileLock(path):
+        yield
