@@ -9,11 +9,20 @@ format version: a file that changed is rebuilt and the cache overwritten; a cach
 read (truncated, corrupt: the zip CRCs are checked) is rebuilt too. Writes are atomic (temporary
 file + ``os.replace``), so ranks that build at once do not tear it. Hashing the content instead
 would cost ~1 s per start on a 600 MB file.
+
+Nothing in a cache file is trusted: what is read is checked
+(:func:`~seg_datamodule.io.coco.tables.check_tables`: keys, dtypes, offsets, label range,
+lengths, file names) and rebuilt with a warning when anything fails. Folders and files are
+created readable by their owner only; orphan temporary files of a killed writer are removed by
+the next writer; a symlink at the lock path is not followed. When the cache cannot be used at
+all (a read-only or uncreatable folder, ``cache_dir`` naming a file), the index is built in
+memory with one warning.
 """
 
 from __future__ import annotations
 
 import contextlib
+import glob
 import hashlib
 import json
 import logging
@@ -24,8 +33,8 @@ from typing import Any, Callable, Mapping
 
 import numpy as np
 
-from seg_datamodule.io.coco.tables import TABLE_KEYS
-from seg_datamodule.io.paths import cache_root, file_lock
+from seg_datamodule.io.coco.tables import TABLE_KEYS, check_tables
+from seg_datamodule.io.paths import cache_root, file_lock, make_private_dirs
 
 __all__ = ["CACHE_FORMAT_VERSION", "cached_tables", "default_cache_dir", "read_cache", "write_cache"]
 
@@ -68,9 +77,14 @@ def read_cache(path: Path, key: Mapping[str, Any]) -> Tables | None:
             if meta.get("key") != dict(key):
                 _log.info("index cache %s is stale (annotation file changed); rebuilding", path)
                 return None
-            tables = {k: npz[k] for k in TABLE_KEYS}
+            missing = [k for k in TABLE_KEYS if k not in npz.files]
+            tables = {k: npz[k] for k in TABLE_KEYS if k not in missing}
     except Exception as err:  # noqa: BLE001 - any failure to read means: rebuild
         _log.warning("index cache %s is unreadable (%s: %s); rebuilding", path, type(err).__name__, err)
+        return None
+    problem = f"arrays {missing} missing" if missing else check_tables(tables, meta)
+    if problem is not None:
+        _log.warning("index cache %s fails its checks (%s); rebuilding", path, problem)
         return None
     return tables, meta
 
@@ -78,7 +92,7 @@ def read_cache(path: Path, key: Mapping[str, Any]) -> Tables | None:
 def write_cache(path: Path, tables: Mapping[str, np.ndarray], meta: Mapping[str, Any]) -> bool:
     """Write the cache atomically; False (and a warning) when it cannot be written."""
     try:
-        path.parent.mkdir(parents=True, exist_ok=True)
+        make_private_dirs(path.parent)
         fd, tmp = tempfile.mkstemp(prefix=path.name + ".", suffix=".tmp", dir=path.parent)
         try:
             with os.fdopen(fd, "wb") as f:
@@ -114,14 +128,30 @@ def cached_tables(
     loaded = read_cache(path, key)
     if loaded is not None:
         return loaded, True, path
-    # DDP ranks (and the CLI, which reads num_classes in every rank) start together: one
-    # builds, the others wait and read its cache instead of each parsing the JSON.
-    with file_lock(path.with_name(path.name + ".lock")):
+    with contextlib.ExitStack() as stack:
+        try:
+            # DDP ranks (and the CLI, which reads num_classes in every rank) start together: one
+            # builds, the others wait and read its cache instead of each parsing the JSON.
+            stack.enter_context(file_lock(path.with_name(path.name + ".lock")))
+        except OSError as err:
+            _log.warning(
+                "cannot use the index cache folder %s (%s); building the index in memory, which "
+                "repeats at every start (set cache_dir to a writable folder, or use_cache=False)",
+                path.parent, err,
+            )
+            return build(), False, None
         loaded = read_cache(path, key)
         if loaded is not None:
             return loaded, True, path
+        _remove_orphans(path)
         tables, meta = build()
         meta = {**meta, "key": key}
         written = write_cache(path, tables, meta)
     return (tables, meta), False, path if written else None
 
+
+def _remove_orphans(path: Path) -> None:
+    """Remove temporary files a writer killed mid-write left (the lock holder is the only writer)."""
+    for orphan in path.parent.glob(glob.escape(path.name) + ".*.tmp"):
+        with contextlib.suppress(OSError):
+            orphan.unlink()

@@ -33,7 +33,13 @@ MAX_EXAMPLES = 3
 #: Every reason a bad image or annotation is skipped for, with what it counts.
 SKIP_REASONS: dict[str, str] = {
     # Images (each counts one image entry).
-    "image_bad_entry": "image entry without an integer id, a file_name, or positive integer height and width",
+    "image_bad_entry": (
+        "image entry without an integer id, a file_name, or positive integer height and width (at "
+        "most 2^30 pixels, OpenCV's decode limit)"
+    ),
+    "image_unsafe_file_name": (
+        "file_name absolute, leaving the image root through '..', with a NUL byte or not valid Unicode"
+    ),
     "image_duplicate_id": "image entry whose id an earlier entry has (the first one is kept)",
     "image_missing": "image file does not exist",
     "image_unreadable": "image file exists but cannot be read",
@@ -41,19 +47,31 @@ SKIP_REASONS: dict[str, str] = {
     "image_corrupt": "image file that cannot be decoded",
     "image_size_mismatch": "decoded size differs from the JSON's height and width",
     # Annotations (each counts one annotation).
-    "annotation_bad_entry": "annotation that is not a JSON object, has no integer id, or has an iscrowd other than 0 or 1",
+    "annotation_bad_entry": (
+        "annotation that is not a JSON object, has no integer id, an iscrowd other than 0 or 1, or a "
+        "boolean area"
+    ),
     "annotation_duplicate_id": "annotation whose id an earlier annotation has (the first is kept)",
     "annotation_unknown_image_id": "annotation whose image_id is not an image's id",
     "annotation_of_skipped_image": "annotation of an image that was skipped",
     "annotation_unknown_category_id": "annotation whose category_id is not a category's id",
-    "bbox_invalid": "bbox missing, not 4 numbers, or not finite",
+    "bbox_invalid": "bbox missing, not 4 numbers (booleans are not numbers), or not finite",
     "bbox_non_positive": "bbox with width or height <= 0",
     "segmentation_empty": "segmentation missing, null, [] or only empty rings",
-    "segmentation_invalid": "segmentation neither a list of lists of numbers nor an RLE object",
+    "segmentation_invalid": (
+        "segmentation neither a list of lists of numbers (booleans are not numbers) nor an RLE object"
+    ),
     "polygon_odd_coordinates": "polygon ring with an odd number of coordinates",
     "polygon_too_few_points": "polygon ring with fewer than 3 points",
     "polygon_non_finite": "polygon with a NaN or infinite coordinate",
-    "rle_invalid": "RLE whose counts are not non-negative integers summing to height * width",
+    "polygon_out_of_bounds": (
+        "polygon with a coordinate more than 100 image widths (heights) beyond the image's edges"
+    ),
+    "polygon_too_long": "crowd polygon whose outline is too long (or too far out) for pycocotools to rasterise safely",
+    "rle_invalid": (
+        "RLE whose counts are not non-negative integers summing to height * width, or whose size "
+        "pycocotools cannot hold (height * width >= 2^32)"
+    ),
     "rle_size_mismatch": "RLE size differs from the image's height and width",
     "zero_area": "polygon or RLE mask that covers no area",
 }
@@ -139,7 +157,8 @@ class ProblemLog:
         else:
             where.append(f"image id {image_id!r}" if image_id is not None else f"image #{order[1]}")
             where.append(f"(file {file_name or '?'}):")
-        message = " ".join(where) + " " + detail
+        # A lone surrogate (a \\ud800 escape in the JSON) would make the message unprintable.
+        message = (" ".join(where) + " " + detail).encode("utf-8", "backslashreplace").decode("utf-8")
         self.counts[reason] += 1
         examples = self.examples.setdefault(reason, [])
         if len(examples) < MAX_EXAMPLES:

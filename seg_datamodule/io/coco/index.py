@@ -34,6 +34,7 @@ from seg_datamodule.io.coco.errors import MAX_EXAMPLES, BadAnnotationError, erro
 from seg_datamodule.io.coco.parse import build_tables
 from seg_datamodule.io.coco.tables import TABLE_KEYS, crowd_rles, image_polygons, select_images, without_crowd
 from seg_datamodule.io.images import BadImageError, decode_image_with_size, reduced_size
+from seg_datamodule.io.paths import file_name_problem
 from seg_datamodule.structures import Polygons
 
 __all__ = ["BadAnnotationError", "BadImageError", "CocoIndex", "default_cache_dir", "format_skip_summary"]
@@ -438,13 +439,21 @@ class CocoIndex:
         path = self.file_path(i)
         image_id = int(self._t["image_ids"][i])
         where = f"{self.ann_file}: image id {image_id}"
+        expected = self.image_size(i)
+        unsafe = file_name_problem(self.file_name(i))
+        if unsafe is not None:  # the build refuses such names; an index made by hand may not
+            raise BadImageError(
+                f"{where}: file_name {self.file_name(i)!r} {unsafe}", path=path, reason="image_unreadable",
+                image_id=image_id, image_index=i,
+            )
         try:
-            image, stored = decode_image_with_size(path, reduce=reduce)
+            image, stored = decode_image_with_size(
+                path, reduce=reduce, expected_size=expected if check_size else None
+            )
         except BadImageError as err:
             raise BadImageError(
                 f"{where}: {err}", path=path, reason=err.reason, image_id=image_id, image_index=i
             ) from None
-        expected = self.image_size(i)
         if check_size and stored != expected:
             raise BadImageError(
                 f"{where}: image file {path} is {stored[0]}x{stored[1]} (HxW) but the annotation "

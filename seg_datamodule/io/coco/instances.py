@@ -29,46 +29,74 @@ from seg_datamodule.ops.ragged import offsets_from_lengths, ragged_index
 from seg_datamodule.ops.raster import rasterize_flat
 from seg_datamodule.ops.rle import check_rle, mask_to_rings
 
-__all__ = ["VERTEX_SCALE", "add_crowd", "assemble", "finish_chunk", "rle_rings"]
+__all__ = ["OUT_OF_BOUNDS_FACTOR", "VERTEX_SCALE", "add_crowd", "assemble", "finish_chunk", "rle_rings"]
 
 VERTEX_SCALE = 100  # COCO has 2 decimals: int32 hundredths store them exactly in half the bytes
 _ZERO_AREA_RTOL = 1e-12  # |twice area| within this fraction of the shoelace terms is zero (rounding)
+#: A coordinate more than this many image widths (heights) beyond the image's edges is not a
+#: typo of a real outline but garbage; it also keeps every later product of coordinates finite.
+OUT_OF_BOUNDS_FACTOR = 100
+#: pycocotools' frPoly walks every crowd polygon edge in 1/5 pixel steps and allocates ~24 bytes
+#: a step: this many steps (~400 MB) is the most a crowd polygon may cost.
+_MAX_CROWD_POLYGON_STEPS = 2**24
+_MAX_COVER_CELLS = 2**22  # cells rasterised to decide whether a zero-area polygon covers a pixel
 
 #: ``bad(pos, reason, detail, annotation_id, image_id, image_index)``: report a bad annotation.
 Reporter = Callable[[int, str, str, Any, Any, "int | None"], None]
 
 
-def _check_rings_python(seg: list[Any]) -> tuple[str, str] | None:
-    """The polygon checks of the vectorised pass, ring by ring in Python (for crowd polygons)."""
+def _out_of_bounds(vertices: np.ndarray, height: np.ndarray | int, width: np.ndarray | int) -> np.ndarray:
+    """Per vertex: more than :data:`OUT_OF_BOUNDS_FACTOR` image sizes beyond the image (NaN: False)."""
+    x, y, f = vertices[:, 0], vertices[:, 1], OUT_OF_BOUNDS_FACTOR
+    return (x < -f * width) | (x > (f + 1) * width) | (y < -f * height) | (y > (f + 1) * height)
+
+
+def _crowd_polygon_rle(seg: list[Any], height: int, width: int) -> tuple[bytes | None, tuple[str, str] | None]:
+    """Check a crowd polygon ring by ring and turn it into compressed RLE with pycocotools.
+
+    Returns:
+        (compressed counts, None), or (None, (reason, detail)).
+    """
     if not seg or all(isinstance(r, list) and not r for r in seg):
-        return "segmentation_empty", "segmentation has no polygon coordinates"
+        return None, ("segmentation_empty", "segmentation has no polygon coordinates")
     rings = []
     for k, ring in enumerate(seg):
         if not isinstance(ring, list):
-            return "segmentation_invalid", f"polygon ring {k} is a {type(ring).__name__}, not a list"
+            return None, ("segmentation_invalid", f"polygon ring {k} is a {type(ring).__name__}, not a list")
         if len(ring) % 2:
-            return "polygon_odd_coordinates", (
-                f"polygon ring {k} has an odd number of coordinates ({len(ring)})"
-            )
+            return None, ("polygon_odd_coordinates", f"polygon ring {k} has an odd number of coordinates ({len(ring)})")
         if len(ring) < 6:
-            return "polygon_too_few_points", (
-                f"polygon ring {k} has {len(ring) // 2} points; at least 3 are needed"
-            )
-        if not all(type(c) in (int, float) for c in ring):
-            return "segmentation_invalid", f"polygon ring {k} holds something other than numbers"
+            return None, ("polygon_too_few_points", f"polygon ring {k} has {len(ring) // 2} points; at least 3 are needed")
+        if not all(type(c) is float or type(c) is int for c in ring):  # type(): True is no number
+            return None, ("segmentation_invalid", f"polygon ring {k} holds something other than numbers")
         xy = np.asarray(ring, np.float64).reshape(-1, 2)
         if not np.isfinite(xy).all():
-            return "polygon_non_finite", f"polygon ring {k} has a NaN or infinite coordinate"
+            return None, ("polygon_non_finite", f"polygon ring {k} has a NaN or infinite coordinate")
+        if _out_of_bounds(xy, height, width).any():
+            return None, ("polygon_out_of_bounds", (
+                f"polygon ring {k} has a coordinate more than {OUT_OF_BOUNDS_FACTOR} image sizes "
+                f"outside the {height}x{width} (HxW) image"
+            ))
         rings.append(xy)
+    vertices = np.concatenate(rings)
     ring_offsets = offsets_from_lengths([len(r) for r in rings])
-    if zero_area_instances(np.concatenate(rings), ring_offsets, np.array([0, len(rings)]), _ZERO_AREA_RTOL)[0]:
-        return "zero_area", "polygon has zero area"
-    return None
+    instance_offsets = np.array([0, len(rings)])
+    if zero_area_instances(vertices, ring_offsets, instance_offsets, _ZERO_AREA_RTOL)[0]:
+        return None, ("zero_area", "polygon has zero area")
+    # pycocotools walks the outline in 1/5 px steps, in C ints: refuse what would cost too much
+    # memory, or overflow an int (possible within the bound above on a very wide image).
+    nxt = np.arange(1, len(vertices) + 1)
+    nxt[ring_offsets[1:] - 1] = ring_offsets[:-1]
+    steps = 5 * float(np.abs(vertices[nxt] - vertices).max(axis=1).sum()) + len(vertices)
+    if steps > _MAX_CROWD_POLYGON_STEPS or np.abs(vertices).max() * 5 >= 2**31:
+        return None, ("polygon_too_long", f"crowd polygon outline is {steps / 5:.0f} px long")
+    rles = mask_utils.frPyObjects(seg, height, width)  # the JSON's numbers, as COCO() reads them
+    return mask_utils.merge(rles, intersect=0)["counts"], None
 
 
 def _check_bbox_python(bbox: Any) -> tuple[str, str] | None:
     """The bbox checks of the vectorised pass, for one (crowd) annotation."""
-    if not (isinstance(bbox, list) and len(bbox) == 4 and all(type(v) in (int, float) for v in bbox)):
+    if not (isinstance(bbox, list) and len(bbox) == 4 and all(type(v) is int or type(v) is float for v in bbox)):
         return "bbox_invalid", f"bbox must be 4 numbers [x, y, width, height], got {bbox!r}"
     if not all(math.isfinite(v) for v in bbox):
         return "bbox_invalid", f"bbox has a NaN or infinite value: {bbox!r}"
@@ -111,10 +139,7 @@ def add_crowd(
         if isinstance(seg, dict):
             compressed, problem = _compressed_rle(seg, height, width)
         elif isinstance(seg, list):
-            problem = _check_rings_python(seg)
-            if problem is None:
-                rles = mask_utils.frPyObjects(seg, height, width)
-                compressed = mask_utils.merge(rles, intersect=0)["counts"]
+            compressed, problem = _crowd_polygon_rle(seg, height, width)
         elif seg is None or seg == "":
             problem = ("segmentation_empty", "segmentation is missing")
         else:
@@ -141,6 +166,7 @@ def finish_chunk(
     areas: list[float],
     ring_lens: list[int],
     coords: list[Any],
+    image_sizes: np.ndarray,
     bad: Reporter,
 ) -> dict[str, np.ndarray] | None:
     """Vectorised checks of a chunk's target instances; drop and report the bad ones.
@@ -153,6 +179,7 @@ def finish_chunk(
         areas: the JSON's area per instance, NaN where missing.
         ring_lens: vertices per ring.
         coords: the coordinates of every ring, flat, as in the JSON.
+        image_sizes (ndarray[I, 2] int64): (H, W) of every image.
         bad: called for each instance found bad.
 
     Returns:
@@ -167,25 +194,31 @@ def finish_chunk(
     rlens = np.asarray(ring_lens, np.int64)
 
     # Coordinates: one conversion; a non-number sends the chunk through the per-annotation path.
-    try:
-        flat = np.array(coords)
-    except (ValueError, TypeError):  # a nested list inside a ring
-        flat = np.zeros((0, 0), object)
+    # numpy would turn True into 1 next to numbers, so the value types are looked at first (a
+    # set of types over the chunk, in C: ~5% of the chunk's time).
+    flat = np.zeros((0, 0), object)
+    if set(map(type, coords)) <= _NUMBER_TYPES:
+        try:
+            flat = np.array(coords)
+        except (ValueError, TypeError):  # an int beyond int64 next to floats, ...
+            pass
     if flat.dtype.kind not in "fiu" or flat.ndim != 1:
         flat = _numeric_fallback(coords, first, reason, details)
     flat = flat.astype(np.float64, copy=False)
 
     # Boxes.
     try:
+        if not set(map(type, boxes)) <= _NUMBER_TYPES:
+            raise ValueError
         box = np.array(boxes)
         if box.dtype.kind not in "fiu" or box.ndim != 1:
             raise ValueError
         box = box.astype(np.float64, copy=False).reshape(n, 4)
-    except (ValueError, TypeError):
+    except (ValueError, TypeError, OverflowError):
         box = np.full((n, 4), np.nan)
         for k in range(n):
             values = boxes[4 * k : 4 * k + 4]
-            if all(type(v) in (int, float) for v in values):
+            if all(type(v) is float or (type(v) is int and abs(v) < 2**53) for v in values):
                 box[k] = values
     finite_box = np.isfinite(box).all(axis=1)
     _mark(reason, ~finite_box, "bbox_invalid")
@@ -200,14 +233,20 @@ def finish_chunk(
         ring_bad = np.logical_or.reduceat(bad_vertex, ring_offsets[:-1])
         ann_non_finite = np.logical_or.reduceat(ring_bad, instance_offsets[:-1])
         _mark(reason, ann_non_finite, "polygon_non_finite")
+    # Far outside the image: garbage, and the products below must stay finite.
+    vertex_image = np.repeat(img, np.diff(ring_offsets[instance_offsets]))
+    far = _out_of_bounds(vertices, image_sizes[vertex_image, 0], image_sizes[vertex_image, 1])
+    if far.any():
+        ring_far = np.logical_or.reduceat(far, ring_offsets[:-1])
+        _mark(reason, np.logical_or.reduceat(ring_far, instance_offsets[:-1]), "polygon_out_of_bounds")
     with np.errstate(invalid="ignore", over="ignore"):
         area2 = 2 * instance_areas(vertices, ring_offsets, instance_offsets)
         zero = zero_area_instances(vertices, ring_offsets, instance_offsets, _ZERO_AREA_RTOL)
-    for k in np.flatnonzero(zero & ~ann_non_finite):
+    for k in np.flatnonzero(zero & (reason == 0)):
         r0, r1 = instance_offsets[k], instance_offsets[k + 1]
         v0, v1 = ring_offsets[r0], ring_offsets[r1]
         # Net shoelace area 0 is also a bow-tie whose lobes cancel: only drop what covers no pixel.
-        if not _covers_pixels(vertices[v0:v1], ring_offsets[r0 : r1 + 1] - v0):
+        if not _covers_pixels(vertices[v0:v1], ring_offsets[r0 : r1 + 1] - v0, image_sizes[img[k]]):
             _mark(reason, np.arange(n) == k, "zero_area")
 
     area = np.asarray(areas, np.float64)
@@ -244,20 +283,30 @@ def finish_chunk(
     }
 
 
-def _covers_pixels(vertices: np.ndarray, ring_offsets: np.ndarray) -> bool:
-    """Whether the rings' even-odd region holds any pixel centre (one instance, stride 1)."""
+def _covers_pixels(vertices: np.ndarray, ring_offsets: np.ndarray, image_size: np.ndarray) -> bool:
+    """Whether the rings' even-odd region holds a pixel centre of the image (one instance).
+
+    Rasterised over the polygon's box within the image, at stride 1 while that box has at most
+    :data:`_MAX_COVER_CELLS` pixels, coarser beyond (a hostile polygon may span a huge image).
+    """
     if not np.isfinite(vertices).all():
         return False
-    low = np.floor(vertices.min(axis=0))
-    size = np.ceil(vertices.max(axis=0) - low).astype(np.int64) + 1
+    low = np.maximum(np.floor(vertices.min(axis=0)), 0)
+    high = np.minimum(np.ceil(vertices.max(axis=0)), image_size[::-1])  # x, y
+    if (high <= low).any():
+        return False
+    width, height = (high - low).astype(np.int64)
+    stride = max(1, math.ceil(math.sqrt(width * height / _MAX_COVER_CELLS)))
     mask = rasterize_flat(vertices - low, ring_offsets, np.array([0, len(ring_offsets) - 1]),
-                          (int(size[1]), int(size[0])), 1)
+                          (int(height), int(width)), stride)
     return bool(mask.any())
 
 
 _VECTOR_REASONS = (
-    "segmentation_invalid", "bbox_invalid", "bbox_non_positive", "polygon_non_finite", "zero_area"
+    "segmentation_invalid", "bbox_invalid", "bbox_non_positive", "polygon_non_finite",
+    "polygon_out_of_bounds", "zero_area",
 )
+_NUMBER_TYPES = {int, float}
 
 
 def _mark(reason: np.ndarray, where: np.ndarray, key: str) -> None:
@@ -271,6 +320,9 @@ def _vector_detail(key: str, bbox: Any) -> str:
         "bbox_invalid": f"bbox must be 4 finite numbers [x, y, width, height], got {bbox!r}",
         "bbox_non_positive": f"bbox width and height must be positive, got {bbox!r}",
         "polygon_non_finite": "polygon has a NaN or infinite coordinate",
+        "polygon_out_of_bounds": (
+            f"polygon has a coordinate more than {OUT_OF_BOUNDS_FACTOR} image sizes outside its image"
+        ),
         "zero_area": "polygon has zero area",
         "segmentation_invalid": "polygon holds something other than numbers",
     }[key]

@@ -23,6 +23,8 @@ from typing import Any
 import numpy as np
 
 from seg_datamodule.io.coco.errors import BadAnnotationError, ProblemLog
+from seg_datamodule.io.images import MAX_IMAGE_PIXELS
+from seg_datamodule.io.paths import file_name_problem
 from seg_datamodule.io.coco.instances import add_crowd, assemble, finish_chunk, rle_rings
 from seg_datamodule.ops.ragged import offsets_from_lengths
 
@@ -140,16 +142,19 @@ def _tables_from_json(
             continue
         taken[iid] = shown_name or "?"
         height, width = _positive_int(img.get("height")), _positive_int(img.get("width"))
-        if not shown_name or height is None or width is None:
-            detail = (
-                f"file_name must be a non-empty string, got {name!r}"
-                if not shown_name
-                else "height and width must be positive integers, got "
-                f"{img.get('height')!r} x {img.get('width')!r}"
-            )
-            problems.add(
-                (0, pos), "image_bad_entry", detail, image_id=iid, file_name=shown_name, what="image"
-            )
+        reason, detail = "image_bad_entry", None
+        if not shown_name:
+            detail = f"file_name must be a non-empty string, got {name!r}"
+        elif height is None or width is None:
+            detail = f"height and width must be positive integers, got {img.get('height')!r} x {img.get('width')!r}"
+        elif height * width > MAX_IMAGE_PIXELS:
+            detail = f"{height}x{width} (HxW) is over {MAX_IMAGE_PIXELS} pixels, more than OpenCV decodes"
+        else:
+            unsafe = file_name_problem(name)
+            if unsafe is not None:
+                reason, detail = "image_unsafe_file_name", f"file_name {name!r} {unsafe}"
+        if detail is not None:
+            problems.add((0, pos), reason, detail, image_id=iid, file_name=shown_name, what="image")
             skipped_ids.add(iid)
             continue
         index_of[iid] = len(ids)
@@ -161,13 +166,14 @@ def _tables_from_json(
 
     # 4. Annotations, chunk by chunk: cheap checks in the loop, numeric ones vectorised.
     anns = data["annotations"]
+    image_sizes = np.array([heights, widths], np.int64).T.reshape(-1, 2)  # (H, W) per image
     seen: set[int] = set()
     chunks: list[dict[str, np.ndarray]] = []
     crowd: dict[str, list[Any]] = {k: [] for k in ("pos", "img", "label", "id", "bbox", "area", "rle")}
     for start in range(0, len(anns), _CHUNK):
         chunk = _scan_chunk(
             anns, start, min(start + _CHUNK, len(anns)), seen, index_of, skipped_ids, label_of,
-            heights, widths, names, problems, crowd,
+            heights, widths, names, image_sizes, problems, crowd,
         )
         if chunk is not None:
             chunks.append(chunk)
@@ -204,6 +210,7 @@ def _scan_chunk(
     heights: list[int],
     widths: list[int],
     names: list[str],
+    image_sizes: np.ndarray,
     problems: ProblemLog,
     crowd: dict[str, list[Any]],
 ) -> dict[str, np.ndarray] | None:
@@ -260,6 +267,9 @@ def _scan_chunk(
         seg = ann.get("segmentation")
         area = ann.get("area")
         if type(area) is not float and type(area) is not int:
+            if type(area) is bool:
+                bad(pos, "annotation_bad_entry", f"area must be a number, got {area!r}", aid, iid, ii)
+                continue
             area = nan
         iscrowd = ann.get("iscrowd", 0)
         if type(iscrowd) is not int or iscrowd not in (0, 1):
@@ -319,4 +329,4 @@ def _scan_chunk(
         areas_append(area)
     if not rows:
         return None
-    return finish_chunk(anns, rows, boxes, areas, ring_lens, coords, bad)
+    return finish_chunk(anns, rows, boxes, areas, ring_lens, coords, image_sizes, bad)

@@ -2,7 +2,11 @@
 
 from __future__ import annotations
 
+import importlib.util
 import json
+import os
+import subprocess
+import sys
 from pathlib import Path
 from typing import Any, Callable
 
@@ -120,3 +124,36 @@ def _delete(ann_id: int, key: str) -> Mutator:
         del _ann(data, ann_id)[key]
 
     return mutate
+
+
+# --------------------------------------------------------------------------------------------
+# Running a build in a child process, so that a crash, a hang or a memory blow-up is a result
+
+_CHILD_PREAMBLE = """
+import resource, sys, types
+resource.setrlimit(resource.RLIMIT_DATA, ({memory}, {memory}))
+# The package's __init__ imports Lightning (~10 s); the loader needs io, ops and structures only.
+_pkg = types.ModuleType("seg_datamodule")
+_pkg.__path__ = [{package!r}]
+sys.modules["seg_datamodule"] = _pkg
+"""
+
+
+# Warnings are errors, as under pytest (a numpy overflow warning means a number got through).
+_CHILD_WARNINGS = "error,ignore:__array__ implementation doesn't accept a copy keyword:DeprecationWarning"
+
+
+def run_isolated(script: str, *, timeout: float = 120, memory: int = 3 << 30) -> subprocess.CompletedProcess:
+    """Run ``script`` in a fresh Python with its heap capped at ``memory`` bytes.
+
+    Returns the finished process (``returncode`` negative for a signal); a hang past ``timeout``
+    raises ``subprocess.TimeoutExpired``.
+    """
+    spec = importlib.util.find_spec("seg_datamodule")  # the package under test, not imported here
+    assert spec is not None and spec.submodule_search_locations
+    package = str(spec.submodule_search_locations[0])
+    code = _CHILD_PREAMBLE.format(memory=memory, package=package) + script
+    env = dict(os.environ, PYTHONPATH=str(Path(package).parent), PYTHONWARNINGS=_CHILD_WARNINGS)
+    return subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, timeout=timeout, env=env
+    )
