@@ -19,6 +19,7 @@ non-finite coordinates, zero area) and stored as int32 hundredths when that is e
 from __future__ import annotations
 
 import math
+from array import array
 from typing import Any, Callable
 
 import numpy as np
@@ -57,17 +58,17 @@ def _crowd_polygon_rle(seg: list[Any], height: int, width: int) -> tuple[bytes |
     Returns:
         (compressed counts, None), or (None, (reason, detail)).
     """
-    if not seg or all(isinstance(r, list) and not r for r in seg):
+    if not seg or all(isinstance(r, (list, array)) and not r for r in seg):
         return None, ("segmentation_empty", "segmentation has no polygon coordinates")
     rings = []
     for k, ring in enumerate(seg):
-        if not isinstance(ring, list):
+        if not isinstance(ring, (list, array)):
             return None, ("segmentation_invalid", f"polygon ring {k} is a {type(ring).__name__}, not a list")
         if len(ring) % 2:
             return None, ("polygon_odd_coordinates", f"polygon ring {k} has an odd number of coordinates ({len(ring)})")
         if len(ring) < 6:
             return None, ("polygon_too_few_points", f"polygon ring {k} has {len(ring) // 2} points; at least 3 are needed")
-        if not all(type(c) is float or type(c) is int for c in ring):  # type(): True is no number
+        if type(ring) is list and not all(type(c) is float or type(c) is int for c in ring):  # True: no number
             return None, ("segmentation_invalid", f"polygon ring {k} holds something other than numbers")
         xy = np.asarray(ring, np.float64).reshape(-1, 2)
         if not np.isfinite(xy).all():
@@ -90,18 +91,21 @@ def _crowd_polygon_rle(seg: list[Any], height: int, width: int) -> tuple[bytes |
     steps = 5 * float(np.abs(vertices[nxt] - vertices).max(axis=1).sum()) + len(vertices)
     if steps > _MAX_CROWD_POLYGON_STEPS or np.abs(vertices).max() * 5 >= 2**31:
         return None, ("polygon_too_long", f"crowd polygon outline is {steps / 5:.0f} px long")
-    rles = mask_utils.frPyObjects(seg, height, width)  # the JSON's numbers, as COCO() reads them
+    rles = mask_utils.frPyObjects([list(r) for r in seg], height, width)  # the JSON's numbers, as COCO() reads them
     return mask_utils.merge(rles, intersect=0)["counts"], None
 
 
 def _check_bbox_python(bbox: Any) -> tuple[str, str] | None:
     """The bbox checks of the vectorised pass, for one (crowd) annotation."""
-    if not (isinstance(bbox, list) and len(bbox) == 4 and all(type(v) is int or type(v) is float for v in bbox)):
-        return "bbox_invalid", f"bbox must be 4 numbers [x, y, width, height], got {bbox!r}"
+    shown = bbox.tolist() if isinstance(bbox, array) else bbox
+    if type(bbox) is array and len(bbox) == 4:  # packed by the parser: 4 numbers
+        pass
+    elif not (isinstance(bbox, list) and len(bbox) == 4 and all(type(v) is int or type(v) is float for v in bbox)):
+        return "bbox_invalid", f"bbox must be 4 numbers [x, y, width, height], got {shown!r}"
     if not all(math.isfinite(v) for v in bbox):
-        return "bbox_invalid", f"bbox has a NaN or infinite value: {bbox!r}"
+        return "bbox_invalid", f"bbox has a NaN or infinite value: {shown!r}"
     if bbox[2] <= 0 or bbox[3] <= 0:
-        return "bbox_non_positive", f"bbox width and height must be positive, got {bbox!r}"
+        return "bbox_non_positive", f"bbox width and height must be positive, got {shown!r}"
     return None
 
 
@@ -162,10 +166,11 @@ def add_crowd(
 def finish_chunk(
     anns: list[Any],
     rows: list[int],
-    boxes: list[Any],
+    boxes: array,
     areas: list[float],
     ring_lens: list[int],
-    coords: list[Any],
+    coords: array,
+    non_numbers: list[int],
     image_sizes: np.ndarray,
     bad: Reporter,
 ) -> dict[str, np.ndarray] | None:
@@ -175,10 +180,11 @@ def finish_chunk(
         anns: the JSON's annotation list (for the image id of a bad one).
         rows: 6 ints per instance: position in ``anns``, image index, label, annotation id,
             number of rings, index of its first coordinate in ``coords``.
-        boxes: 4 values per instance, as in the JSON.
+        boxes: 4 numbers per instance, NaN where the JSON's bbox is not 4 numbers.
         areas: the JSON's area per instance, NaN where missing.
         ring_lens: vertices per ring.
-        coords: the coordinates of every ring, flat, as in the JSON.
+        coords: the coordinates of every ring, flat (placeholders where not numbers).
+        non_numbers: the instances whose polygon holds something other than numbers.
         image_sizes (ndarray[I, 2] int64): (H, W) of every image.
         bad: called for each instance found bad.
 
@@ -190,36 +196,12 @@ def finish_chunk(
     pos, img, labels, ids, nrings, first = table.T
     n = len(table)
     reason = np.zeros(n, np.int8)  # 0 ok, else 1 + index into _VECTOR_REASONS
-    details: dict[int, str] = {}
     rlens = np.asarray(ring_lens, np.int64)
 
-    # Coordinates: one conversion; a non-number sends the chunk through the per-annotation path.
-    # numpy would turn True into 1 next to numbers, so the value types are looked at first (a
-    # set of types over the chunk, in C: ~5% of the chunk's time).
-    flat = np.zeros((0, 0), object)
-    if set(map(type, coords)) <= _NUMBER_TYPES:
-        try:
-            flat = np.array(coords)
-        except (ValueError, TypeError):  # an int beyond int64 next to floats, ...
-            pass
-    if flat.dtype.kind not in "fiu" or flat.ndim != 1:
-        flat = _numeric_fallback(coords, first, reason, details)
-    flat = flat.astype(np.float64, copy=False)
-
-    # Boxes.
-    try:
-        if not set(map(type, boxes)) <= _NUMBER_TYPES:
-            raise ValueError
-        box = np.array(boxes)
-        if box.dtype.kind not in "fiu" or box.ndim != 1:
-            raise ValueError
-        box = box.astype(np.float64, copy=False).reshape(n, 4)
-    except (ValueError, TypeError, OverflowError):
-        box = np.full((n, 4), np.nan)
-        for k in range(n):
-            values = boxes[4 * k : 4 * k + 4]
-            if all(type(v) is float or (type(v) is int and abs(v) < 2**53) for v in values):
-                box[k] = values
+    # The parser packed the numbers (parse.py); what was not numbers is marked first.
+    flat = np.frombuffer(coords, np.float64) if len(coords) else np.zeros(0)
+    box = np.frombuffer(boxes, np.float64).reshape(n, 4)
+    reason[non_numbers] = _VECTOR_REASONS.index("segmentation_invalid") + 1
     finite_box = np.isfinite(box).all(axis=1)
     _mark(reason, ~finite_box, "bbox_invalid")
     _mark(reason, finite_box & ((box[:, 2] <= 0) | (box[:, 3] <= 0)), "bbox_non_positive")
@@ -255,7 +237,7 @@ def finish_chunk(
 
     for k in np.flatnonzero(reason):
         key = _VECTOR_REASONS[reason[k] - 1]
-        detail = details.get(int(k)) or _vector_detail(key, boxes[4 * k : 4 * k + 4])
+        detail = _vector_detail(key, anns[pos[k]].get("bbox"))
         bad(int(pos[k]), key, detail, int(ids[k]), anns[pos[k]].get("image_id"), int(img[k]))
     keep = reason == 0
     if not keep.any():
@@ -306,7 +288,7 @@ _VECTOR_REASONS = (
     "segmentation_invalid", "bbox_invalid", "bbox_non_positive", "polygon_non_finite",
     "polygon_out_of_bounds", "zero_area",
 )
-_NUMBER_TYPES = {int, float}
+
 
 
 def _mark(reason: np.ndarray, where: np.ndarray, key: str) -> None:
@@ -316,6 +298,7 @@ def _mark(reason: np.ndarray, where: np.ndarray, key: str) -> None:
 
 def _vector_detail(key: str, bbox: Any) -> str:
     """The message for a problem found by the vectorised pass."""
+    bbox = bbox.tolist() if isinstance(bbox, array) else bbox
     return {
         "bbox_invalid": f"bbox must be 4 finite numbers [x, y, width, height], got {bbox!r}",
         "bbox_non_positive": f"bbox width and height must be positive, got {bbox!r}",
@@ -326,23 +309,6 @@ def _vector_detail(key: str, bbox: Any) -> str:
         "zero_area": "polygon has zero area",
         "segmentation_invalid": "polygon holds something other than numbers",
     }[key]
-
-
-def _numeric_fallback(
-    coords: list[Any], first: np.ndarray, reason: np.ndarray, details: dict[int, str]
-) -> np.ndarray:
-    """Find the annotations whose coordinates are not numbers; fill theirs with a placeholder."""
-    ends = list(first[1:]) + [len(coords)]
-    out = np.zeros(len(coords), np.float64)
-    for k, (s, e) in enumerate(zip(first, ends)):
-        values = coords[s:e]
-        if all(type(v) is float or (type(v) is int and abs(v) < 2**53) for v in values):
-            out[s:e] = values
-        else:
-            out[s:e] = 1.0  # placeholder; the annotation is reported and dropped
-            _mark(reason, np.arange(len(reason)) == k, "segmentation_invalid")
-            details[k] = "polygon holds something other than numbers"
-    return out
 
 
 def assemble(

@@ -315,3 +315,14 @@ def test_datamodule_use_cache_switch(tmp_path: Path, caplog: pytest.LogCaptureFi
     with caplog.at_level(logging.WARNING):
         assert COCOSegDataModule(**kwargs, cache_dir=str(blocker)).num_classes == 3
     assert any("in memory" in r.getMessage() for r in caplog.records)
+
+
+@pytest.mark.parametrize("value", [10**400, "7", None, [7]])
+def test_polygon_value_that_is_no_float_is_named(tmp_path: Path, value: Any) -> None:
+    # The parser packs rings of ints and floats into arrays; anything else stays for the checks.
+    data = _base()
+    _set(101, "segmentation", [[1, 1, 9, 1, value, 9]])(data)
+    path = _write(tmp_path, data)
+    _raises_named(path, "segmentation_invalid", annotation_id=101)
+    index = _skipped(path, "segmentation_invalid")
+    assert index.num_instances == 3
