@@ -102,7 +102,7 @@ def check_rle(seg: Mapping[str, Any], height: int, width: int) -> tuple[str, str
     total = height * width
     if isinstance(counts, list):
         # type() rather than a dtype: numpy would turn True into 1 next to other ints.
-        if counts and not {type(c) for c in counts} <= {int}:
+        if counts and not set(map(type, counts)) <= {int}:
             return "rle_invalid", "RLE counts must be a list of non-negative integers"
         runs = np.asarray(counts, dtype=object if not counts else None)
         if counts and (runs.dtype.kind not in "iu" or (runs < 0).any()):

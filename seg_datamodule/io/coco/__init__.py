@@ -1,7 +1,8 @@
 """COCO annotation files -> a flat, worker-safe, cached index; bad input named or counted.
 
 ``parse`` reads and checks the JSON, ``instances`` turns annotation chunks into arrays,
-``tables`` selects on them, ``cache`` stores them, ``index`` is the :class:`CocoIndex` users see.
+``tables`` selects on them and checks them, ``cache`` stores them, ``reading`` opens the images,
+``errors`` says what can be wrong, ``index`` is the :class:`CocoIndex` users see.
 """
 
 from seg_datamodule.io.coco.cache import default_cache_dir

@@ -19,10 +19,8 @@ What can be wrong in the JSON, and what then happens: :mod:`seg_datamodule.io.co
 
 from __future__ import annotations
 
-import concurrent.futures
 import logging
 import os
-from collections import Counter
 from pathlib import Path
 from typing import Any, Literal, Mapping
 
@@ -30,11 +28,11 @@ import numpy as np
 from pycocotools import mask as mask_utils
 
 from seg_datamodule.io.coco.cache import cached_tables, default_cache_dir
-from seg_datamodule.io.coco.errors import MAX_EXAMPLES, BadAnnotationError, error_from_first, format_skip_summary
+from seg_datamodule.io.coco.errors import BadAnnotationError, error_from_first, format_skip_summary
 from seg_datamodule.io.coco.parse import build_tables
+from seg_datamodule.io.coco.reading import count_image_errors, find_bad_images, load_checked_image
 from seg_datamodule.io.coco.tables import TABLE_KEYS, crowd_rles, image_polygons, select_images, without_crowd
-from seg_datamodule.io.images import BadImageError, decode_image_with_size, reduced_size
-from seg_datamodule.io.paths import file_name_problem
+from seg_datamodule.io.images import BadImageError
 from seg_datamodule.structures import Polygons
 
 __all__ = ["BadAnnotationError", "BadImageError", "CocoIndex", "default_cache_dir", "format_skip_summary"]
@@ -193,16 +191,7 @@ class CocoIndex:
     def _verified(self, on_bad_sample: str) -> "CocoIndex":
         """Decode every image; raise on the first bad one, or leave the bad ones out."""
 
-        def check(i: int) -> BadImageError | None:
-            try:
-                self.load_image(i)
-            except BadImageError as err:
-                return err
-            return None
-
-        workers = min(8, os.cpu_count() or 1)
-        with concurrent.futures.ThreadPoolExecutor(max_workers=workers) as pool:
-            errors = list(pool.map(check, range(self.num_images)))
+        errors = find_bad_images(self.load_image, self.num_images)
         bad = [e for e in errors if e is not None]
         if not bad:
             return self
@@ -210,17 +199,8 @@ class CocoIndex:
             raise bad[0]
         keep = np.array([e is None for e in errors], bool)
         out = self._select(keep)
-        counts = Counter(out._skip_counts)
-        for err in bad:
-            reason = err.reason or "image_corrupt"
-            counts[reason] += 1
-            examples = out._skip_examples.setdefault(reason, [])
-            if len(examples) < MAX_EXAMPLES:
-                examples.append(str(err))
-        counts["annotation_of_skipped_image"] += int(
-            self.instance_counts[~keep].sum() + self.crowd_counts[~keep].sum()
-        )
-        out._skip_counts = {k: v for k, v in counts.items() if v}
+        lost = int(self.instance_counts[~keep].sum() + self.crowd_counts[~keep].sum())
+        out._skip_counts, out._skip_examples = count_image_errors(out._skip_counts, out._skip_examples, bad, lost)
         return out
 
     # -- sizes and metadata ------------------------------------------------------------------
@@ -436,44 +416,11 @@ class CocoIndex:
                 carries ``reason``, ``image_id`` and ``image_index``.
         """
         i = self._check_index(i)
-        path = self.file_path(i)
-        image_id = int(self._t["image_ids"][i])
-        where = f"{self.ann_file}: image id {image_id}"
-        expected = self.image_size(i)
-        unsafe = file_name_problem(self.file_name(i))
-        if unsafe is not None:  # the build refuses such names; an index made by hand may not
-            raise BadImageError(
-                f"{where}: file_name {self.file_name(i)!r} {unsafe}", path=path, reason="image_unreadable",
-                image_id=image_id, image_index=i,
-            )
-        try:
-            image, stored = decode_image_with_size(
-                path, reduce=reduce, expected_size=expected if check_size else None
-            )
-        except BadImageError as err:
-            raise BadImageError(
-                f"{where}: {err}", path=path, reason=err.reason, image_id=image_id, image_index=i
-            ) from None
-        if check_size and stored != expected:
-            raise BadImageError(
-                f"{where}: image file {path} is {stored[0]}x{stored[1]} (HxW) but the annotation "
-                f"file says {expected[0]}x{expected[1]}; its annotations would be misplaced",
-                path=path,
-                reason="image_size_mismatch",
-                image_id=image_id,
-                image_index=i,
-            )
-        if check_size and image.shape[:2] != reduced_size(expected, reduce):
-            # The decoder gave another size than the header announced: a broken file.
-            raise BadImageError(
-                f"{where}: image file {path} decoded to {image.shape[0]}x{image.shape[1]} (HxW) "
-                f"at reduce={reduce}, not the {reduced_size(expected, reduce)} its size implies",
-                path=path,
-                reason="image_corrupt",
-                image_id=image_id,
-                image_index=i,
-            )
-        return image
+        return load_checked_image(
+            self.image_root, self.file_name(i), self.image_size(i), reduce=reduce, check_size=check_size,
+            where=f"{self.ann_file}: image id {int(self._t['image_ids'][i])}",
+            ids={"image_id": int(self._t["image_ids"][i]), "image_index": i},
+        )
 
 
 def _readonly(array: np.ndarray) -> np.ndarray:

@@ -25,7 +25,7 @@ from typing import Any, Callable
 import numpy as np
 from pycocotools import mask as mask_utils
 
-from seg_datamodule.ops.geometry import instance_areas, zero_area_instances
+from seg_datamodule.ops.geometry import instance_areas, select_instances, zero_area_instances
 from seg_datamodule.ops.ragged import offsets_from_lengths, ragged_index
 from seg_datamodule.ops.raster import rasterize_flat
 from seg_datamodule.ops.rle import check_rle, mask_to_rings
@@ -222,7 +222,6 @@ def finish_chunk(
         ring_far = np.logical_or.reduceat(far, ring_offsets[:-1])
         _mark(reason, np.logical_or.reduceat(ring_far, instance_offsets[:-1]), "polygon_out_of_bounds")
     with np.errstate(invalid="ignore", over="ignore"):
-        area2 = 2 * instance_areas(vertices, ring_offsets, instance_offsets)
         zero = zero_area_instances(vertices, ring_offsets, instance_offsets, _ZERO_AREA_RTOL)
     for k in np.flatnonzero(zero & (reason == 0)):
         r0, r1 = instance_offsets[k], instance_offsets[k + 1]
@@ -233,7 +232,11 @@ def finish_chunk(
 
     area = np.asarray(areas, np.float64)
     missing_area = ~np.isfinite(area)
-    area[missing_area] = area2[missing_area] / 2
+    if missing_area.any():  # COCO files have areas: the shoelace only where one is missing
+        with np.errstate(invalid="ignore", over="ignore"):
+            area[missing_area] = instance_areas(
+                *select_instances(vertices, ring_offsets, instance_offsets, missing_area)
+            )
 
     for k in np.flatnonzero(reason):
         key = _VECTOR_REASONS[reason[k] - 1]
