@@ -33,9 +33,14 @@ from seg_datamodule.io.coco.parse import build_tables
 from seg_datamodule.io.coco.reading import count_image_errors, find_bad_images, load_checked_image
 from seg_datamodule.io.coco.tables import TABLE_KEYS, crowd_rles, image_polygons, select_images, without_crowd
 from seg_datamodule.io.images import BadImageError
+from seg_datamodule.ops.rle import mask_to_rings, rle_counts_from_string  # their home is ops.rle
 from seg_datamodule.structures import Polygons
 
-__all__ = ["BadAnnotationError", "BadImageError", "CocoIndex", "default_cache_dir", "format_skip_summary"]
+# mask_to_rings and rle_counts_from_string stay importable from here, where they used to live.
+__all__ = [
+    "BadAnnotationError", "BadImageError", "CocoIndex", "default_cache_dir", "format_skip_summary",
+    "mask_to_rings", "rle_counts_from_string",
+]
 
 _log = logging.getLogger(__name__)
 
