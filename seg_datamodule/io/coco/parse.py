@@ -14,7 +14,6 @@ their numbers checked chunk by chunk in :mod:`seg_datamodule.io.coco.instances`.
 
 from __future__ import annotations
 
-import functools
 import gc
 import json
 import math
@@ -56,7 +55,7 @@ def _load_json(ann_file: Path) -> Any:
         # JSON booleans are the one thing array("d") would take for numbers: without a "true"
         # or "false" anywhere in the file, the type check per ring is skipped.
         may_hold_bools = "true" in text or "false" in text
-        return json.loads(text, object_hook=functools.partial(_pack_numbers, may_hold_bools=may_hold_bools))
+        return json.loads(text, object_hook=_pack_numbers_checked if may_hold_bools else _pack_numbers)
     except (json.JSONDecodeError, UnicodeDecodeError) as err:
         raise BadAnnotationError(
             f"{ann_file}: not valid JSON: {err}", ann_file=ann_file, reason="not_json"
@@ -76,18 +75,40 @@ def numbers(values: list[Any], may_hold_bools: bool = True) -> array | None:
         return None
 
 
-def _pack_numbers(obj: dict[str, Any], *, may_hold_bools: bool) -> dict[str, Any]:
-    """``object_hook``: pack an annotation's non-empty polygon rings and its bbox (see :func:`_load_json`)."""
+def _pack_numbers(obj: dict[str, Any]) -> dict[str, Any]:
+    """``object_hook``: pack an annotation's non-empty polygon rings and its bbox (see :func:`_load_json`).
+
+    For files without a boolean: ``array("d")`` itself refuses strings, None and nested lists.
+    """
+    seg = obj.get("segmentation")
+    if seg.__class__ is list:
+        for k, ring in enumerate(seg):
+            if ring.__class__ is list and ring:
+                try:
+                    seg[k] = array("d", ring)
+                except (TypeError, OverflowError):
+                    pass
+    bbox = obj.get("bbox")
+    if bbox.__class__ is list and len(bbox) == 4:
+        try:
+            obj["bbox"] = array("d", bbox)
+        except (TypeError, OverflowError):
+            pass
+    return obj
+
+
+def _pack_numbers_checked(obj: dict[str, Any]) -> dict[str, Any]:
+    """:func:`_pack_numbers` for files that hold booleans: lists holding one stay lists."""
     seg = obj.get("segmentation")
     if type(seg) is list:
         for k, ring in enumerate(seg):
             if type(ring) is list and ring:
-                packed = numbers(ring, may_hold_bools)
+                packed = numbers(ring)
                 if packed is not None:
                     seg[k] = packed
     bbox = obj.get("bbox")
     if type(bbox) is list and len(bbox) == 4:
-        packed = numbers(bbox, may_hold_bools)
+        packed = numbers(bbox)
         if packed is not None:
             obj["bbox"] = packed
     return obj
