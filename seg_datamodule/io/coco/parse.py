@@ -65,9 +65,9 @@ def _load_json(ann_file: Path) -> Any:
             gc.enable()
 
 
-def numbers(values: list[Any], may_hold_bools: bool = True) -> array | None:
+def _numbers(values: list[Any]) -> array | None:
     """``values`` as ``array('d')`` when every one is an int or a float (a bool is neither), else None."""
-    if may_hold_bools and not set(map(type, values)) <= _NUMBER_TYPES:
+    if not set(map(type, values)) <= _NUMBER_TYPES:
         return None
     try:
         return array("d", values)
@@ -103,12 +103,12 @@ def _pack_numbers_checked(obj: dict[str, Any]) -> dict[str, Any]:
     if type(seg) is list:
         for k, ring in enumerate(seg):
             if type(ring) is list and ring:
-                packed = numbers(ring)
+                packed = _numbers(ring)
                 if packed is not None:
                     seg[k] = packed
     bbox = obj.get("bbox")
     if type(bbox) is list and len(bbox) == 4:
-        packed = numbers(bbox)
+        packed = _numbers(bbox)
         if packed is not None:
             obj["bbox"] = packed
     return obj
@@ -361,7 +361,7 @@ def _scan_chunk(
                     break
                 # A list the loader did not pack holds something other than numbers (or the
                 # JSON came from elsewhere): pack it here, or mark the annotation.
-                packed_rings.append(ring if type(ring) is array else numbers(ring))
+                packed_rings.append(ring if type(ring) is array else _numbers(ring))
             if not seg or (problem is not None and all(type(r) is list and not r for r in seg)):
                 problem = ("segmentation_empty", "segmentation has no polygon coordinates")
             if problem is not None:
@@ -394,7 +394,7 @@ def _scan_chunk(
             bad(pos, "segmentation_invalid", detail, aid, iid, ii)
             continue
         rows_extend((pos, ii, label, aid, nrings, first))
-        boxes_extend(bbox if type(bbox) is array else (numbers(bbox) or _NAN_BOX))
+        boxes_extend(bbox if type(bbox) is array else (_numbers(bbox) or _NAN_BOX))
         areas_append(area)
     if not rows:
         return None
