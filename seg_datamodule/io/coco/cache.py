@@ -41,6 +41,7 @@ __all__ = ["CACHE_FORMAT_VERSION", "cached_tables", "default_cache_dir", "read_c
 Tables = tuple[dict[str, np.ndarray], dict[str, Any]]
 
 _log = logging.getLogger(__name__)
+_warned_folders: set[str] = set()  # cache folders found unusable in this process
 
 #: Bump when the cached arrays change meaning; older caches are then rebuilt.
 CACHE_FORMAT_VERSION = 1
@@ -134,7 +135,11 @@ def cached_tables(
             # builds, the others wait and read its cache instead of each parsing the JSON.
             stack.enter_context(file_lock(path.with_name(path.name + ".lock")))
         except OSError as err:
-            _log.warning(
+            # Once per folder and process: the train and val indexes of one setup share it.
+            level = logging.INFO if str(path.parent) in _warned_folders else logging.WARNING
+            _warned_folders.add(str(path.parent))
+            _log.log(
+                level,
                 "cannot use the index cache folder %s (%s); building the index in memory, which "
                 "repeats at every start (set cache_dir to a writable folder, or use_cache=False)",
                 path.parent, err,

@@ -312,9 +312,11 @@ def test_datamodule_use_cache_switch(tmp_path: Path, caplog: pytest.LogCaptureFi
     assert not cache.exists()
     blocker = tmp_path / "blocker"
     blocker.write_text("")
+    kwargs.update(val_ann=str(path), val_images=str(tmp_path))  # two indexes, one warning
     with caplog.at_level(logging.WARNING):
         assert COCOSegDataModule(**kwargs, cache_dir=str(blocker)).num_classes == 3
-    assert any("in memory" in r.getMessage() for r in caplog.records)
+    warnings = [r for r in caplog.records if r.levelno >= logging.WARNING and "in memory" in r.getMessage()]
+    assert len(warnings) == 1
 
 
 @pytest.mark.parametrize("value", [10**400, "7", None, [7]])
