@@ -81,6 +81,8 @@ class COCOSegDataModule(LightningDataModule):
         drop_empty: leave out images without target instances (kept as negatives by default).
         verify_images: decode every image at setup and check its size.
         cache_dir: where the annotation index cache lives (default: the user cache dir).
+        use_cache: read and write the index cache; False builds in memory every time (an
+            unwritable cache location falls back to that by itself, with one warning).
         cache_images: decoded images kept per worker (LRU); 0 keeps none. ``None`` (default)
             keeps every image of a dataset of at most ``AUTO_CACHE_MAX_IMAGES`` images (the demo,
             a small fine-tuning set) and none of a larger one: mosaic partners are drawn
@@ -127,6 +129,7 @@ class COCOSegDataModule(LightningDataModule):
         drop_empty: bool = False,
         verify_images: bool = False,
         cache_dir: str | None = None,
+        use_cache: bool = True,
         cache_images: int | None = None,
         on_resume_mismatch: Literal["raise", "restart"] = "raise",
         pin_memory: bool = True,
@@ -169,7 +172,7 @@ class COCOSegDataModule(LightningDataModule):
         )
         self.index_kwargs: dict[str, Any] = dict(
             on_bad_sample=on_bad_sample, drop_crowd=drop_crowd, drop_empty=drop_empty,
-            verify_images=verify_images, cache_dir=cache_dir,
+            verify_images=verify_images, cache_dir=cache_dir, use_cache=use_cache,
         )
         self.on_bad_sample, self.seed, self.demo_dir = on_bad_sample, seed, demo_dir
         # What every DataLoader of this module shares (pinning is decided per run, see _on_cuda).

@@ -30,8 +30,14 @@ Conventions of :func:`decode_image`:
 * The stored full size is known even for a reduced decode (read from the JPEG SOF header), so a
   caller can compare it with the annotation's width and height exactly at any ``reduce``.
 
+Files are read with limits: only regular files are opened (a FIFO or a device, also through a
+symlink, is refused without blocking), at most :data:`MAX_IMAGE_BYTES` bytes, and the size in a
+JPEG or PNG header is checked (against the caller's expected size, and against
+:data:`MAX_IMAGE_PIXELS`) before anything is decoded.
+
 Bad files raise :class:`BadImageError` naming the file and a ``reason`` key: ``image_missing``
-(no such file), ``image_unreadable`` (other OS errors), ``image_truncated`` (a JPEG without its
+(no such file), ``image_unreadable`` (other OS errors, not a regular file, over the byte limit),
+``image_size_mismatch`` (the header's size is not the expected one), ``image_truncated`` (a JPEG without its
 end-of-image marker after the scan data, or a file the decoder finds cut short) and
 ``image_corrupt`` (not decodable). Corruption *inside* JPEG scan data that libjpeg only warns
 about yields garbage pixels in every decoder measured; it cannot be detected here.
@@ -40,6 +46,7 @@ about yields garbage pixels in every decoder measured; it cannot be detected her
 from __future__ import annotations
 
 import os
+import stat
 
 import cv2
 import numpy as np
@@ -47,12 +54,22 @@ import numpy as np
 __all__ = [
     "BadImageError",
     "IMAGE_ERROR_REASONS",
+    "MAX_IMAGE_BYTES",
+    "MAX_IMAGE_PIXELS",
     "REDUCE_FACTORS",
     "decode_image",
     "decode_image_bytes",
     "decode_image_with_size",
+    "header_size",
+    "read_image_file",
     "reduced_size",
 ]
+
+#: Largest image file read, in bytes (a COCO JPEG is ~160 KB; a 2^30-pixel PNG fits).
+MAX_IMAGE_BYTES = 1 << 30
+
+#: Most pixels an image may have: OpenCV's own decode limit (``CV_IO_MAX_IMAGE_PIXELS``).
+MAX_IMAGE_PIXELS = 1 << 30
 
 #: Allowed values of ``reduce`` (libjpeg's DCT scaling factors).
 REDUCE_FACTORS: tuple[int, ...] = (1, 2, 4, 8)
@@ -172,12 +189,56 @@ def _jpeg_header(data: bytes) -> tuple[tuple[int, int] | None, bool]:
     return size, False
 
 
+def header_size(data: bytes | bytearray | memoryview) -> tuple[int, int] | None:
+    """The stored ``(H, W)`` a JPEG (SOF marker) or PNG (IHDR chunk) header announces.
+
+    Args:
+        data (bytes): the encoded file, or at least its header.
+
+    Returns:
+        ``(H, W)``, or None for other formats and headers that cannot be parsed.
+    """
+    head = bytes(data[:4])
+    if head[:3] == b"\xff\xd8\xff":
+        return _jpeg_header(bytes(data))[0]
+    if head == b"\x89PNG" and len(data) >= 24 and bytes(data[12:16]) == b"IHDR":
+        width, height = int.from_bytes(data[16:20], "big"), int.from_bytes(data[20:24], "big")
+        return (height, width) if height > 0 and width > 0 else None
+    return None
+
+
 def _describe(name: str) -> str:
     return f"image file {name}"
 
 
+def _check_header(
+    data: bytes | bytearray | memoryview, name: str, expected_size: tuple[int, int] | None
+) -> None:
+    """Refuse, before decoding, a header whose size is not the expected one or is too large."""
+    size = header_size(data)
+    if size is None:
+        return
+    if expected_size is not None and size != tuple(expected_size):
+        raise BadImageError(
+            f"{_describe(name)} is {size[0]}x{size[1]} (HxW) but the annotation file says "
+            f"{expected_size[0]}x{expected_size[1]}; its annotations would be misplaced",
+            path=name,
+            reason="image_size_mismatch",
+        )
+    if size[0] * size[1] > MAX_IMAGE_PIXELS:
+        raise BadImageError(
+            f"{_describe(name)} claims {size[0]}x{size[1]} (HxW) pixels, over the limit of {MAX_IMAGE_PIXELS}",
+            path=name,
+            reason="image_corrupt",
+        )
+
+
 def decode_image_bytes(
-    data: bytes | bytearray | memoryview, *, reduce: int = 1, name: str = "<bytes>"
+    data: bytes | bytearray | memoryview,
+    *,
+    reduce: int = 1,
+    name: str = "<bytes>",
+    expected_size: tuple[int, int] | None = None,
 ) -> tuple[np.ndarray, tuple[int, int]]:
     """Decode an encoded image held in memory to RGB ``uint8``.
 
@@ -185,6 +246,8 @@ def decode_image_bytes(
         data (bytes): the encoded file (JPEG, PNG, or any format OpenCV reads).
         reduce (int): shrink factor, one of :data:`REDUCE_FACTORS` (see the module docstring).
         name (str): the file's name, for error messages.
+        expected_size (tuple[int, int] | None): ``(H, W)`` the file must have; a JPEG or PNG
+            header announcing another size is refused before decoding.
 
     Returns:
         (image (ndarray[ceil(H / reduce), ceil(W / reduce), 3] uint8, RGB, C-contiguous),
@@ -192,8 +255,8 @@ def decode_image_bytes(
 
     Raises:
         ValueError: ``reduce`` is not one of :data:`REDUCE_FACTORS`.
-        BadImageError: ``reason`` ``image_truncated`` or ``image_corrupt``; the message names
-            ``name``.
+        BadImageError: ``reason`` ``image_size_mismatch`` (header), ``image_truncated`` or
+            ``image_corrupt``; the message names ``name``.
     """
     _check_reduce(reduce)
     buf = np.frombuffer(data, np.uint8)
@@ -212,9 +275,10 @@ def decode_image_bytes(
                 path=name,
                 reason="image_truncated",
             )
-        if reduce > 1 and stored is not None:
-            flags = _REDUCED_FLAG[reduce] | _IGNORE_ORIENTATION
-            scaled = True
+    _check_header(data, name, expected_size)  # before decoding: a header may claim 30000x30000
+    if is_jpeg and reduce > 1 and stored is not None:
+        flags = _REDUCED_FLAG[reduce] | _IGNORE_ORIENTATION
+        scaled = True
     try:
         bgr = cv2.imdecode(buf, flags)
     except cv2.error as err:  # e.g. a header announcing absurd dimensions
@@ -238,35 +302,88 @@ def decode_image_bytes(
     return cv2.cvtColor(bgr, cv2.COLOR_BGR2RGB), stored
 
 
+def read_image_file(path: str | os.PathLike[str], *, max_bytes: int | None = None) -> bytes:
+    """The bytes of an image file, read safely.
+
+    Only a regular file is read (a FIFO, a device or a folder is refused, also through a
+    symlink; the open never blocks), and at most ``max_bytes`` bytes.
+
+    Args:
+        path (str | PathLike): the image file.
+        max_bytes (int | None): the limit; None: :data:`MAX_IMAGE_BYTES`.
+
+    Returns:
+        the file's content.
+
+    Raises:
+        BadImageError: ``reason`` ``image_missing`` or ``image_unreadable`` (an OS error, not a
+            regular file, over the limit); the message names ``path``.
+    """
+    name = os.fspath(path)
+    limit = MAX_IMAGE_BYTES if max_bytes is None else max_bytes
+    flags = os.O_RDONLY | getattr(os, "O_NONBLOCK", 0) | getattr(os, "O_CLOEXEC", 0) | getattr(os, "O_BINARY", 0)
+    try:
+        fd = os.open(name, flags)
+    except FileNotFoundError:
+        raise BadImageError(f"{_describe(name)} does not exist", path=name, reason="image_missing") from None
+    except (OSError, ValueError) as err:  # ValueError: a NUL byte in the name
+        detail = err.strerror if isinstance(err, OSError) and err.strerror else str(err)
+        raise BadImageError(f"{_describe(name)} cannot be read: {detail}", path=name, reason="image_unreadable") from None
+    try:
+        st = os.fstat(fd)
+        if not stat.S_ISREG(st.st_mode):
+            raise BadImageError(
+                f"{_describe(name)} cannot be read: not a regular file", path=name, reason="image_unreadable"
+            )
+        if st.st_size > limit:
+            raise BadImageError(
+                f"{_describe(name)} is {st.st_size} bytes, over the limit of {limit}",
+                path=name,
+                reason="image_unreadable",
+            )
+        chunks, left = [], limit + 1  # a file growing while read is still bounded
+        while left > 0:
+            chunk = os.read(fd, min(left, 1 << 24))
+            if not chunk:
+                break
+            chunks.append(chunk)
+            left -= len(chunk)
+    except OSError as err:
+        raise BadImageError(
+            f"{_describe(name)} cannot be read: {err.strerror or err}", path=name, reason="image_unreadable"
+        ) from None
+    finally:
+        os.close(fd)
+    data = b"".join(chunks)
+    if len(data) > limit:
+        raise BadImageError(
+            f"{_describe(name)} is over {limit} bytes, the limit", path=name, reason="image_unreadable"
+        )
+    return data
+
+
 def decode_image_with_size(
-    path: str | os.PathLike[str], *, reduce: int = 1
+    path: str | os.PathLike[str], *, reduce: int = 1, expected_size: tuple[int, int] | None = None
 ) -> tuple[np.ndarray, tuple[int, int]]:
-    """Read and decode an image file to RGB ``uint8``; also return its stored size.
+    """Read (:func:`read_image_file`) and decode an image file to RGB ``uint8``; also return its stored size.
 
     Args:
         path (str | PathLike): the image file.
         reduce (int): shrink factor, one of :data:`REDUCE_FACTORS`.
+        expected_size (tuple[int, int] | None): ``(H, W)`` the file must have, checked against
+            a JPEG or PNG header before decoding.
 
     Returns:
         (image (ndarray[ceil(H / reduce), ceil(W / reduce), 3] uint8 RGB), stored ``(H, W)``).
 
     Raises:
         ValueError: ``reduce`` is not one of :data:`REDUCE_FACTORS`.
-        BadImageError: ``reason`` ``image_missing``, ``image_unreadable``, ``image_truncated`` or
-            ``image_corrupt``; the message names ``path``.
+        BadImageError: ``reason`` ``image_missing``, ``image_unreadable``, ``image_size_mismatch``,
+            ``image_truncated`` or ``image_corrupt``; the message names ``path``.
     """
     _check_reduce(reduce)
-    name = os.fspath(path)
-    try:
-        with open(name, "rb") as f:
-            data = f.read()
-    except FileNotFoundError:
-        raise BadImageError(f"{_describe(name)} does not exist", path=name, reason="image_missing") from None
-    except OSError as err:
-        raise BadImageError(
-            f"{_describe(name)} cannot be read: {err.strerror or err}", path=name, reason="image_unreadable"
-        ) from None
-    return decode_image_bytes(data, reduce=reduce, name=name)
+    data = read_image_file(path)
+    return decode_image_bytes(data, reduce=reduce, name=os.fspath(path), expected_size=expected_size)
 
 
 def decode_image(path: str | os.PathLike[str], *, reduce: int = 1) -> np.ndarray:

@@ -1,13 +1,16 @@
-"""Where the package keeps what it generates (index caches, the demo dataset)."""
+"""Paths the package trusts: its cache folder (private, locked) and image names kept inside their root."""
 
 from __future__ import annotations
 
 import contextlib
+import errno
 import os
 from pathlib import Path
 from typing import Iterator
 
-__all__ = ["cache_root", "file_lock"]
+import filelock
+
+__all__ = ["cache_root", "file_lock", "file_name_problem", "make_private_dirs"]
 
 
 def cache_root() -> Path:
@@ -24,22 +27,74 @@ def cache_root() -> Path:
     return (Path(xdg).expanduser() if xdg else Path.home() / ".cache") / "seg_datamodule"
 
 
+def make_private_dirs(folder: Path) -> None:
+    """Create ``folder`` and its missing parents, readable by their owner only (mode 0o700).
+
+    Folders that exist already keep their mode.
+
+    Raises:
+        OSError: a level cannot be created (read-only, or a file stands in the way).
+    """
+    missing = []
+    level = folder
+    while not level.exists() and not level.is_symlink() and level != level.parent:
+        missing.append(level)
+        level = level.parent
+    for level in reversed(missing):
+        level.mkdir(mode=0o700, exist_ok=True)
+
+
 @contextlib.contextmanager
 def file_lock(path: Path) -> Iterator[None]:
-    """An exclusive advisory lock on ``path`` (created if needed) where the OS has ``fcntl``.
+    """An exclusive inter-process lock on ``path`` (created if needed, mode 0o600), with ``filelock``.
 
-    Serialises processes that would build the same cached artefact (DDP ranks starting at once);
-    without ``fcntl`` (Windows) it does nothing and the callers' atomic renames keep them safe.
+    Serialises processes that would build the same cached artefact (DDP ranks starting at once).
+    Missing folders are created private (:func:`make_private_dirs`). A symlink planted at
+    ``path`` is never followed.
+
+    Args:
+        path: the lock file.
+
+    Raises:
+        OSError: the folder cannot be created, the lock file cannot be opened, or ``path`` is a
+            symlink.
     """
-    try:
-        import fcntl
-    except ImportError:  # pragma: no cover - Windows
+    make_private_dirs(path.parent)
+    # filelock >= 4 opens with O_NOFOLLOW itself; older versions follow links (and truncate).
+    if path.is_symlink():
+        raise OSError(errno.ELOOP, "refusing to follow a symlink at the lock path", str(path))
+    with filelock.FileLock(path, mode=0o600):
         yield
-        return
-    path.parent.mkdir(parents=True, exist_ok=True)
-    with open(path, "a+") as fh:
-        fcntl.flock(fh, fcntl.LOCK_EX)
-        try:
-            yield
-        finally:
-            fcntl.flock(fh, fcntl.LOCK_UN)
+
+
+def file_name_problem(file_name: str) -> str | None:
+    """What makes an image's ``file_name`` unsafe to join to its image root, or None.
+
+    Unsafe: an absolute path, one that leaves the root through ``..`` (``sub/../../x``), a NUL
+    byte, or a string that is not valid Unicode (a lone surrogate from a ``\\ud800`` escape).
+    Checked on the name alone, so symlinks inside the root (a linked image folder) still work.
+
+    Args:
+        file_name: the JSON's ``file_name``.
+
+    Returns:
+        a phrase such as ``"is an absolute path"``, or None when the name is safe.
+    """
+    if "\x00" in file_name:
+        return "has a NUL byte"
+    try:
+        file_name.encode("utf-8")
+    except UnicodeEncodeError:
+        return "is not valid Unicode (a lone surrogate)"
+    separators = "/\\" if os.name == "nt" else "/"
+    if os.path.isabs(file_name) or file_name[:1] in separators or os.path.splitdrive(file_name)[0]:
+        return "is an absolute path"
+    depth = 0
+    for part in file_name.replace("\\", "/").split("/") if os.name == "nt" else file_name.split("/"):
+        if part == "..":
+            depth -= 1
+            if depth < 0:
+                return "leaves the image root through '..'"
+        elif part not in ("", "."):
+            depth += 1
+    return None

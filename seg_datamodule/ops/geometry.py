@@ -28,12 +28,29 @@ __all__ = [
     "polygon_boxes",
     "ring_areas",
     "select_instances",
+    "zero_area_instances",
 ]
 
 
 # --------------------------------------------------------------------------------------------
 # Areas, boxes, selection
 # --------------------------------------------------------------------------------------------
+
+
+def _ring_cross_terms(vertices: np.ndarray, ring_offsets: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Per vertex: its ring id and the two products of the shoelace cross term, about the ring's first vertex."""
+    v = np.asarray(vertices, dtype=np.float64)
+    # Next vertex within the ring, wrapping the last vertex of each ring to its first.
+    nxt = np.arange(1, len(v) + 1, dtype=np.int64)
+    ends = ring_offsets[1:][np.diff(ring_offsets) > 0]
+    starts = ring_offsets[:-1][np.diff(ring_offsets) > 0]
+    nxt[ends - 1] = starts
+    # Cross products about the ring's first vertex keep the sums well conditioned far from 0.
+    rid = segment_ids(ring_offsets)
+    origin = v[ring_offsets[:-1][rid].clip(max=len(v) - 1)]
+    a = v - origin
+    b = v[nxt] - origin
+    return rid, a[:, 0] * b[:, 1], a[:, 1] * b[:, 0]
 
 
 def ring_areas(vertices: np.ndarray, ring_offsets: np.ndarray) -> np.ndarray:
@@ -50,19 +67,42 @@ def ring_areas(vertices: np.ndarray, ring_offsets: np.ndarray) -> np.ndarray:
     r = len(ring_offsets) - 1
     if r <= 0 or len(vertices) == 0:
         return np.zeros(max(r, 0), np.float64)
-    v = np.asarray(vertices, dtype=np.float64)
-    # Next vertex within the ring, wrapping the last vertex of each ring to its first.
-    nxt = np.arange(1, len(v) + 1, dtype=np.int64)
-    ends = ring_offsets[1:][np.diff(ring_offsets) > 0]
-    starts = ring_offsets[:-1][np.diff(ring_offsets) > 0]
-    nxt[ends - 1] = starts
-    # Cross products about the ring's first vertex keep the sums well conditioned far from 0.
-    rid = segment_ids(ring_offsets)
-    origin = v[ring_offsets[:-1][rid].clip(max=len(v) - 1)]
-    a = v - origin
-    b = v[nxt] - origin
-    cross = a[:, 0] * b[:, 1] - a[:, 1] * b[:, 0]
-    return 0.5 * np.bincount(rid, weights=cross, minlength=r)
+    rid, ab, ba = _ring_cross_terms(vertices, ring_offsets)
+    return 0.5 * np.bincount(rid, weights=ab - ba, minlength=r)
+
+
+def zero_area_instances(
+    vertices: np.ndarray, ring_offsets: np.ndarray, instance_offsets: np.ndarray, rtol: float = 1e-12
+) -> np.ndarray:
+    """Which instances have zero area up to rounding (collinear or repeated points).
+
+    An instance counts as zero when the sum of its rings' absolute shoelace areas is at most
+    ``rtol`` times the sum of the magnitudes of the shoelace products (the size of the rounding
+    error of the area), so the test does not depend on where the polygon lies or its units.
+    A bow-tie whose lobes cancel also has zero net area: callers that care test coverage apart.
+
+    Args:
+        vertices (ndarray[V, 2] float64): vertices.
+        ring_offsets (ndarray[R + 1] int64): ring boundaries.
+        instance_offsets (ndarray[N + 1] int64): instance boundaries into the rings.
+        rtol (float): relative tolerance.
+
+    Returns:
+        ndarray[N] bool: True for zero-area instances (and those without rings or vertices).
+    """
+    n = len(instance_offsets) - 1
+    r = len(ring_offsets) - 1
+    if n <= 0:
+        return np.zeros(0, bool)
+    if r <= 0 or len(vertices) == 0:
+        return np.ones(n, bool)
+    rid, ab, ba = _ring_cross_terms(vertices, ring_offsets)
+    area2 = np.abs(np.bincount(rid, weights=ab - ba, minlength=r))
+    scale = np.bincount(rid, weights=np.abs(ab) + np.abs(ba), minlength=r)
+    iid = segment_ids(instance_offsets)
+    total = np.bincount(iid, weights=area2, minlength=n)[:n]
+    total_scale = np.bincount(iid, weights=scale, minlength=n)[:n]
+    return total <= rtol * total_scale
 
 
 def instance_areas(

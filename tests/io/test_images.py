@@ -233,3 +233,42 @@ def test_bad_image_error_pickles_and_rebuilds_from_its_message() -> None:
     # What torch's ExceptionWrapper.reraise does in the main process.
     again = BadImageError("Caught BadImageError in DataLoader worker process 0.\nOriginal ... /x/y.jpg ...")
     assert "/x/y.jpg" in str(again) and again.reason is None
+
+
+# --- reading with limits, header size first (issue 11) -------------------------------------
+
+
+def test_header_size_of_jpeg_and_png(rgb: np.ndarray) -> None:
+    from seg_datamodule.io.images import header_size
+
+    assert header_size(_jpeg_bytes(rgb)) == (37, 53)
+    buf = io.BytesIO()
+    Image.fromarray(rgb).save(buf, "PNG")
+    assert header_size(buf.getvalue()) == (37, 53)
+    assert header_size(b"GIF89a....") is None and header_size(b"") is None
+
+
+def test_read_image_file_refuses_what_is_not_a_bounded_regular_file(tmp_path: Path) -> None:
+    from seg_datamodule.io.images import read_image_file
+
+    path = tmp_path / "a.jpg"
+    path.write_bytes(b"x" * 100)
+    assert read_image_file(path) == b"x" * 100
+    with pytest.raises(BadImageError, match="100 bytes, over the limit of 99") as info:
+        read_image_file(path, max_bytes=99)
+    assert info.value.reason == "image_unreadable"
+    with pytest.raises(BadImageError, match="not a regular file"):
+        read_image_file(tmp_path)
+    with pytest.raises(BadImageError, match="does not exist") as info:
+        read_image_file(tmp_path / "nope.jpg")
+    assert info.value.reason == "image_missing"
+    with pytest.raises(BadImageError, match="cannot be read") as info:
+        read_image_file(str(tmp_path / "a\x00.jpg"))
+    assert info.value.reason == "image_unreadable"
+
+
+def test_expected_size_is_checked_before_decoding(rgb: np.ndarray) -> None:
+    with pytest.raises(BadImageError, match=r"is 37x53 \(HxW\) but the annotation file says 37x52") as info:
+        decode_image_bytes(_jpeg_bytes(rgb), expected_size=(37, 52))
+    assert info.value.reason == "image_size_mismatch"
+    assert decode_image_bytes(_jpeg_bytes(rgb), expected_size=(37, 53))[1] == (37, 53)

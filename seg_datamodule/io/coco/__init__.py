@@ -1,6 +1,12 @@
-"""COCO annotation files -> a flat, worker-safe, cached index; bad input named or counted."""
+"""COCO annotation files -> a flat, worker-safe, cached index; bad input named or counted.
 
+``parse`` reads and checks the JSON, ``instances`` turns annotation chunks into arrays,
+``tables`` selects on them and checks them, ``cache`` stores them, ``reading`` opens the images,
+``errors`` says what can be wrong, ``index`` is the :class:`CocoIndex` users see.
+"""
+
+from seg_datamodule.io.coco.cache import default_cache_dir
 from seg_datamodule.io.coco.errors import SKIP_REASONS, BadAnnotationError, format_skip_summary
-from seg_datamodule.io.coco.index import CocoIndex, default_cache_dir
+from seg_datamodule.io.coco.index import CocoIndex
 
 __all__ = ["SKIP_REASONS", "BadAnnotationError", "CocoIndex", "default_cache_dir", "format_skip_summary"]

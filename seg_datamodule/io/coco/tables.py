@@ -1,0 +1,215 @@
+"""The index's tables: their names, and selecting images or dropping crowd regions on them.
+
+An index is a dict of flat numpy arrays (:data:`TABLE_KEYS`); per image the target instances,
+their rings and vertices, and the crowd regions with their RLE bytes are contiguous ragged
+segments (see :mod:`seg_datamodule.ops.ragged`). The functions here return new tables and never
+modify their input; :func:`check_tables` says whether tables read from disk are consistent.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Mapping
+
+import numpy as np
+
+from seg_datamodule.io.images import MAX_IMAGE_PIXELS
+from seg_datamodule.io.paths import file_name_problem
+from seg_datamodule.ops.ragged import offsets_from_lengths, ragged_index
+from seg_datamodule.structures import Polygons
+
+__all__ = ["TABLE_KEYS", "check_tables", "crowd_rles", "image_polygons", "select_images", "without_crowd"]
+
+#: Every array of an index (also what the cache stores).
+TABLE_KEYS = (
+    "image_ids", "heights", "widths", "file_name_bytes", "file_name_offsets", "instance_offsets",
+    "crowd_offsets", "labels", "annotation_ids", "bboxes", "areas", "instance_ring_offsets",
+    "ring_offsets", "vertices", "vertex_scale", "crowd_labels", "crowd_annotation_ids",
+    "crowd_bboxes", "crowd_areas", "crowd_rle_offsets", "crowd_rle_bytes", "category_ids",
+)
+
+
+def select_images(tables: Mapping[str, np.ndarray], keep: np.ndarray) -> dict[str, np.ndarray]:
+    """The tables restricted to the images where ``keep`` is True (with their instances and crowd).
+
+    Args:
+        tables: an index's tables.
+        keep (ndarray[I] bool): images to keep.
+
+    Returns:
+        new tables.
+    """
+    t = tables
+    keep = np.asarray(keep, bool)
+    images = np.flatnonzero(keep)
+    new = {k: t[k][images] for k in ("image_ids", "heights", "widths")}
+    name_off = t["file_name_offsets"]
+    name_lens = np.diff(name_off)[images]
+    new["file_name_bytes"] = t["file_name_bytes"][ragged_index(name_off[images], name_lens)]
+    new["file_name_offsets"] = offsets_from_lengths(name_lens)
+    # Target instances, their rings and vertices.
+    inst_off = t["instance_offsets"]
+    per_image = np.diff(inst_off)[images]
+    inst = ragged_index(inst_off[images], per_image)
+    new["instance_offsets"] = offsets_from_lengths(per_image)
+    for k in ("labels", "annotation_ids", "bboxes", "areas"):
+        new[k] = t[k][inst]
+    ring_off = t["instance_ring_offsets"]
+    nrings = np.diff(ring_off)[inst]
+    rings = ragged_index(ring_off[inst], nrings)
+    new["instance_ring_offsets"] = offsets_from_lengths(nrings)
+    vert_off = t["ring_offsets"]
+    rlens = np.diff(vert_off)[rings]
+    new["ring_offsets"] = offsets_from_lengths(rlens)
+    new["vertices"] = t["vertices"][ragged_index(vert_off[rings], rlens)]
+    # Crowd regions.
+    crowd_off = t["crowd_offsets"]
+    crowd_per_image = np.diff(crowd_off)[images]
+    crowd = ragged_index(crowd_off[images], crowd_per_image)
+    new["crowd_offsets"] = offsets_from_lengths(crowd_per_image)
+    for k in ("crowd_labels", "crowd_annotation_ids", "crowd_bboxes", "crowd_areas"):
+        new[k] = t[k][crowd]
+    rle_off = t["crowd_rle_offsets"]
+    rle_lens = np.diff(rle_off)[crowd]
+    new["crowd_rle_bytes"] = t["crowd_rle_bytes"][ragged_index(rle_off[crowd], rle_lens)]
+    new["crowd_rle_offsets"] = offsets_from_lengths(rle_lens)
+    new["vertex_scale"] = t["vertex_scale"]
+    new["category_ids"] = t["category_ids"]
+    return new
+
+
+def without_crowd(tables: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
+    """The tables with every crowd region removed."""
+    t = dict(tables)
+    t.update(
+        crowd_offsets=np.zeros(len(t["image_ids"]) + 1, np.int64),
+        crowd_labels=np.zeros(0, np.int64),
+        crowd_annotation_ids=np.zeros(0, np.int64),
+        crowd_bboxes=np.zeros((0, 4)),
+        crowd_areas=np.zeros(0),
+        crowd_rle_offsets=np.zeros(1, np.int64),
+        crowd_rle_bytes=np.zeros(0, np.uint8),
+    )
+    return t
+
+
+def image_polygons(tables: Mapping[str, np.ndarray], i: int) -> Polygons:
+    """The target instances of image ``i`` as new float64 arrays (``Polygons.empty()`` if none)."""
+    t = tables
+    a, b = int(t["instance_offsets"][i]), int(t["instance_offsets"][i + 1])
+    if a == b:
+        return Polygons.empty()
+    r0, r1 = int(t["instance_ring_offsets"][a]), int(t["instance_ring_offsets"][b])
+    v0, v1 = int(t["ring_offsets"][r0]), int(t["ring_offsets"][r1])
+    stored = t["vertices"][v0:v1]
+    scale = int(t["vertex_scale"])
+    vertices = stored / scale if scale else stored.astype(np.float64)
+    return Polygons(vertices, t["ring_offsets"][r0 : r1 + 1] - v0, t["instance_ring_offsets"][a : b + 1] - r0)
+
+
+def crowd_rles(tables: Mapping[str, np.ndarray], i: int) -> list[dict[str, Any]]:
+    """Image ``i``'s crowd regions as pycocotools RLE objects (compressed counts)."""
+    t = tables
+    a, b = int(t["crowd_offsets"][i]), int(t["crowd_offsets"][i + 1])
+    size = [int(t["heights"][i]), int(t["widths"][i])]
+    off, raw = t["crowd_rle_offsets"], t["crowd_rle_bytes"]
+    return [{"size": size, "counts": raw[off[k] : off[k + 1]].tobytes()} for k in range(a, b)]
+
+
+def check_tables(tables: Mapping[str, np.ndarray], meta: Mapping[str, Any]) -> str | None:
+    """What is inconsistent in an index's tables and metadata (as read from a cache), or None.
+
+    Checks the metadata's keys and types, every array's dtype and shape, that every offsets
+    array starts at 0, never decreases and ends at the length of what it indexes, that labels
+    lie in ``0..C-1``, rings have at least 3 vertices, image sizes are positive and file names
+    are safe UTF-8 (see :func:`~seg_datamodule.io.paths.file_name_problem`).
+
+    Args:
+        tables: the arrays, by :data:`TABLE_KEYS`.
+        meta: ``class_names``, ``skip_counts``, ``skip_examples``, ``first_problem``.
+
+    Returns:
+        the first problem found, as a phrase, or None.
+    """
+    names = meta.get("class_names")
+    if not (isinstance(names, list) and all(isinstance(n, str) for n in names)):
+        return "class_names missing or not a list of strings"
+    counts, examples = meta.get("skip_counts", {}), meta.get("skip_examples", {})
+    if not (isinstance(counts, dict) and all(type(v) is int and v >= 0 for v in counts.values())):
+        return "skip_counts not a dict of counts"
+    if not (isinstance(examples, dict) and all(
+        isinstance(v, list) and all(isinstance(m, str) for m in v) for v in examples.values()
+    )):
+        return "skip_examples not a dict of message lists"
+    first = meta.get("first_problem")
+    if first is not None and not (
+        isinstance(first, dict) and isinstance(first.get("message"), str) and isinstance(first.get("reason"), str)
+    ):
+        return "first_problem not a recorded problem"
+    t = tables
+    kinds = {"file_name_bytes": "u", "crowd_rle_bytes": "u", "bboxes": "f", "areas": "f",
+             "crowd_bboxes": "f", "crowd_areas": "f", "vertices": "if"}
+    for key in TABLE_KEYS:
+        if key not in t:
+            return f"{key} missing"
+        if t[key].dtype.kind not in kinds.get(key, "i") or t[key].dtype.hasobject:
+            return f"{key} has dtype {t[key].dtype}"
+    num_images, num_classes = len(t["image_ids"]), len(t["category_ids"])
+    n, k = len(t["labels"]), len(t["crowd_labels"])
+    shapes = {
+        "image_ids": (num_images,), "heights": (num_images,), "widths": (num_images,),
+        "category_ids": (len(names),), "vertex_scale": (), "annotation_ids": (n,), "areas": (n,),
+        "bboxes": (n, 4), "crowd_annotation_ids": (k,), "crowd_areas": (k,), "crowd_bboxes": (k, 4),
+        "vertices": (len(t["vertices"]), 2),
+    }
+    for key, shape in shapes.items():
+        if t[key].shape != shape:
+            return f"{key} has shape {t[key].shape}, expected {shape}"
+    ragged = (  # offsets, number of segments, what they index
+        ("file_name_offsets", num_images, "file_name_bytes"), ("instance_offsets", num_images, "labels"),
+        ("crowd_offsets", num_images, "crowd_labels"), ("instance_ring_offsets", n, "ring_offsets"),
+        ("ring_offsets", None, "vertices"), ("crowd_rle_offsets", k, "crowd_rle_bytes"),
+    )
+    for key, segments, target in ragged:
+        off, end = t[key], len(t[target]) - (1 if target == "ring_offsets" else 0)
+        if off.ndim != 1 or (segments is not None and len(off) != segments + 1):
+            return f"{key} has shape {off.shape}"
+        if len(off) == 0 or off[0] != 0 or off[-1] != end or (np.diff(off) < 0).any():
+            return f"{key} does not run from 0 to {end} without decreasing"
+    if (np.diff(t["ring_offsets"]) < 3).any():
+        return "a ring has fewer than 3 vertices"
+    if int(t["vertex_scale"]) not in (0, 100) or (int(t["vertex_scale"]) == 0) != (t["vertices"].dtype.kind == "f"):
+        return f"vertex_scale {t['vertex_scale']} does not match vertices of dtype {t['vertices'].dtype}"
+    for key in ("labels", "crowd_labels"):
+        if len(t[key]) and not (0 <= t[key].min() and t[key].max() < num_classes):
+            return f"{key} outside 0..{num_classes - 1}"
+    heights, widths = t["heights"], t["widths"]
+    if len(heights) and (
+        (heights < 1).any() or (widths < 1).any() or (heights > MAX_IMAGE_PIXELS).any()
+        or (widths > MAX_IMAGE_PIXELS).any() or (heights * widths > MAX_IMAGE_PIXELS).any()
+    ):
+        return "an image size is not positive or too large"
+    return _check_file_names(t["file_name_bytes"], t["file_name_offsets"])
+
+
+def _check_file_names(raw: np.ndarray, offsets: np.ndarray) -> str | None:
+    """Whether every file name is non-empty safe UTF-8; vectorised, names with '..' one by one."""
+    if len(offsets) < 2:
+        return None
+    if (np.diff(offsets) < 1).any():
+        return "a file name is empty"
+    if (raw == 0).any() or (raw[offsets[:-1]] == ord("/")).any():
+        return "a file name is absolute or has a NUL byte"
+    blob = raw.tobytes()
+    try:
+        blob.decode("utf-8")
+    except UnicodeDecodeError:
+        return "file names are not UTF-8"
+    dots = np.flatnonzero((raw[:-1] == ord(".")) & (raw[1:] == ord(".")))
+    for i in np.unique(np.searchsorted(offsets, dots, side="right") - 1):
+        try:
+            problem = file_name_problem(blob[offsets[i] : offsets[i + 1]].decode("utf-8"))
+        except UnicodeDecodeError:
+            problem = "is not UTF-8"
+        if problem is not None:
+            return f"file name of image {i} {problem}"
+    return None
