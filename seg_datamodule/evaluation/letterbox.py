@@ -51,6 +51,14 @@ def _check_boxes(boxes: Tensor) -> None:
         raise ValueError(f"boxes must have shape (N, 4), got {tuple(boxes.shape)}")
 
 
+def _box_letterbox(boxes: Tensor, scale: float, pad: tuple[float, float]) -> tuple[Tensor, float, Tensor]:
+    """Checked boxes (float32, or float64 kept), the scale, and the pad as an xyxy offset."""
+    _check_boxes(boxes)
+    scale, pad_x, pad_y = _check_letterbox(scale, pad)
+    boxes = boxes if boxes.dtype == torch.float64 else boxes.float()
+    return boxes, scale, boxes.new_tensor([pad_x, pad_y, pad_x, pad_y])
+
+
 def boxes_to_canvas(boxes: Tensor, scale: float, pad: tuple[float, float]) -> Tensor:
     """Map xyxy boxes from original image pixels onto the letterboxed canvas.
 
@@ -66,10 +74,7 @@ def boxes_to_canvas(boxes: Tensor, scale: float, pad: tuple[float, float]) -> Te
     Raises:
         TypeError, ValueError: bad shapes or a non-positive scale.
     """
-    _check_boxes(boxes)
-    scale, pad_x, pad_y = _check_letterbox(scale, pad)
-    boxes = boxes if boxes.dtype == torch.float64 else boxes.float()
-    offset = boxes.new_tensor([pad_x, pad_y, pad_x, pad_y])
+    boxes, scale, offset = _box_letterbox(boxes, scale, pad)
     return boxes * scale + offset
 
 
@@ -91,10 +96,7 @@ def boxes_to_original(
     Raises:
         TypeError, ValueError: bad shapes or a non-positive scale.
     """
-    _check_boxes(boxes)
-    scale, pad_x, pad_y = _check_letterbox(scale, pad)
-    boxes = boxes if boxes.dtype == torch.float64 else boxes.float()
-    offset = boxes.new_tensor([pad_x, pad_y, pad_x, pad_y])
+    boxes, scale, offset = _box_letterbox(boxes, scale, pad)
     out = (boxes - offset) / scale
     if orig_size is not None:
         height, width = (float(v) for v in orig_size)
@@ -247,15 +249,9 @@ def mask_windows(
 def masks_to_original(
     masks: Tensor, scale: float, pad: tuple[float, float], orig_size: tuple[int, int], stride: int, threshold: float
 ) -> Tensor:
-    """Full-size original-image masks from masks on the canvas grid (see :func:`mask_windows`).
+    """Full-size original-image masks from masks on the canvas grid.
 
-    Args:
-        masks (Tensor[N, Hm, Wm] float or bool): masks on the stride grid of the canvas.
-        scale (float): original -> canvas scale.
-        pad (tuple[float, float]): (left, top) padding in canvas pixels.
-        orig_size (tuple[int, int]): original (H, W).
-        stride (int): canvas pixels per grid cell.
-        threshold (float): a pixel is foreground when the interpolated value is ``> threshold``.
+    Args: as :func:`mask_windows`, whose windows are pasted into full-size masks.
 
     Returns:
         Tensor[N, H, W] bool on ``masks.device``.

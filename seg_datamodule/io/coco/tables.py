@@ -42,36 +42,21 @@ def select_images(tables: Mapping[str, np.ndarray], keep: np.ndarray) -> dict[st
     keep = np.asarray(keep, bool)
     images = np.flatnonzero(keep)
     new = {k: t[k][images] for k in ("image_ids", "heights", "widths")}
-    name_off = t["file_name_offsets"]
-    name_lens = np.diff(name_off)[images]
-    new["file_name_bytes"] = t["file_name_bytes"][ragged_index(name_off[images], name_lens)]
-    new["file_name_offsets"] = offsets_from_lengths(name_lens)
+    names, new["file_name_offsets"] = _gather(t["file_name_offsets"], images)
+    new["file_name_bytes"] = t["file_name_bytes"][names]
     # Target instances, their rings and vertices.
-    inst_off = t["instance_offsets"]
-    per_image = np.diff(inst_off)[images]
-    inst = ragged_index(inst_off[images], per_image)
-    new["instance_offsets"] = offsets_from_lengths(per_image)
+    inst, new["instance_offsets"] = _gather(t["instance_offsets"], images)
     for k in ("labels", "annotation_ids", "bboxes", "areas"):
         new[k] = t[k][inst]
-    ring_off = t["instance_ring_offsets"]
-    nrings = np.diff(ring_off)[inst]
-    rings = ragged_index(ring_off[inst], nrings)
-    new["instance_ring_offsets"] = offsets_from_lengths(nrings)
-    vert_off = t["ring_offsets"]
-    rlens = np.diff(vert_off)[rings]
-    new["ring_offsets"] = offsets_from_lengths(rlens)
-    new["vertices"] = t["vertices"][ragged_index(vert_off[rings], rlens)]
+    rings, new["instance_ring_offsets"] = _gather(t["instance_ring_offsets"], inst)
+    vertices, new["ring_offsets"] = _gather(t["ring_offsets"], rings)
+    new["vertices"] = t["vertices"][vertices]
     # Crowd regions.
-    crowd_off = t["crowd_offsets"]
-    crowd_per_image = np.diff(crowd_off)[images]
-    crowd = ragged_index(crowd_off[images], crowd_per_image)
-    new["crowd_offsets"] = offsets_from_lengths(crowd_per_image)
+    crowd, new["crowd_offsets"] = _gather(t["crowd_offsets"], images)
     for k in ("crowd_labels", "crowd_annotation_ids", "crowd_bboxes", "crowd_areas"):
         new[k] = t[k][crowd]
-    rle_off = t["crowd_rle_offsets"]
-    rle_lens = np.diff(rle_off)[crowd]
-    new["crowd_rle_bytes"] = t["crowd_rle_bytes"][ragged_index(rle_off[crowd], rle_lens)]
-    new["crowd_rle_offsets"] = offsets_from_lengths(rle_lens)
+    rle, new["crowd_rle_offsets"] = _gather(t["crowd_rle_offsets"], crowd)
+    new["crowd_rle_bytes"] = t["crowd_rle_bytes"][rle]
     new["vertex_scale"] = t["vertex_scale"]
     new["category_ids"] = t["category_ids"]
     return new
@@ -213,3 +198,17 @@ def _check_file_names(raw: np.ndarray, offsets: np.ndarray) -> str | None:
         if problem is not None:
             return f"file name of image {i} {problem}"
     return None
+
+
+def _gather(offsets: np.ndarray, segments: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """The elements of the chosen segments, and the offsets of those segments once gathered.
+
+    Args:
+        offsets (ndarray[K + 1] int64): segment boundaries.
+        segments (ndarray[M] int64): the segments to keep, in order.
+
+    Returns:
+        element indices (int64[sum of their lengths]) and new offsets (int64[M + 1]).
+    """
+    lengths = np.diff(offsets)[segments]
+    return ragged_index(offsets[segments], lengths), offsets_from_lengths(lengths)
