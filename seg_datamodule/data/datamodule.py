@@ -387,8 +387,7 @@ class COCOSegDataModule(LightningDataModule):
 
             out["train_index"] = {**self.stream_meta["skip_counts"], **self.stream_meta["dropped_counts"],
                                   "image_ddp_tail_per_epoch": stream_drop_count(
-                                      self.stream_meta["num_records"], self._world()[0], self.num_workers,
-                                      self.batch_size)}
+                                      self.stream_meta["num_records"], self._world()[0], self.batch_size)}
         for name, dataset in (("train", self.train_dataset), ("val", self.val_dataset)):
             if dataset is not None:
                 out[name] = {key: 0 for key in COUNT_KEYS} | {

@@ -45,15 +45,16 @@ def window_from_meta(meta: dict[str, Any], name: str = "stream") -> RecordWindow
                         np.asarray(meta["widths"], np.int64), name=name)
 
 
-def stream_drop_count(num_records: int, world_size: int, num_workers: int, batch_size: int) -> int:
-    """Records per epoch LitData leaves out under DDP (``drop_last`` is forced on with ranks > 1).
+def stream_drop_count(num_records: int, world_size: int, batch_size: int) -> int:
+    """Records per epoch LitData 0.2.76 leaves out under DDP (``drop_last`` is forced on with ranks > 1).
 
-    It gives every rank ``num_records // world_size`` items; the remainder is dropped. Single
-    process: nothing is dropped.
+    It deals whole batches: every rank gets ``(num_records // batch_size) // world_size`` batches
+    (split over its workers), and the rest of the records is not streamed that epoch. Single
+    process: nothing is dropped (the last worker takes the remainder).
     """
     if world_size <= 1:
         return 0
-    return int(num_records - (num_records // world_size) * world_size)
+    return int(num_records - (num_records // batch_size // world_size) * batch_size * world_size)
 
 
 class StreamRecords(StreamingDataset):
