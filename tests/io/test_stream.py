@@ -209,6 +209,20 @@ def test_stream_epochs_cover_every_image_once_with_map_style_masks(
         assert kept > 0
 
 
+def test_convert_command_line(demo_dir: Path, tmp_path: Path) -> None:
+    root = Path(__file__).resolve().parents[2]
+    out = tmp_path / "cli"
+    result = subprocess.run(
+        [sys.executable, "-m", "seg_datamodule", "convert", str(demo_dir / "annotations" / "instances_train2017.json"),
+         str(demo_dir / "train2017"), str(out), "--chunk-bytes", "256KB", "--num-workers", "1"],
+        cwd=root, env=dict(os.environ, PYTHONPATH=str(root)), capture_output=True, text=True, timeout=300,
+    )
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert f"{out}: 48 images" in result.stdout and "nothing skipped" in result.stdout
+    assert read_stream_meta(str(out))["num_records"] == 48
+    assert (out / META_FILE).is_file() and (out / "index.json").is_file()
+
+
 def test_package_imports_without_litdata() -> None:
     code = (
         "import sys\n"
