@@ -254,7 +254,8 @@ def test_datamodule_trains_from_the_stream_and_validates_map_style(
     out, meta = demo_stream
     with pytest.raises(ValueError, match="not both"):
         COCOSegDataModule(train_stream=f"local:{out}", train_ann="a.json", train_images="b")
-    dm = COCOSegDataModule(train_stream=f"local:{out}", val_ann=str(demo_dir / "annotations" / "instances_val2017.json"),
+    val_ann = str(demo_dir / "annotations" / "instances_val2017.json")
+    dm = COCOSegDataModule(train_stream=f"local:{out}", val_ann=val_ann,
                            val_images=str(demo_dir / "val2017"), image_size=96, batch_size=8, num_workers=0,
                            stream_cache_dir=str(tmp_path / "cache"), stream_max_cache_size="300KB")
     assert dm.num_classes == len(meta["category_ids"]) and dm.class_names == meta["class_names"]
