@@ -243,6 +243,33 @@ def test_package_imports_without_litdata() -> None:
     subprocess.run([sys.executable, "-c", code], check=True, cwd=root, env={"PYTHONPATH": str(root), "PATH": ""})
 
 
+def test_loader_state_is_taken_after_the_batches_training_consumed(
+    demo_stream: tuple[Path, dict], tmp_path: Path
+) -> None:
+    """A batch handed out but not trained on (fetched ahead) is streamed again after a resume."""
+    out, meta = demo_stream
+
+    def loader(progress=None):
+        dataset = SegDataset(window_from_meta(meta), image_size=96, seed=1)
+        return stream_train_loader(str(out), dataset, DetectionCollate(), batch_size=4, num_workers=0, seed=1,
+                                   cache_dir=str(tmp_path / "cache"), progress=progress)
+
+    uninterrupted = loader()
+    straight, following = ([(b.image_ids.tolist(), b.masks.sum().item()) for b in uninterrupted] for _ in range(2))
+    consumed = [0]
+    first = loader(progress=lambda: consumed[0])
+    batches = iter(first)
+    for _ in range(4):  # four handed out, three trained on
+        next(batches)
+    consumed[0] = 3
+    state = first.state_dict()
+    assert state["num_samples_yielded"] == 12
+    resumed = loader()
+    resumed.load_state_dict(state)
+    assert [(b.image_ids.tolist(), b.masks.sum().item()) for b in resumed] == straight[3:]
+    assert [(b.image_ids.tolist(), b.masks.sum().item()) for b in resumed] == following  # next epoch: whole
+
+
 # ----------------------------------------------------------------------------- the DataModule
 
 

@@ -11,7 +11,7 @@ import json
 import sys
 from typing import Sequence
 
-from seg_datamodule.io.coco.errors import format_skip_summary
+from seg_datamodule.io.coco import format_skip_summary
 
 __all__ = ["convert_main", "convert_parser"]
 

@@ -24,8 +24,7 @@ from typing import Any, Literal
 
 import numpy as np
 
-from seg_datamodule.io.coco import CocoIndex
-from seg_datamodule.io.coco.errors import format_skip_summary
+from seg_datamodule.io.coco import CocoIndex, format_skip_summary
 from seg_datamodule.io.images import BadImageError
 from seg_datamodule.io.stream.records import record_from_index
 from seg_datamodule.ops.checks import check_bool, check_choice, check_int
