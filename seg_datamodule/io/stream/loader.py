@@ -17,7 +17,7 @@
 Differences from the map-style loader: which images share a batch depends on LitData's
 chunk-wise shuffle, ``seed`` and ``num_workers`` (batches are the same for 0 and 1 workers, not
 for 2 and 4; fixed for a fixed worker count); under DDP LitData drops the tail that does not
-split evenly over ranks (counted by :func:`stream_drop_count`).
+split into whole batches per rank (counted by :func:`stream_drop_count`).
 """
 
 from __future__ import annotations
