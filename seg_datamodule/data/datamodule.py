@@ -16,7 +16,8 @@ resumed from any checkpoint, mid-epoch included, continues with exactly the batc
 uninterrupted run would have seen.
 
 Without ``train_ann`` the module uses the embedded demo dataset, generated on first use (see
-:mod:`~seg_datamodule.demo.data`).
+:mod:`~seg_datamodule.demo.data`). With ``train_stream`` training streams LitData chunks written by
+``seg-datamodule-convert`` (:mod:`~seg_datamodule.io.stream`) through the same dataset and collate.
 """
 
 from __future__ import annotations
@@ -100,6 +101,15 @@ class COCOSegDataModule(LightningDataModule):
         prefetch_factor: batches each worker prepares ahead (when ``num_workers > 0``).
         seed: base seed of shuffling and augmentation (the same on every rank).
         demo_dir: where the demo dataset is generated (default: the user cache dir).
+        train_stream: train from LitData chunks written by ``seg-datamodule-convert``
+            (``"s3://bucket/coco-train"``, ``"local:/path"``, or a plain folder read in place)
+            instead of ``train_ann`` / ``train_images``; validation stays map-style. Batches are
+            built as in the map-style path (same augmentation, seeds and masks), but which images
+            share a batch follows LitData's chunk-wise shuffle and depends on ``num_workers``;
+            under DDP LitData drops the tail that does not split over the ranks (counted in
+            :attr:`skip_counts`). Workers are not persistent. Needs ``seg-datamodule[stream]``.
+        stream_cache_dir: LitData's local chunk cache (default: LitData's).
+        stream_max_cache_size: LitData's cache budget, e.g. ``"50GB"`` (default: LitData's).
     """
 
     def __init__(
@@ -137,6 +147,9 @@ class COCOSegDataModule(LightningDataModule):
         prefetch_factor: int | None = 2,
         seed: int = 0,
         demo_dir: str | None = None,
+        train_stream: str | None = None,
+        stream_cache_dir: str | None = None,
+        stream_max_cache_size: str | None = None,
     ) -> None:
         super().__init__()
         # Checks the DataModule owns; the dataset and collate check their own arguments.
@@ -150,6 +163,8 @@ class COCOSegDataModule(LightningDataModule):
         self.on_resume_mismatch = check_choice("on_resume_mismatch", on_resume_mismatch, ("raise", "restart"))
         if (train_ann is None) != (train_images is None):
             raise ValueError("give both train_ann and train_images, or neither (the demo dataset)")
+        if train_stream is not None and train_ann is not None:
+            raise ValueError("give train_stream or train_ann / train_images, not both")
         if (val_ann is None) != (val_images is None):
             raise ValueError("give both val_ann and val_images, or neither")
         self.save_hyperparameters(ignore=["transforms"])
@@ -179,6 +194,8 @@ class COCOSegDataModule(LightningDataModule):
         self.loader_options: dict[str, Any] = dict(
             pin_memory=pin_memory, persistent_workers=persistent_workers, prefetch_factor=prefetch_factor
         )
+        self.train_stream, self.stream_options = train_stream, (stream_cache_dir, stream_max_cache_size)
+        self.stream_meta: dict[str, Any] | None = None
         self.train_index: CocoIndex | None = None
         self.val_index: CocoIndex | None = None
         self.train_dataset: SegDataset | None = None
@@ -190,7 +207,7 @@ class COCOSegDataModule(LightningDataModule):
 
     def _resolve_paths(self) -> None:
         """Fill in the demo dataset's paths when no training data was given."""
-        if self.train_ann is not None:
+        if self.train_ann is not None or self.train_stream is not None:
             return
         demo = ensure_demo_dataset(self.demo_dir)
         self.train_ann, self.train_images = str(demo.train_ann), str(demo.train_images)
@@ -199,33 +216,41 @@ class COCOSegDataModule(LightningDataModule):
 
     def _build_indices(self) -> None:
         self._resolve_paths()
-        if self.train_index is None:
+        if self.train_stream is not None and self.stream_meta is None:
+            from seg_datamodule.io.stream import read_stream_meta  # LitData is an optional extra
+
+            self.stream_meta = read_stream_meta(self.train_stream)
+        elif self.train_stream is None and self.train_index is None:
             self.train_index = CocoIndex.build(self.train_ann, self.train_images, **self.index_kwargs)
         if self.val_ann is not None and self.val_index is None:
             # Validation keeps its negatives: dropping them would bias the evaluation.
             kwargs = dict(self.index_kwargs, drop_empty=False)
             self.val_index = CocoIndex.build(self.val_ann, self.val_images, **kwargs)
-            train_ids, val_ids = self.train_index.category_ids, self.val_index.category_ids
+            train_ids, val_ids = np.asarray(self._train_categories()[0]), self.val_index.category_ids
             if not np.array_equal(train_ids, val_ids):
                 # Labels are positions in each file's sorted category ids: they must agree.
                 raise ValueError(
                     f"{self.val_ann}: category ids {val_ids.tolist()} differ from those of "
-                    f"{self.train_ann}: {train_ids.tolist()}; validation labels would not match"
+                    f"{self.train_ann or self.train_stream}: {train_ids.tolist()}; validation labels would not match"
                 )
+
+    def _train_categories(self) -> tuple[list[int], list[str]]:
+        if self.stream_meta is not None:
+            return list(self.stream_meta["category_ids"]), list(self.stream_meta["class_names"])
+        assert self.train_index is not None
+        return self.train_index.category_ids.tolist(), self.train_index.class_names
 
     @property
     def num_classes(self) -> int:
         """C, the number of categories (contiguous labels ``0..C-1``) of the training data."""
         self._build_indices()
-        assert self.train_index is not None
-        return self.train_index.num_classes
+        return len(self._train_categories()[0])
 
     @property
     def class_names(self) -> list[str]:
         """Category names in label order."""
         self._build_indices()
-        assert self.train_index is not None
-        return self.train_index.class_names
+        return self._train_categories()[1]
 
     # ------------------------------------------------------------------ Lightning hooks
 
@@ -235,17 +260,21 @@ class COCOSegDataModule(LightningDataModule):
 
     def setup(self, stage: str) -> None:
         self._build_indices()
-        assert self.train_index is not None
         max_epochs = None
         if self.trainer is not None and self.trainer.max_epochs is not None and self.trainer.max_epochs > 0:
             max_epochs = int(self.trainer.max_epochs)
         if self.train_dataset is None:
             kwargs = dict(self.augment_kwargs)
+            index: Any = self.train_index
+            if self.stream_meta is not None:  # a window over each streamed batch; nothing to cache
+                from seg_datamodule.io.stream import window_from_meta
+
+                index, kwargs["cache_images"] = window_from_meta(self.stream_meta, self.train_stream), 0
             if kwargs["cache_images"] is None:
-                n = len(self.train_index)
+                n = len(index)
                 kwargs["cache_images"] = n if n <= AUTO_CACHE_MAX_IMAGES else 0
             self.train_dataset = SegDataset(
-                self.train_index, image_size=self.image_size, geometry=self.geometry, train=True,
+                index, image_size=self.image_size, geometry=self.geometry, train=True,
                 max_epochs=max_epochs,
                 seed=self.seed, on_bad_sample=self.on_bad_sample, **kwargs,
             )
@@ -284,11 +313,22 @@ class COCOSegDataModule(LightningDataModule):
             self.setup("fit")
         assert self.train_dataset is not None
         world_size, rank = self._world()
-        sampler = EpochShardSampler(self.train_dataset, num_replicas=world_size, rank=rank, shuffle=True,
-                                    seed=self.seed)
-        loader = ResumableDataLoader(self.train_dataset, batch_size=self.batch_size, sampler=sampler,
-                                     progress=self._trained_batches if self.trainer is not None else None,
-                                     on_mismatch=self.on_resume_mismatch, **self._loader_kwargs())
+        progress = self._trained_batches if self.trainer is not None else None
+        loader: Any
+        if self.train_stream is not None:  # LitData shards over ranks and workers itself
+            from seg_datamodule.io.stream import stream_train_loader
+
+            kwargs = self._loader_kwargs() | {"persistent_workers": False}  # LitData's epoch lives in workers
+            loader = stream_train_loader(
+                self.train_stream, self.train_dataset, kwargs.pop("collate_fn"), batch_size=self.batch_size,
+                seed=self.seed, cache_dir=self.stream_options[0], max_cache_size=self.stream_options[1],
+                progress=progress, **kwargs)
+        else:
+            sampler = EpochShardSampler(self.train_dataset, num_replicas=world_size, rank=rank, shuffle=True,
+                                        seed=self.seed)
+            loader = ResumableDataLoader(self.train_dataset, batch_size=self.batch_size, sampler=sampler,
+                                         progress=progress, on_mismatch=self.on_resume_mismatch,
+                                         **self._loader_kwargs())
         if self._train_loader is not None:  # a reloaded loader keeps counting where the last one was
             loader._delivered.update(self._train_loader.delivered_counts)
         if self._loader_state is not None:  # a checkpoint being resumed
@@ -345,6 +385,12 @@ class COCOSegDataModule(LightningDataModule):
         for name, index in (("train_index", self.train_index), ("val_index", self.val_index)):
             if index is not None:
                 out[name] = {**index.skip_counts, **index.dropped_counts}
+        if self.stream_meta is not None:  # skipped at conversion; per epoch, LitData's DDP tail
+            from seg_datamodule.io.stream import stream_drop_count
+
+            out["train_index"] = {**self.stream_meta["skip_counts"], **self.stream_meta["dropped_counts"],
+                                  "image_ddp_tail_per_epoch": stream_drop_count(
+                                      self.stream_meta["num_records"], self._world()[0], self.batch_size)}
         for name, dataset in (("train", self.train_dataset), ("val", self.val_dataset)):
             if dataset is not None:
                 out[name] = {key: 0 for key in COUNT_KEYS} | {

@@ -1,0 +1,248 @@
+"""COCO annotation file + image folder -> LitData chunks, one record per image, metadata beside them.
+
+The converter builds a :class:`~seg_datamodule.io.coco.CocoIndex` first and converts from it, so
+every bad entry is handled exactly as the map-style loader handles it (raise, or skip and count,
+with the same reasons and messages); a file that cannot be read when converting is handled the
+same way (reason ``image_missing`` / ``image_unreadable``). The JPEG bytes are stored as they are
+on disk, never re-encoded. Inputs are shuffled (from ``seed``) before ``litdata.optimize`` so
+chunks mix images; LitData does not keep item order, so every record carries its ``index`` and
+``image_id``.
+
+Beside the chunks, :data:`META_FILE` holds the categories, the skip and drop counts, and every
+image's id and size by position (what a streamed batch plans its mosaic from).
+"""
+
+from __future__ import annotations
+
+import functools
+import json
+import os
+import tempfile
+import time
+from pathlib import Path
+from typing import Any, Literal
+
+import numpy as np
+
+from seg_datamodule.io.coco import CocoIndex, format_skip_summary
+from seg_datamodule.io.images import BadImageError
+from seg_datamodule.io.stream.records import record_from_index
+from seg_datamodule.ops.checks import check_bool, check_choice, check_int
+
+__all__ = ["FORMAT_VERSION", "META_FILE", "convert_coco", "read_stream_meta", "require_litdata", "split_source"]
+
+#: Name of the metadata JSON written beside the chunks.
+META_FILE = "seg_datamodule_stream.json"
+#: Version of the record schema and metadata; readers refuse another.
+FORMAT_VERSION = 1
+_REMOTE = ("s3://", "gs://", "r2://", "azure://", "hf://")
+
+
+def require_litdata() -> Any:
+    """The ``litdata`` module, or an ImportError saying how to install the optional extra."""
+    try:
+        import litdata
+    except ImportError as err:  # pragma: no cover - exercised only without the extra
+        raise ImportError(
+            "streaming needs LitData: pip install 'seg-datamodule[stream]' (litdata==0.2.76)"
+        ) from err
+    return litdata
+
+
+def split_source(source: str) -> tuple[str, bool]:
+    """``(path or url, remote)`` of a stream source: ``local:/path``, ``s3://...``, or a plain path."""
+    if not isinstance(source, (str, os.PathLike)):
+        raise TypeError(f"a stream source must be a str, got {type(source).__name__}")
+    source = os.fspath(source)
+    if source.startswith("local:"):
+        return source[len("local:"):], False
+    return source, source.startswith(_REMOTE)
+
+
+def _read_bytes(index: CocoIndex, i: int) -> bytes:
+    """Image ``i``'s file as stored; raises ``BadImageError`` naming the file and image id."""
+    path = index.file_path(i)
+    where = f"{index.ann_file}: image id {int(index.image_ids[i])}: image file {path}"
+    try:
+        with open(path, "rb") as fh:
+            return fh.read()
+    except FileNotFoundError:
+        raise BadImageError(f"{where} does not exist", path=path, reason="image_missing",
+                            image_id=int(index.image_ids[i]), image_index=i) from None
+    except OSError as err:
+        raise BadImageError(f"{where} cannot be read: {err.strerror or err}", path=path,
+                            reason="image_unreadable", image_id=int(index.image_ids[i]), image_index=i) from None
+
+
+def _record(index: CocoIndex, i: int) -> dict[str, Any]:
+    """``litdata.optimize``'s per-input function (runs in its workers; the index pickles)."""
+    return record_from_index(index, i, _read_bytes(index, i))
+
+
+def _readable(index: CocoIndex, on_bad_sample: str) -> tuple[np.ndarray, dict[str, int], dict[str, list[str]]]:
+    """Positions whose file can be opened; the others raise or are counted (skip mode)."""
+    keep, counts, examples = [], {}, {}
+    for i in range(len(index)):
+        path = index.file_path(i)
+        try:
+            if not os.path.isfile(path):
+                raise BadImageError(
+                    f"{index.ann_file}: image id {int(index.image_ids[i])}: image file {path} does not exist",
+                    path=path, reason="image_missing", image_id=int(index.image_ids[i]), image_index=i)
+            if not os.access(path, os.R_OK):
+                raise BadImageError(
+                    f"{index.ann_file}: image id {int(index.image_ids[i])}: image file {path} cannot be read",
+                    path=path, reason="image_unreadable", image_id=int(index.image_ids[i]), image_index=i)
+        except BadImageError as err:
+            if on_bad_sample == "raise":
+                raise
+            reason = str(err.reason)
+            counts[reason] = counts.get(reason, 0) + 1
+            examples.setdefault(reason, [])
+            if len(examples[reason]) < 5:
+                examples[reason].append(str(err))
+            continue
+        keep.append(i)
+    return np.asarray(keep, np.int64), counts, examples
+
+
+def convert_coco(
+    ann_file: str | os.PathLike[str],
+    images_root: str | os.PathLike[str],
+    output_dir: str,
+    *,
+    on_bad_sample: Literal["raise", "skip"] = "raise",
+    drop_crowd: bool = False,
+    drop_empty: bool = False,
+    verify_images: bool = False,
+    cache_dir: str | None = None,
+    chunk_bytes: int | str = "64MB",
+    num_workers: int = 1,
+    seed: int = 0,
+    overwrite: bool = False,
+    storage_options: dict[str, Any] | None = None,
+    start_method: str | None = None,
+) -> dict[str, Any]:
+    """Convert a COCO dataset to LitData chunks (a local folder, or ``s3://...`` via LitData's upload).
+
+    Args:
+        ann_file: COCO instances JSON.
+        images_root: folder of the images (``file_name`` is relative to it).
+        output_dir: where the chunks go: a folder, ``local:/folder`` or a bucket URL.
+        on_bad_sample, drop_crowd, drop_empty, verify_images, cache_dir: as for
+            ``CocoIndex.build`` (``verify_images`` decodes every image now; a bad image could
+            not be replaced while streaming).
+        chunk_bytes: target chunk size (LitData syntax, ``"64MB"``).
+        num_workers: ``litdata.optimize`` worker processes.
+        seed: seed of the input shuffle.
+        overwrite: replace existing chunks in ``output_dir``.
+        storage_options: passed to LitData for a remote ``output_dir``.
+        start_method: how ``litdata.optimize`` starts its workers (``"fork"`` starts in about a
+            second, LitData's default ``"spawn"`` re-imports torch in every worker).
+
+    Returns:
+        dict: the metadata written to :data:`META_FILE` (counts under ``skip_counts``,
+        ``dropped_counts``, ``num_records``, sizes under ``image_bytes`` and ``chunk_bytes_total``).
+
+    Raises:
+        ImportError: LitData is not installed.
+        BadAnnotationError, BadImageError: a bad entry with ``on_bad_sample="raise"``.
+        TypeError, ValueError: a bad argument.
+    """
+    litdata = require_litdata()
+    check_choice("on_bad_sample", on_bad_sample, ("raise", "skip"))
+    check_int("num_workers", num_workers, 1)
+    check_int("seed", seed, 0)
+    check_bool("overwrite", overwrite)
+    out, remote = split_source(output_dir)
+    start = time.perf_counter()
+    # 1. The index: every JSON problem raised or counted exactly as the map-style loader does.
+    index = CocoIndex.build(ann_file, images_root, on_bad_sample=on_bad_sample, drop_crowd=drop_crowd,
+                            drop_empty=drop_empty, verify_images=verify_images, cache_dir=cache_dir)
+    # 2. Files that cannot be opened: raised or counted like the images verify_images finds.
+    positions, read_counts, read_examples = _readable(index, on_bad_sample)
+    if positions.size == 0:
+        raise ValueError(f"{ann_file}: no image left to convert ({format_skip_summary(read_counts)})")
+    # 3. Shuffle so chunks mix images, then write the chunks.
+    inputs = np.random.default_rng([seed, 0x636F6E76]).permutation(positions).tolist()
+    if not remote:
+        Path(out).mkdir(parents=True, exist_ok=True)
+    litdata.optimize(
+        functools.partial(_record, index), inputs, output_dir if remote else out, chunk_bytes=chunk_bytes,
+        num_workers=num_workers, mode="overwrite" if overwrite else None, verbose=False,
+        storage_options=storage_options or {}, start_method=start_method,
+    )
+    # 4. The metadata beside the chunks.
+    skip_counts = dict(index.skip_counts)
+    for reason, count in read_counts.items():
+        skip_counts[reason] = skip_counts.get(reason, 0) + count
+    skip_examples = index.skip_examples | read_examples
+    meta: dict[str, Any] = {
+        "format": "seg_datamodule.stream",
+        "version": FORMAT_VERSION,
+        "litdata_version": getattr(litdata, "__version__", "unknown"),
+        "ann_file": str(ann_file),
+        "images_root": str(images_root),
+        "options": {"on_bad_sample": on_bad_sample, "drop_crowd": drop_crowd, "drop_empty": drop_empty,
+                    "verify_images": verify_images, "seed": seed, "chunk_bytes": chunk_bytes},
+        "num_records": int(positions.size),
+        "num_instances": int(sum(len(index.labels(int(i))) for i in positions)),
+        "category_ids": [int(c) for c in index.category_ids],
+        "class_names": list(index.class_names),
+        "skip_counts": skip_counts,
+        "skip_examples": skip_examples,
+        "dropped_counts": dict(index.dropped_counts),
+        "image_ids": [int(v) for v in index.image_ids],
+        "heights": [int(v) for v in index.heights],
+        "widths": [int(v) for v in index.widths],
+        "positions": [int(i) for i in positions],
+        "image_bytes": int(sum(os.path.getsize(index.file_path(int(i))) for i in positions)),
+        "ann_file_bytes": int(os.path.getsize(ann_file)),
+        "seconds": round(time.perf_counter() - start, 3),
+    }
+    if not remote:
+        meta["chunk_bytes_total"] = int(sum(p.stat().st_size for p in Path(out).iterdir() if p.name != META_FILE))
+    _write_meta(meta, out, remote, storage_options)
+    return meta
+
+
+def _write_meta(meta: dict[str, Any], out: str, remote: bool, storage_options: dict[str, Any] | None) -> None:
+    text = json.dumps(meta)
+    if not remote:
+        tmp = Path(out) / f".{META_FILE}.tmp"
+        tmp.write_text(text)
+        tmp.replace(Path(out) / META_FILE)
+        return
+    # LitData's own filesystem providers (a private module; there is no public upload helper).
+    from litdata.streaming.fs_provider import _get_fs_provider
+
+    with tempfile.TemporaryDirectory() as tmp:
+        local = Path(tmp) / META_FILE
+        local.write_text(text)
+        _get_fs_provider(out, storage_options).upload_file(str(local), f"{out.rstrip('/')}/{META_FILE}")
+
+
+def read_stream_meta(source: str, storage_options: dict[str, Any] | None = None) -> dict[str, Any]:
+    """The metadata beside a converted dataset's chunks (downloaded for a remote source).
+
+    Raises:
+        FileNotFoundError: no :data:`META_FILE` there (not written by :func:`convert_coco`).
+        ValueError: another format version.
+    """
+    path, remote = split_source(source)
+    if remote:
+        from litdata.streaming.fs_provider import _get_fs_provider
+
+        with tempfile.TemporaryDirectory() as tmp:
+            local = Path(tmp) / META_FILE
+            _get_fs_provider(path, storage_options).download_file(f"{path.rstrip('/')}/{META_FILE}", str(local))
+            meta = json.loads(local.read_text())
+    else:
+        file = Path(path) / META_FILE
+        if not file.is_file():
+            raise FileNotFoundError(f"{file} not found: {source} was not written by seg_datamodule's convert")
+        meta = json.loads(file.read_text())
+    if meta.get("format") != "seg_datamodule.stream" or meta.get("version") != FORMAT_VERSION:
+        raise ValueError(f"{source}: stream format {meta.get('format')!r} version {meta.get('version')!r}, "
+                         f"this package reads version {FORMAT_VERSION}")
+    return meta

@@ -1,0 +1,231 @@
+"""One streamed record per image: its schema with forced dtypes, and an index over a batch of them.
+
+A record is a flat dict of bytes, ints and 1-D numpy arrays, what ``litdata.optimize`` stores.
+LitData fixes a 1-D array's dtype from the first record it writes (a later record with another
+dtype reads back as garbage), so :func:`record_from_index` casts every array to
+:data:`RECORD_DTYPES` and :func:`check_record` refuses a record that does not match them.
+
+:class:`RecordWindow` is an :class:`~seg_datamodule.data.loading.ImageIndex` over the records of
+the batch being built: it knows every image's id and size (from the metadata beside the chunks)
+and the annotations and pixels of the bound records only, so
+:class:`~seg_datamodule.data.dataset.SegDataset` builds a streamed batch with exactly the code,
+randomness and rasteriser of the map-style path. Nothing here imports LitData.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Mapping, Sequence
+
+import numpy as np
+from pycocotools import mask as mask_utils
+
+from seg_datamodule.io.images import BadImageError, decode_image_bytes, reduced_size
+from seg_datamodule.structures import Polygons
+
+__all__ = ["RECORD_DTYPES", "RECORD_INTS", "RecordWindow", "check_record", "crowd_rle", "record_from_index",
+           "record_polygons"]
+
+#: The 1-D arrays of a record and their forced dtypes. ``vertices`` is ``(x0, y0, x1, y1, ...)``
+#: in original pixels; ``ring_offsets`` index vertices (not coordinates), ``instance_offsets``
+#: index rings, as in :class:`~seg_datamodule.structures.Polygons`. ``crowd_rle`` is the
+#: compressed COCO RLE (pycocotools ``counts``) of the union of the image's crowd regions, empty
+#: when it has none.
+RECORD_DTYPES: dict[str, np.dtype] = {
+    "vertices": np.dtype(np.float64),
+    "ring_offsets": np.dtype(np.int64),
+    "instance_offsets": np.dtype(np.int64),
+    "labels": np.dtype(np.int64),
+    "annotation_ids": np.dtype(np.int64),
+    "crowd_annotation_ids": np.dtype(np.int64),
+    "crowd_rle": np.dtype(np.uint8),
+}
+
+#: The int fields of a record: ``index`` is the image's position in the ``CocoIndex`` the chunks
+#: were converted from (what seeds its augmentation), the others are the JSON's.
+RECORD_INTS: tuple[str, ...] = ("index", "image_id", "height", "width")
+
+
+def crowd_rle(mask: np.ndarray | None) -> np.ndarray:
+    """The compressed COCO RLE ``counts`` of a crowd mask, as uint8 bytes (empty for None).
+
+    Args:
+        mask (ndarray[H, W] bool | None): the union of an image's crowd regions.
+
+    Returns:
+        ndarray[K] uint8; pycocotools decodes it back to ``mask`` exactly.
+    """
+    if mask is None:
+        return np.zeros(0, np.uint8)
+    rle = mask_utils.encode(np.asfortranarray(mask.astype(np.uint8)))
+    return np.frombuffer(rle["counts"], np.uint8).copy()
+
+
+def record_from_index(index: Any, i: int, image: bytes) -> dict[str, Any]:
+    """Image ``i`` of a ``CocoIndex`` as a record (every array cast to :data:`RECORD_DTYPES`).
+
+    Args:
+        index (CocoIndex): the source index.
+        i (int): image position in ``index``.
+        image (bytes): the image file's bytes, as stored (not re-encoded).
+
+    Returns:
+        dict with ``image`` (bytes), the :data:`RECORD_INTS` and the :data:`RECORD_DTYPES` arrays.
+    """
+    polygons = index.polygons(i)
+    record: dict[str, Any] = {
+        "index": int(i),
+        "image_id": int(index.image_ids[i]),
+        "height": int(index.heights[i]),
+        "width": int(index.widths[i]),
+        "image": bytes(image),
+        "vertices": np.asarray(polygons.vertices).reshape(-1),
+        "ring_offsets": polygons.ring_offsets,
+        "instance_offsets": polygons.instance_offsets,
+        "labels": index.labels(i),
+        "annotation_ids": index.annotation_ids(i),
+        "crowd_annotation_ids": index.crowd_annotation_ids(i),
+        "crowd_rle": crowd_rle(index.crowd_mask(i)),
+    }
+    for key, dtype in RECORD_DTYPES.items():
+        record[key] = np.ascontiguousarray(record[key], dtype=dtype).reshape(-1)
+    return record
+
+
+def check_record(record: Mapping[str, Any], where: str = "record") -> None:
+    """Refuse a record whose fields, dtypes or offsets do not fit together.
+
+    Raises:
+        ValueError: naming ``where``, the image id and the field: a missing field, an array of
+            another dtype than :data:`RECORD_DTYPES` (what a dtype fixed by another first record
+            reads back as), or offsets that do not match the array lengths.
+    """
+    missing = [k for k in ("image", *RECORD_INTS, *RECORD_DTYPES) if k not in record]
+    if missing:
+        raise ValueError(f"{where}: record lacks {missing}")
+    where = f"{where}: image id {record['image_id']}"
+    for key, dtype in RECORD_DTYPES.items():
+        value = record[key]
+        if not isinstance(value, np.ndarray) or value.dtype != dtype or value.ndim != 1:
+            got = f"{value.dtype} {value.shape}" if isinstance(value, np.ndarray) else type(value).__name__
+            raise ValueError(f"{where}: field {key!r} must be a 1-D {dtype} array, got {got}")
+    rings, instances = record["ring_offsets"], record["instance_offsets"]
+    n = len(record["labels"])
+    problems = []
+    if len(record["vertices"]) % 2 or rings.size < 1 or instances.size != n + 1:
+        problems.append("lengths")
+    elif rings[0] != 0 or instances[0] != 0 or np.any(np.diff(rings) < 0) or np.any(np.diff(instances) < 0):
+        problems.append("offsets not increasing from 0")
+    elif 2 * int(rings[-1]) != len(record["vertices"]) or int(instances[-1]) != rings.size - 1:
+        problems.append("offsets do not end at the array lengths")
+    if len(record["annotation_ids"]) != n:
+        problems.append("annotation_ids and labels differ in length")
+    if problems:
+        raise ValueError(
+            f"{where}: inconsistent polygon arrays ({'; '.join(problems)}): {len(record['vertices'])} "
+            f"coordinates, {rings.size} ring offsets, {instances.size} instance offsets, {n} labels"
+        )
+
+
+def record_polygons(record: Mapping[str, Any]) -> Polygons:
+    """The record's instances as :class:`Polygons` (new arrays, safe to modify)."""
+    if len(record["labels"]) == 0:
+        return Polygons.empty()
+    return Polygons(record["vertices"].reshape(-1, 2).copy(), record["ring_offsets"].copy(),
+                    record["instance_offsets"].copy())
+
+
+class RecordWindow:
+    """An ``ImageIndex`` over all images' ids and sizes, with the annotations of bound records only.
+
+    Positions are the source ``CocoIndex``'s (a record's ``index``), so a sample seeds and plans
+    exactly as the map-style dataset does. Only the records of the batch being built are bound
+    (:meth:`bind`): streaming cannot read other images without stalling the stream.
+
+    Args:
+        image_ids, heights, widths (ndarray[N] int64): every image of the converted dataset, by
+            position.
+        name (str): the stream, for messages.
+    """
+
+    def __init__(self, image_ids: np.ndarray, heights: np.ndarray, widths: np.ndarray, name: str = "stream") -> None:
+        self.image_ids = np.asarray(image_ids, np.int64)
+        self.heights = np.asarray(heights, np.int64)
+        self.widths = np.asarray(widths, np.int64)
+        if not self.image_ids.shape == self.heights.shape == self.widths.shape or self.image_ids.ndim != 1:
+            raise ValueError("image_ids, heights and widths must be 1-D arrays of one length, got shapes "
+                             f"{self.image_ids.shape}, {self.heights.shape}, {self.widths.shape}")
+        self.name = name
+        self._records: dict[int, Mapping[str, Any]] = {}
+
+    def __len__(self) -> int:
+        return len(self.image_ids)
+
+    def bind(self, records: Sequence[Mapping[str, Any]]) -> list[int]:
+        """Make ``records`` the readable ones (replacing the previous batch's); returns their positions.
+
+        Raises:
+            ValueError: a record fails :func:`check_record`, or its id or size differs from the
+                metadata's at its position (chunks and metadata from different conversions).
+        """
+        bound: dict[int, Mapping[str, Any]] = {}
+        for record in records:
+            check_record(record, self.name)
+            i = int(record["index"])
+            if not 0 <= i < len(self) or (int(record["image_id"]), int(record["height"]), int(record["width"])) != (
+                int(self.image_ids[i]), int(self.heights[i]), int(self.widths[i])
+            ):
+                raise ValueError(
+                    f"{self.name}: record of image id {record['image_id']} at position {i} does not match "
+                    "the metadata beside the chunks (were they written by different conversions?)"
+                )
+            bound[i] = record
+        self._records = bound
+        return list(bound)
+
+    def _record(self, i: int) -> Mapping[str, Any]:
+        try:
+            return self._records[int(i)]
+        except KeyError:
+            raise RuntimeError(
+                f"{self.name}: image at position {i} is not in the batch being built; a streamed batch "
+                "reads only its own images (convert with verify_images=True to leave bad images out)"
+            ) from None
+
+    def polygons(self, i: int) -> Polygons:
+        return record_polygons(self._record(i))
+
+    def labels(self, i: int) -> np.ndarray:
+        return self._record(i)["labels"].copy()
+
+    def annotation_ids(self, i: int) -> np.ndarray:
+        return self._record(i)["annotation_ids"].copy()
+
+    def crowd_mask(self, i: int) -> np.ndarray | None:
+        record = self._record(i)
+        if record["crowd_rle"].size == 0:
+            return None
+        rle = {"size": [int(record["height"]), int(record["width"])], "counts": record["crowd_rle"].tobytes()}
+        return np.ascontiguousarray(mask_utils.decode(rle), dtype=bool)
+
+    def load_image(self, i: int, reduce: int = 1) -> np.ndarray:
+        """Decode the record's stored bytes exactly as ``CocoIndex.load_image`` decodes the file.
+
+        Raises:
+            BadImageError: the bytes do not decode, or their stored size is not the JSON's.
+        """
+        record = self._record(i)
+        image_id = int(record["image_id"])
+        where = f"{self.name}: image id {image_id}"
+        try:
+            image, stored = decode_image_bytes(record["image"], reduce=reduce, name=f"{where} bytes")
+        except BadImageError as err:
+            raise BadImageError(str(err), path=self.name, reason=err.reason, image_id=image_id,
+                                image_index=int(i)) from None
+        expected = (int(record["height"]), int(record["width"]))
+        if stored != expected or image.shape[:2] != reduced_size(expected, reduce):
+            raise BadImageError(
+                f"{where}: image is {stored[0]}x{stored[1]} (HxW) but the annotation file says "
+                f"{expected[0]}x{expected[1]}", path=self.name, reason="image_size_mismatch",
+                image_id=image_id, image_index=int(i),
+            )
+        return image
