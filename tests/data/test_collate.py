@@ -91,13 +91,18 @@ def test_boxes_are_taken_or_derived_by_exact_clip():
     # Entirely outside: nothing visible, a zero-size box (clamping gives the point (20, 20)).
     outside = [[[25, 2], [40, 2], [30, 12]]]
     given = np.array([[1, 2, 3, 4], [5, 6, 7, 8], [9, 10, 11, 12], [13, 14, 15, 16]], np.float32)
+    # Samples of one instance and of none around them: each derives its own boxes.
     batch = collate_detection([make_sample(0, [tri, tip, corner, outside], (20, 20)),
-                               make_sample(1, [tri, tip, corner, outside], (20, 20), boxes=given)],
+                               make_sample(1, [tri, tip, corner, outside], (20, 20), boxes=given),
+                               make_sample(2, [], (20, 20)),
+                               make_sample(3, [tip], (20, 20))],
                               mask_stride=4)
     boxes = batch.boxes.numpy()
+    assert boxes.shape == (9, 4)
     np.testing.assert_allclose(boxes[:3], [[0, 0, 20, 20], [0, 0, 15, 20], [5, 5, 20, 20]], atol=1e-5)
     assert boxes[3, 2] - boxes[3, 0] == 0 and boxes[3, 3] - boxes[3, 1] == 0
-    np.testing.assert_array_equal(boxes[4:], given)
+    np.testing.assert_array_equal(boxes[4:8], given)
+    np.testing.assert_allclose(boxes[8], [0, 0, 15, 20], atol=1e-5)
     # Every mask cell (reference rasteriser, stride 1) lies in its derived box.
     masks = reference_rasterize([[np.asarray(r, float) for r in inst] for inst in (tri, tip, corner)], (20, 20), 1)
     for mask, (x0, y0, x1, y1) in zip(masks, boxes):
@@ -168,6 +173,17 @@ def test_shared_memory_outputs_and_zero_fill():
     batch = DetectionCollate(mask_stride=4, shared_memory=True)(make_samples())
     assert batch.masks.is_shared() and batch.images.is_shared() and batch.ignore_masks.is_shared()
     np.testing.assert_array_equal(batch.masks.numpy(), collate_detection(make_samples()).masks.numpy())
+    # shared_memory=None (the default): private memory outside a DataLoader worker.
+    private = DetectionCollate(mask_stride=4)(make_samples())
+    assert not private.masks.is_shared() and not private.images.is_shared()
+
+
+def test_defaults_are_stride_4_and_channels_last():
+    samples = make_samples()  # 37 x 50 canvases: stride 4 gives 10 x 13 cells
+    for batch in (DetectionCollate()(samples), collate_detection(samples)):
+        assert batch.mask_stride == 4 and batch.masks.shape[1:] == (10, 13)
+        assert batch.images.is_contiguous(memory_format=torch.channels_last)
+        assert not batch.images.is_contiguous()
 
 
 def test_samples_collate_and_batches_pickle():
@@ -208,6 +224,20 @@ class _SampleDataset(Dataset):
     def __getitem__(self, i: int) -> Sample:
         rng = np.random.default_rng(i)
         return make_sample(i, random_instances(rng, i % 4, (64, 48)), (64, 48), seed=i)
+
+
+class _SharedInWorker(DetectionCollate):
+    """Reports whether the batch was built in shared memory, before the hand-over moves it there."""
+
+    def __call__(self, samples):  # type: ignore[override]
+        batch = super().__call__(samples)
+        return batch, batch.masks.is_shared(), batch.images.is_shared(), batch.ignore_masks.is_shared()
+
+
+def test_default_collate_allocates_in_shared_memory_inside_workers():
+    loader = DataLoader(_SampleDataset(6), batch_size=3, num_workers=1, collate_fn=_SharedInWorker(mask_stride=4))
+    flags = [tuple(item[1:]) for item in loader]
+    assert flags == [(True, True, True)] * 2
 
 
 @pytest.mark.filterwarnings("ignore:.*pin_memory.*:UserWarning")
