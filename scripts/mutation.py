@@ -16,10 +16,12 @@ them sees the mutant, then runs ``pytest.main`` on the target's tests with ``-x`
 written into the repository; hypothesis runs derandomised and without its example database, so
 a run is reproducible.
 
-Sizing: with ``--budget-minutes`` (default 25, the whole run) each module gets a share of the
-budget from its measured baseline test time, and a seeded random sample of its mutants when all
-of them would not fit; the report says how many were sampled. ``--jobs 2`` runs two mutants at
-once (the default is the number of CPUs, at most 2).
+Sizing: with ``--budget-minutes`` (default 25, the whole run) each module gets an equal share of
+what is left, and a seeded random sample of its mutants when all of them would not fit in it (the
+report says how many ran). Mutants are first screened with a quarter of each hypothesis test's
+examples (``--examples-scale``); only the survivors run again with all of them, so a survivor
+is one the full tests let through. ``--jobs 2`` runs two mutants at once (default: the number of
+CPUs, at most 2).
 
 Run: ``python scripts/mutation.py`` (all targets) or
 ``python scripts/mutation.py geometry collate --budget-minutes 5``; ``--list`` prints the
@@ -60,7 +62,8 @@ class Target:
 
 TARGETS: tuple[Target, ...] = (
     Target("raster", "seg_datamodule.ops.raster", ("tests/ops/test_raster.py",)),
-    Target("geometry", "seg_datamodule.ops.geometry", ("tests/ops/test_geometry.py",)),
+    Target("geometry", "seg_datamodule.ops.geometry",
+           ("tests/ops/test_geometry.py", "-k", "not affine and not compose and not cv2")),
     Target("ragged", "seg_datamodule.ops.ragged", ("tests/ops/test_raster.py", "tests/ops/test_geometry.py")),
     Target("polygons", "seg_datamodule.structures.polygons",
            ("tests/ops/test_geometry.py", "tests/transforms/test_mosaic.py")),
@@ -338,7 +341,25 @@ def _pytest_args(target: Target, basetemp: Path) -> list[str]:
             "-o", "addopts=--strict-markers", "--timeout=0"]
 
 
-def _child(target: Target, code: types.CodeType | None, basetemp: Path, log: Path) -> None:
+def _scale_hypothesis_examples(scale: float) -> None:
+    """Scale the default and every explicit ``@settings(max_examples=N)`` (at least 10 examples)."""
+    from hypothesis import settings
+
+    settings.register_profile("mutation-scaled", parent=settings.get_profile("mutation"),
+                              max_examples=max(10, int(settings.default.max_examples * scale)))
+    settings.load_profile("mutation-scaled")
+    original = settings.__init__
+
+    def init(self, parent=None, **kwargs):  # noqa: ANN001 - hypothesis' own signature
+        if "max_examples" in kwargs:
+            kwargs["max_examples"] = max(10, int(kwargs["max_examples"] * scale))
+        original(self, parent, **kwargs)
+
+    settings.__init__ = init
+
+
+def _child(target: Target, code: types.CodeType | None, basetemp: Path, log: Path,
+           examples_scale: float) -> None:
     """In the forked child: install the mutant, run the tests, exit with pytest's code."""
     try:
         fd = os.open(log, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
@@ -347,6 +368,8 @@ def _child(target: Target, code: types.CodeType | None, basetemp: Path, log: Pat
         os.setpgid(0, 0)  # its own process group, so a timeout can kill its DataLoader workers too
         if code is not None:
             install(sys.modules[target.module], code)
+        if examples_scale != 1.0:
+            _scale_hypothesis_examples(examples_scale)
         import pytest
 
         rc = pytest.main(_pytest_args(target, basetemp))
@@ -361,12 +384,13 @@ def _child(target: Target, code: types.CodeType | None, basetemp: Path, log: Pat
         os._exit(97)
 
 
-def _start(target: Target, code: types.CodeType | None, workdir: Path, tag: str) -> tuple[int, Path]:
+def _start(target: Target, code: types.CodeType | None, workdir: Path, tag: str,
+           examples_scale: float) -> tuple[int, Path]:
     basetemp = workdir / f"tmp-{tag}"
     log = workdir / f"log-{tag}.txt"
     pid = os.fork()
     if pid == 0:
-        _child(target, code, basetemp, log)
+        _child(target, code, basetemp, log, examples_scale)
     return pid, log
 
 
@@ -386,10 +410,10 @@ class Runner:
         self.running: dict[int, tuple[float, float, Callable[[str, float], None], Path]] = {}
 
     def submit(self, target: Target, code: types.CodeType | None, timeout: float, tag: str,
-               done: Callable[[str, float], None]) -> None:
+               done: Callable[[str, float], None], examples_scale: float = 1.0) -> None:
         while len(self.running) >= self.jobs:
             self._reap(block=True)
-        pid, log = _start(target, code, self.workdir, tag)
+        pid, log = _start(target, code, self.workdir, tag, examples_scale)
         self.running[pid] = (time.monotonic(), timeout, done, log)
 
     def _reap(self, block: bool) -> None:
@@ -441,7 +465,9 @@ def _compile_mutant(source: str, filename: str, target: Target, index: int) -> t
 
 
 def run_target(target: Target, runner: Runner, budget_s: float, max_mutants: int | None, seed: int,
-               verbose: bool) -> tuple[list[Result], dict[str, object]]:
+               verbose: bool, examples_scale: float) -> tuple[list[Result], dict[str, object]]:
+    """Baseline, then a screening pass (hypothesis examples scaled), then survivors at full strength."""
+    started = time.monotonic()
     module = sys.modules[target.module]
     filename = module.__file__
     source = Path(filename).read_text()
@@ -454,41 +480,75 @@ def run_target(target: Target, runner: Runner, budget_s: float, max_mutants: int
     def base_done(outcome: str, seconds: float) -> None:
         baseline.update(outcome=outcome, seconds=seconds)
 
-    runner.submit(target, None, 600, f"{target.name}-baseline", base_done)
+    runner.submit(target, None, 600, f"{target.name}-baseline", base_done, examples_scale)
     runner.drain()
     if baseline["outcome"] != "survived":
         print(f"[{target.name}] baseline tests do not pass ({baseline['outcome']}); skipped", flush=True)
         return [], {"mutants": len(sites), "sampled": 0, "baseline_s": baseline["seconds"], "skipped": True}
     base_s = float(baseline["seconds"])
     timeout = max(15.0, 3.0 * base_s + 5.0)
+    full_timeout = max(15.0, 3.0 * base_s / examples_scale + 5.0)
 
-    # 2. Sample what fits: a survivor costs the whole baseline, a kill usually much less.
+    # 2. Sample what fits in three quarters of the budget (the rest is for re-checking
+    # survivors at full strength): a survivor costs the whole baseline, a kill usually less.
+    screen_s = 0.75 * budget_s
     expected = 0.6 * base_s + 0.3
-    fit = max(1, int(budget_s * runner.jobs / expected))
+    fit = max(1, int((screen_s - base_s) * runner.jobs / expected))
     cap = min(len(sites), fit, max_mutants or len(sites))
     order = list(range(len(sites)))
     if cap < len(sites):
         order = sorted(random.Random(seed).sample(order, cap))
     print(f"[{target.name}] {target.module}: {len(sites)} mutants, running {len(order)} "
-          f"(baseline {base_s:.1f} s, timeout {timeout:.0f} s)", flush=True)
+          f"(baseline {base_s:.1f} s with hypothesis examples x{examples_scale:g}, timeout {timeout:.0f} s)",
+          flush=True)
 
-    results: list[Result] = []
-    for index in order:
+    results: dict[int, Result] = {}
+
+    def record(index: int, outcome: str, seconds: float, final: bool) -> None:
         site = sites[index]
+        result = Result(target.name, index, site.line, site.col, site.where, site.description,
+                        lines[site.line - 1].strip(), outcome, seconds)
+        results[index] = result
+        if verbose or (final and (outcome == "survived" or outcome.startswith("error"))):
+            print(f"  {outcome:>8s} {Path(filename).name}:{site.line}:{site.col} {site.where}: "
+                  f"{site.description}   | {result.source_line[:90]}", flush=True)
+
+    deadline = started + screen_s  # the baseline counts too
+    not_run = 0
+    full = examples_scale >= 1.0
+    for index in order:
+        if time.monotonic() > deadline:
+            not_run += 1  # the estimate was optimistic: keep to the budget, say so below
+            continue
         code = _compile_mutant(source, filename, target, index)
-
-        def done(outcome: str, seconds: float, site: Site = site, index: int = index) -> None:
-            result = Result(target.name, index, site.line, site.col, site.where, site.description,
-                            lines[site.line - 1].strip(), outcome, seconds)
-            results.append(result)
-            if verbose or outcome == "survived" or outcome.startswith("error"):
-                print(f"  {outcome:>8s} {Path(filename).name}:{site.line}:{site.col} {site.where}: {site.description}"
-                      f"   | {result.source_line[:90]}", flush=True)
-
-        runner.submit(target, code, timeout, f"{target.name}-{index}", done)
+        runner.submit(target, code, timeout, f"{target.name}-{index}",
+                      lambda outcome, seconds, index=index: record(index, outcome, seconds, full),
+                      examples_scale)
     runner.drain()
-    results.sort(key=lambda r: r.index)
-    return results, {"mutants": len(sites), "sampled": len(order), "baseline_s": base_s, "skipped": False}
+
+    # 3. Survivors of the screening pass again, with every hypothesis example the tests ask for.
+    if not full:
+        unchecked = 0
+        for index in [i for i, r in results.items() if r.status == "survived"]:
+            if time.monotonic() > started + budget_s:
+                unchecked += 1
+                results[index].description += " (screening only: no budget left to re-check)"
+                print(f"  survived {Path(filename).name}:{sites[index].line}:{sites[index].col} "
+                      f"{sites[index].where}: {results[index].description}", flush=True)
+                continue
+            code = _compile_mutant(source, filename, target, index)
+
+            def again(outcome: str, seconds: float, index: int = index) -> None:
+                record(index, outcome, seconds, True)
+                if outcome != "survived":
+                    results[index].description += " (killed only at full strength)"
+
+            runner.submit(target, code, full_timeout, f"{target.name}-{index}-full", again, 1.0)
+        runner.drain()
+    if not_run:
+        print(f"[{target.name}] budget spent: {not_run} sampled mutants not run", flush=True)
+    return [results[i] for i in sorted(results)], {
+        "mutants": len(sites), "sampled": len(order) - not_run, "baseline_s": base_s, "skipped": False}
 
 
 def main() -> None:
@@ -500,6 +560,9 @@ def main() -> None:
     parser.add_argument("--jobs", type=int, default=min(2, os.cpu_count() or 1))
     parser.add_argument("--seed", type=int, default=0, help="seed of the mutant sample")
     parser.add_argument("--json", type=Path, default=None, help="write every result here")
+    parser.add_argument("--examples-scale", type=float, default=0.25,
+                        help="screen with this fraction of each test's hypothesis examples (min 10); "
+                             "survivors are re-run with all of them")
     parser.add_argument("--keep-logs", action="store_true", help="keep the per-mutant pytest logs")
     parser.add_argument("-v", "--verbose", action="store_true", help="print every mutant, not only survivors")
     args = parser.parse_args()
@@ -542,7 +605,8 @@ def main() -> None:
         for k, target in enumerate(chosen):
             left = budget_s - (time.monotonic() - started)
             share = max(30.0, left / (len(chosen) - k))
-            results, info = run_target(target, runner, share, args.max_mutants, args.seed, args.verbose)
+            results, info = run_target(target, runner, share, args.max_mutants, args.seed, args.verbose,
+                                       args.examples_scale)
             all_results.extend(results)
             summary.append((target, results, info))
 
