@@ -133,9 +133,9 @@ def test_clip_of_a_polygon_wholly_inside_returns_it_unchanged(polys, margin) -> 
     v, ro, io = polys
     rect = np.r_[v.min(0) - margin, v.max(0) + margin]
     cv, cro, cio = clip_polygons(v, ro, io, rect)
-    np.testing.assert_array_equal(cv, v)
-    np.testing.assert_array_equal(cro, ro)
-    np.testing.assert_array_equal(cio, io)
+    # The inputs themselves (Polygons.clip relies on it to return self), also with vertices on
+    # the rectangle's edges (margin 0).
+    assert cv is v and cro is ro and cio is io
 
 
 @settings(max_examples=300, deadline=None)
@@ -250,6 +250,10 @@ def test_clip_empty_input_and_bad_rect() -> None:
         clip_polygons(v, ro, io, (2, 0, 1, 1))
     with pytest.raises(ValueError, match="rect must be"):
         clip_polygons(v, ro, io, np.zeros((3, 4)))
+    # Per-ring rectangles: one bad row is enough.
+    v, ro, io = polygons_from_instances([[square(0, 0, 1, 1), square(2, 2, 3, 3)]])
+    with pytest.raises(ValueError, match="y0 <= y1"):
+        clip_polygons(v, ro, io, np.array([[0, 0, 5, 5], [0, 3, 5, 2]]))
 
 
 # ----------------------------------------------------------------------------- areas, boxes, selection
@@ -263,6 +267,12 @@ def test_ring_and_instance_areas() -> None:
     far = square(1e7, 1e7, 1e7 + 3, 1e7 + 2)
     assert ring_areas(far, np.array([0, 4]))[0] == 6.0
     assert instance_areas(*empty_polygons()).shape == (0,)
+    # Rings of 1 and 2 vertices have no area, and do not disturb the rings around them.
+    v = np.concatenate([square(0, 0, 3, 2), [[7.0, 7.0]], square(0, 0, 5, 5)[::-1], [[1.0, 1.0], [4.0, 9.0]],
+                        square(1, 1, 2, 2)])
+    ro = np.array([0, 4, 5, 9, 11, 15])
+    np.testing.assert_allclose(ring_areas(v, ro), [6, 0, -25, 0, 1])
+    np.testing.assert_allclose(instance_areas(v, ro, np.array([0, 2, 5])), [6, 26])
 
 
 @settings(max_examples=100, deadline=None)
