@@ -295,6 +295,32 @@ def test_drop_reasons() -> None:
     np.testing.assert_allclose(boxes[0], [10, 10, 50, 50])
 
 
+@pytest.mark.parametrize("matrix", [make_affine((0, 0), (0, 0), scale=2.0),
+                                    make_affine((0, 0), (0, 0), scale=2.0, angle=90.0, translate=(0, 640))],
+                         ids=["scale-2", "scale-2-rotated-90"])
+def test_areas_and_drop_reasons_at_their_thresholds(matrix) -> None:
+    """Areas and reasons worked out by hand, with each instance exactly at a threshold.
+
+    The matrix doubles every length (areas x 4); the rotated one (90 degrees, then shifted
+    back onto the canvas) takes the general path (clip in source pixels, map, clip) and must
+    agree with the axis-aligned one.
+    """
+    insts = [
+        [rect_ring(10, 10, 11, 12)],  # 2 x 4 px: a box exactly min_box_size wide is kept
+        [rect_ring(-1, 0, 1, 10)],  # half of it in view: exactly min_area_ratio is kept
+        [rect_ring(-5, 0, 0, 10)],  # touches the canvas along an edge: a zero-area ring is "outside"
+        [rect_ring(100, 100, 100.25, 100.5)],  # 0.5 px^2 in the output: small, but not degenerate
+    ]
+    plan = TilePlan(matrix[None], np.array([[-1000, -1000, 1000, 1000.0]]), (640, 640))
+    polygons, before, after = transform_polygons([Polygons.from_instances(insts)], plan)
+    np.testing.assert_allclose(before, [8, 80, 200, 0.5], rtol=1e-12)
+    np.testing.assert_allclose(after, [8, 40, 0, 0.5], rtol=1e-12, atol=1e-9)
+    codes, _ = drop_reasons(polygons, before, after, min_area_ratio=0.5, min_box_size=2.0)
+    assert [DROP_REASONS[c] for c in codes] == ["kept", "kept", "outside", "small_box"]
+    codes, _ = drop_reasons(polygons, before, after, min_area_ratio=0.0, min_box_size=0.0)
+    assert [DROP_REASONS[c] for c in codes] == ["kept", "kept", "outside", "kept"]
+
+
 # ----------------------------------------------------------------------------- real data
 
 
