@@ -40,6 +40,9 @@ def plan_for(global_matrix: np.ndarray, center=(700.0, 600.0), sizes=SIZES, s: i
 
 AXIS_ALIGNED = make_affine((640, 640), (320, 320), scale=0.9, translate=(10.3, -5.7))
 ROTATED = make_affine((640, 640), (320, 320), angle=20, scale=0.9, shear=(3, 2), translate=(10, -5))
+# Shear along one axis only: one off-diagonal entry is zero, so the plan is not axis aligned.
+SHEAR_X = make_affine((640, 640), (320, 320), scale=0.9, shear=(8, 0))
+SHEAR_Y = make_affine((640, 640), (320, 320), scale=0.9, shear=(0, 8))
 
 
 # ----------------------------------------------------------------------------- layouts
@@ -94,7 +97,8 @@ def test_choose_reduce_never_decodes_below_the_output_resolution() -> None:
 # ----------------------------------------------------------------------------- warp
 
 
-@pytest.mark.parametrize("matrix", [AXIS_ALIGNED, ROTATED], ids=["axis-aligned", "rotated"])
+@pytest.mark.parametrize("matrix", [AXIS_ALIGNED, ROTATED, SHEAR_X, SHEAR_Y],
+                         ids=["axis-aligned", "rotated", "shear-x", "shear-y"])
 def test_tiles_own_exactly_the_pixels_their_polygons_cover(matrix) -> None:
     """Each output pixel shows the tile whose (clipped, mapped) region polygon covers its centre."""
     plan = plan_for(matrix)
