@@ -7,6 +7,8 @@ import pickle
 import numpy as np
 import pytest
 import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
 from torch.utils.data import DataLoader, Dataset
 
 from _reference import reference_rasterize
@@ -71,17 +73,41 @@ def test_batch_without_any_instance():
 
 
 def test_boxes_are_taken_or_derived_by_exact_clip():
-    # A triangle leaving the canvas along a slanted edge: the box is that of the visible part,
-    # not of clamped vertices. Canvas 20 x 20; triangle (0,0) (40,0) (0,40): visible part is
-    # the triangle cut by the canvas, whose box is [0, 0, 20, 20].
+    # Canvas 20 x 20. Boxes are worked out by hand from the visible part of each polygon.
+    # A triangle leaving the canvas along a slanted edge: visible part (0,0) (20,0) (20,20) (0,20)
+    # cut by x + y <= 40, i.e. the whole canvas: box [0, 0, 20, 20].
     tri = [[[0, 0], [40, 0], [0, 40]]]
-    # Another whose clamped-vertex box would be [10, 0, 20, 20] but visible box is [10, 0, 20, 10].
-    slim = [[[10, 0], [30, 0], [10, 10]]]
-    given = np.array([[1, 2, 3, 4], [5, 6, 7, 8]], np.float32)
-    batch = collate_detection([make_sample(0, [tri, slim], (20, 20)),
-                               make_sample(1, [tri, slim], (20, 20), boxes=given)], mask_stride=4)
-    np.testing.assert_allclose(batch.boxes[:2].numpy(), [[0, 0, 20, 20], [10, 0, 20, 10]])
-    np.testing.assert_array_equal(batch.boxes[2:].numpy(), given)
+    # The tip (20, 40) lies below the canvas. The edges (10,0)-(20,40) (x = 10 + y / 4) and
+    # (20,40)-(0,0) (x = y / 2) leave through y = 20 at x = 15 and x = 10: the visible part is
+    # (0,0) (10,0) (15,20) (10,20), box [0, 0, 15, 20]. Clamping the tip to (20, 20) would give
+    # [0, 0, 20, 20]: the box must come from the clip, not from clamped vertices.
+    tip = [[[0, 0], [10, 0], [20, 40]]]
+    # Two vertices outside on different sides, edges crossing a corner region diagonally:
+    # (5,5) (30,10) (10,30). Edge (5,5)-(30,10) (y = 4 + x / 5) leaves x = 20 at y = 8;
+    # edge (30,10)-(10,30) (x + y = 40) passes the corner (20, 20); edge (10,30)-(5,5)
+    # (x = 4 + y / 5) leaves y = 20 at x = 8. Visible: (5,5) (20,8) (20,20) (8,20): box
+    # [5, 5, 20, 20] (clamping happens to give the same box here).
+    corner = [[[5, 5], [30, 10], [10, 30]]]
+    # Entirely outside: nothing visible, a zero-size box (clamping gives the point (20, 20)).
+    outside = [[[25, 2], [40, 2], [30, 12]]]
+    given = np.array([[1, 2, 3, 4], [5, 6, 7, 8], [9, 10, 11, 12], [13, 14, 15, 16]], np.float32)
+    # Samples of one instance and of none around them: each derives its own boxes.
+    batch = collate_detection([make_sample(0, [tri, tip, corner, outside], (20, 20)),
+                               make_sample(1, [tri, tip, corner, outside], (20, 20), boxes=given),
+                               make_sample(2, [], (20, 20)),
+                               make_sample(3, [tip], (20, 20))],
+                              mask_stride=4)
+    boxes = batch.boxes.numpy()
+    assert boxes.shape == (9, 4)
+    np.testing.assert_allclose(boxes[:3], [[0, 0, 20, 20], [0, 0, 15, 20], [5, 5, 20, 20]], atol=1e-5)
+    assert boxes[3, 2] - boxes[3, 0] == 0 and boxes[3, 3] - boxes[3, 1] == 0
+    np.testing.assert_array_equal(boxes[4:8], given)
+    np.testing.assert_allclose(boxes[8], [0, 0, 15, 20], atol=1e-5)
+    # Every mask cell (reference rasteriser, stride 1) lies in its derived box.
+    masks = reference_rasterize([[np.asarray(r, float) for r in inst] for inst in (tri, tip, corner)], (20, 20), 1)
+    for mask, (x0, y0, x1, y1) in zip(masks, boxes):
+        ys, xs = np.nonzero(mask)
+        assert x0 <= xs.min() + 0.5 and xs.max() + 0.5 <= x1 and y0 <= ys.min() + 0.5 and ys.max() + 0.5 <= y1
 
 
 def test_crowd_regions_sampled_at_cell_centres():
@@ -96,6 +122,30 @@ def test_crowd_regions_sampled_at_cell_centres():
     crowd = np.ones((5, 5), bool)
     batch = collate_detection([make_sample(0, [], (5, 5), crowd=crowd)], mask_stride=4)
     np.testing.assert_array_equal(batch.ignore_masks[0].numpy(), [[True, False], [False, False]])
+
+
+@settings(max_examples=60, deadline=None)
+@given(stride=st.integers(1, 8), size=st.tuples(st.integers(1, 41), st.integers(1, 41)),
+       rects=st.lists(st.tuples(st.integers(-3, 44), st.integers(-3, 44), st.integers(0, 20), st.integers(0, 20)),
+                      min_size=1, max_size=3))
+def test_crowd_regions_off_the_stride_grid_are_sampled_at_cell_centres(stride, size, rects):
+    # Crowd rectangles at any pixel offset (not multiples of the stride). Reference, from the
+    # geometry alone: pixels x0..x1-1 cover [x0, x1), so cell (i, j) is ignored iff its centre
+    # ((j + 0.5) s, (i + 0.5) s) lies in [x0, x1) x [y0, y1) of some rectangle.
+    h, w = size
+    crowd = np.zeros((h, w), bool)
+    hp, wp = -(-h // stride), -(-w // stride)
+    cx, cy = (np.arange(wp) + 0.5) * stride, (np.arange(hp) + 0.5) * stride
+    want = np.zeros((hp, wp), bool)
+    for x0, y0, dw, dh in rects:
+        x1, y1 = min(x0 + dw, w), min(y0 + dh, h)
+        x0, y0 = max(x0, 0), max(y0, 0)
+        if x0 < x1 and y0 < y1:
+            crowd[y0:y1, x0:x1] = True
+            want |= ((cy >= y0) & (cy < y1))[:, None] & ((cx >= x0) & (cx < x1))[None, :]
+    batch = collate_detection([make_sample(0, [], size, crowd=crowd), make_sample(1, [], size)], mask_stride=stride)
+    np.testing.assert_array_equal(batch.ignore_masks[0].numpy(), want)
+    assert not batch.ignore_masks[1].any()
 
 
 def test_letterbox_metadata_is_carried():
@@ -123,6 +173,17 @@ def test_shared_memory_outputs_and_zero_fill():
     batch = DetectionCollate(mask_stride=4, shared_memory=True)(make_samples())
     assert batch.masks.is_shared() and batch.images.is_shared() and batch.ignore_masks.is_shared()
     np.testing.assert_array_equal(batch.masks.numpy(), collate_detection(make_samples()).masks.numpy())
+    # shared_memory=None (the default): private memory outside a DataLoader worker.
+    private = DetectionCollate(mask_stride=4)(make_samples())
+    assert not private.masks.is_shared() and not private.images.is_shared()
+
+
+def test_defaults_are_stride_4_and_channels_last():
+    samples = make_samples()  # 37 x 50 canvases: stride 4 gives 10 x 13 cells
+    for batch in (DetectionCollate()(samples), collate_detection(samples)):
+        assert batch.mask_stride == 4 and batch.masks.shape[1:] == (10, 13)
+        assert batch.images.is_contiguous(memory_format=torch.channels_last)
+        assert not batch.images.is_contiguous()
 
 
 def test_samples_collate_and_batches_pickle():
@@ -163,6 +224,20 @@ class _SampleDataset(Dataset):
     def __getitem__(self, i: int) -> Sample:
         rng = np.random.default_rng(i)
         return make_sample(i, random_instances(rng, i % 4, (64, 48)), (64, 48), seed=i)
+
+
+class _SharedInWorker(DetectionCollate):
+    """Reports whether the batch was built in shared memory, before the hand-over moves it there."""
+
+    def __call__(self, samples):  # type: ignore[override]
+        batch = super().__call__(samples)
+        return batch, batch.masks.is_shared(), batch.images.is_shared(), batch.ignore_masks.is_shared()
+
+
+def test_default_collate_allocates_in_shared_memory_inside_workers():
+    loader = DataLoader(_SampleDataset(6), batch_size=3, num_workers=1, collate_fn=_SharedInWorker(mask_stride=4))
+    flags = [tuple(item[1:]) for item in loader]
+    assert flags == [(True, True, True)] * 2
 
 
 @pytest.mark.filterwarnings("ignore:.*pin_memory.*:UserWarning")

@@ -532,3 +532,144 @@ def test_batch_partner_bad_image_is_replaced_and_counted() -> None:
     drawn = sum(len(index._instances[i]) for i in index.polygon_calls)
     assert sum(counts[k] for k in annotation_keys) == drawn
     assert counts["image_corrupt"] >= 1 and counts["bad_image"] == 4 * counts["image_corrupt"]
+
+
+# ----------------------------------------------------------------------------- independent checks of boxes and clips
+# (issue 17) Boxes and clipped polygons checked against the reference crossing test of
+# tests/_reference.py and against the pixels, never against the package function that made them.
+
+
+def _reference_masks(s: Sample, stride: int = 1) -> np.ndarray:
+    """bool (N, H, W): each instance of ``s`` rasterised by the reference crossing test."""
+    from _reference import reference_rasterize
+
+    return reference_rasterize([s.polygons.instance(n) for n in range(s.num_instances)], s.canvas_size, stride)
+
+
+def _assert_boxes_bound_the_masks(s: Sample, tight_px: float | None = 2.0) -> None:
+    """Every mask pixel centre lies in its box; boxes of instances the canvas did not cut are tight.
+
+    An instance with no vertex on the canvas border was cut by nothing but (possibly) its tile,
+    which in these tests leaves it a rectangle (any rotation): its box then reaches less than
+    ``tight_px`` beyond the outermost pixel centre of its mask on every side.
+    """
+    h, w = s.canvas_size
+    for n, mask in enumerate(_reference_masks(s)):
+        x0, y0, x1, y1 = s.boxes[n].astype(np.float64)
+        assert 0 <= x0 <= x1 <= w and 0 <= y0 <= y1 <= h, (s.image_id, n, s.boxes[n])
+        ys, xs = np.nonzero(mask)
+        if len(xs) == 0:
+            continue
+        eps = 1e-4  # boxes are float32
+        assert x0 - eps <= xs.min() + 0.5 and xs.max() + 0.5 <= x1 + eps, (s.image_id, n)
+        assert y0 - eps <= ys.min() + 0.5 and ys.max() + 0.5 <= y1 + eps, (s.image_id, n)
+        v = s.polygons.instance(n)
+        on_border = any(((r == 0) | (r == (w, h))).any() for r in v)
+        if tight_px is not None and not on_border:
+            assert xs.min() + 0.5 - x0 < tight_px and x1 - (xs.max() + 0.5) < tight_px, (s.image_id, n)
+            assert ys.min() + 0.5 - y0 < tight_px and y1 - (ys.max() + 0.5) < tight_px, (s.image_id, n)
+
+
+def test_validation_boxes_are_the_letterboxed_rectangles_worked_out_by_hand() -> None:
+    # FakeIndex instances are axis-aligned rectangles; the letterbox maps x to x * scale + pad_x.
+    # The fourth sticks out of the right border by 4 px and is cut at x = w (not clamped, which
+    # for a rectangle is the same box, so this checks the mapping and the instance order).
+    index = FakeIndex()
+    ds = SegDataset(index, image_size=160, train=False)
+    for i in range(len(ds)):
+        s = ds[i]
+        h, w = int(index.heights[i]), int(index.widths[i])
+        want = []
+        for n, (ring,) in enumerate(index._instances[i]):
+            x0, y0 = ring.min(0)
+            x1, y1 = ring.max(0)
+            if n == 3:
+                x1 = w
+            want.append([x0 * s.scale + s.pad[0], y0 * s.scale + s.pad[1], x1 * s.scale + s.pad[0], y1 * s.scale + s.pad[1]])
+        np.testing.assert_array_equal(s.annotation_ids, 100 * i + np.arange(4))
+        np.testing.assert_allclose(s.boxes, np.array(want, np.float32), rtol=0, atol=1e-3)
+        _assert_boxes_bound_the_masks(s)
+
+
+@pytest.mark.parametrize("transforms", [None, A.Compose([A.HorizontalFlip(p=0.5), A.Affine(rotate=(-30, 30), p=1.0)])],
+                         ids=["rotation", "rotation+albumentations"])
+def test_train_boxes_bound_the_reference_masks(transforms) -> None:
+    # No mosaic and no shear, so an instance the canvas does not cut stays a rotated rectangle.
+    ds = SegDataset(FakeIndex(), image_size=96, mosaic=0.0, geometry=MosaicAffine(96, degrees=30.0, shear=0.0),
+                    transforms=transforms, seed=5)
+    kept = 0
+    for i in range(len(ds)):
+        s = ds[i]
+        kept += s.num_instances
+        _assert_boxes_bound_the_masks(s)
+    assert kept > 2 * len(ds)
+
+
+class PaintedIndex(FakeIndex):
+    """FakeIndex whose images are white (255) exactly where an instance covers a pixel centre.
+
+    The pixels are painted with the reference crossing test, black (0) elsewhere; the canvas
+    fill is grey (114). After any augmentation, a sample's polygons must then cover the white
+    pixels of its image and nothing else, up to the resampling blur along their edges. Every
+    image also has a triangle leaving it through the right and bottom borders on slanted edges,
+    where clamping and clipping differ even without rotation.
+    """
+
+    def __init__(self, n: int = 12) -> None:
+        super().__init__(n, constant=True)
+        for i in range(n):
+            h, w = float(self.heights[i]), float(self.widths[i])
+            self._instances[i].append([np.array([[0.55 * w, 0.5 * h], [w + 40.0, 0.75 * h], [0.7 * w, h + 30.0]])])
+        self._painted: dict[int, np.ndarray] = {}
+
+    def crowd_mask(self, i: int):
+        return None
+
+    def load_image(self, i: int, reduce: int = 1) -> np.ndarray:
+        from _reference import reference_rasterize
+
+        if i not in self._painted:
+            h, w = int(self.heights[i]), int(self.widths[i])
+            inside = reference_rasterize(self._instances[i], (h, w), 1).any(0)
+            self._painted[i] = np.repeat(np.where(inside, 255, 0).astype(np.uint8)[:, :, None], 3, axis=2)
+        image = self._painted[i]
+        if reduce > 1:
+            h, w = image.shape[:2]
+            image = cv2.resize(image, (-(-w // reduce), -(-h // reduce)), interpolation=cv2.INTER_AREA)
+        return image
+
+
+@pytest.mark.parametrize(
+    "kwargs",
+    [
+        dict(geometry=MosaicAffine(96, degrees=30.0, shear=5.0)),  # rotated: the tiles' own and the output clip
+        dict(geometry=MosaicAffine(96)),  # mosaic, axis aligned: one clip per tile, triangle cut slanted
+        dict(mosaic=0.0, transforms=A.Compose([A.Affine(rotate=(20, 40), p=1.0)])),
+        dict(mosaic=0.5, geometry=MosaicAffine(96, degrees=10.0),
+             transforms=A.Compose([A.Affine(rotate=(-40, 40), shear=(-10, 10), p=1.0)])),
+    ],
+    ids=["mosaic-rotated", "mosaic-axis-aligned", "albumentations-rotate", "mosaic+albumentations"],
+)
+def test_clipped_polygons_cover_exactly_the_painted_pixels(kwargs) -> None:
+    """Polygons clipped exactly match the pixels that went through the same transform.
+
+    Clamping vertices to the canvas (instead of clipping) bends every slanted edge that leaves
+    it and fills or empties whole triangles along the border, pixels far from any true edge.
+    Here a pixel may disagree only within 2 px of a mask edge or the canvas border (bilinear
+    resampling and the reduced-resolution decode blur the painted edges by about a pixel).
+    """
+    ds = SegDataset(PaintedIndex(), image_size=96, min_area_ratio=0.0, min_box_size=0.0, seed=7, **kwargs)
+    band_kernel = np.ones((5, 5), np.uint8)
+    compared = 0
+    for i in range(len(ds)):
+        s = ds[i]
+        union = _reference_masks(s).any(0)
+        white = s.image.min(axis=2) > 185  # white 255, black 0, canvas fill 114
+        u8 = union.astype(np.uint8)
+        # Edges include tile and canvas borders (beyond them the resample blends in the fill).
+        band = cv2.dilate(u8, band_kernel).astype(bool) & ~cv2.erode(u8, band_kernel, borderValue=0).astype(bool)
+        wrong = (union != white) & ~band
+        assert not wrong.any(), f"sample {i}: {int(wrong.sum())} pixels disagree away from any edge"
+        compared += int(union.sum())
+        _assert_boxes_bound_the_masks(s, tight_px=None)
+    assert compared > 0.1 * len(ds) * 96 * 96

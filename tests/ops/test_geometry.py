@@ -1,4 +1,4 @@
-"""geometry: exact rectangle clip (hypothesis properties + rasterised reference), areas, boxes, affines."""
+"""geometry: exact rectangle clip (hypothesis properties, a scalar clip oracle, the reference rasteriser), areas, boxes, affines."""
 
 from __future__ import annotations
 
@@ -7,6 +7,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from _reference import reference_clip_ring, reference_rasterize, reference_signed_area
 from seg_datamodule.ops.affine import affine_scale, apply_affine, compose_affine, identity_affine, invert_affine, make_affine, to_cv2_matrix
 from seg_datamodule.ops.geometry import clip_polygons, concat_polygons, instance_areas, polygon_boxes, ring_areas, select_instances
 from seg_datamodule.ops.raster import rasterize_flat
@@ -48,6 +49,45 @@ def instances(draw: st.DrawFn) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
 
 
 @st.composite
+def touching_rect(draw: st.DrawFn, integer: bool = False) -> tuple[tuple[np.ndarray, np.ndarray, np.ndarray], np.ndarray]:
+    """Instances and a rectangle with vertices snapped onto its edges and corners.
+
+    Star polygons alone almost never put a vertex exactly on a clip edge, where the inside test
+    ties (``x == x0``) and a crossing would have ``t = 0`` or ``1``; here about half the
+    vertices are moved onto an edge line (x0, y0, x1 or y1) or a corner, so edges also run
+    along the clip boundary. The rings may then cross themselves: use for properties that hold
+    for any ring under the even-odd rule, not for area monotonicity.
+    """
+    rect = draw(rectangle())
+    if integer:
+        rect = np.round(rect)
+    rings_per_instance = [draw(st.integers(1, 3)) for _ in range(draw(st.integers(1, 4)))]
+    instances_ = []
+    for n_rings in rings_per_instance:
+        rings = []
+        for _ in range(n_rings):
+            ring = draw(star_polygon()).copy()
+            snaps = draw(st.lists(st.sampled_from(["none", "none", "x0", "y0", "x1", "y1", "corner"]),
+                                  min_size=len(ring), max_size=len(ring)))
+            for vertex, snap in zip(ring, snaps):
+                if snap == "x0" or snap == "x1":
+                    vertex[0] = rect[0] if snap == "x0" else rect[2]
+                elif snap == "y0" or snap == "y1":
+                    vertex[1] = rect[1] if snap == "y0" else rect[3]
+                elif snap == "corner":
+                    vertex[0] = rect[0] if abs(vertex[0] - rect[0]) < abs(vertex[0] - rect[2]) else rect[2]
+                    vertex[1] = rect[1] if abs(vertex[1] - rect[1]) < abs(vertex[1] - rect[3]) else rect[3]
+            rings.append(ring)
+        instances_.append(rings)
+    return polygons_from_instances(instances_), rect
+
+
+def as_instances(v: np.ndarray, ro: np.ndarray, io: np.ndarray, shift: np.ndarray | float = 0.0) -> list[list[np.ndarray]]:
+    """Flat arrays back to nested rings (for the reference rasteriser)."""
+    return [[v[ro[r] : ro[r + 1]] + shift for r in range(io[n], io[n + 1])] for n in range(len(io) - 1)]
+
+
+@st.composite
 def affine(draw: st.DrawFn) -> np.ndarray:
     return make_affine(
         center=(draw(coord), draw(coord)),
@@ -69,6 +109,16 @@ def square(x0: float, y0: float, x1: float, y1: float) -> np.ndarray:
 @settings(max_examples=300, deadline=None)
 @given(polys=instances(), rect=rectangle())
 def test_clipped_polygon_lies_inside_its_rectangle(polys, rect) -> None:
+    _assert_inside(polys, rect)
+
+
+@settings(max_examples=200, deadline=None)
+@given(case=touching_rect())
+def test_clipped_polygon_touching_its_rectangle_lies_inside_it(case) -> None:
+    _assert_inside(*case)
+
+
+def _assert_inside(polys, rect) -> None:
     v, ro, io = clip_polygons(*polys, rect)
     assert (v[:, 0] >= rect[0]).all() and (v[:, 0] <= rect[2]).all()
     assert (v[:, 1] >= rect[1]).all() and (v[:, 1] <= rect[3]).all()
@@ -83,9 +133,9 @@ def test_clip_of_a_polygon_wholly_inside_returns_it_unchanged(polys, margin) -> 
     v, ro, io = polys
     rect = np.r_[v.min(0) - margin, v.max(0) + margin]
     cv, cro, cio = clip_polygons(v, ro, io, rect)
-    np.testing.assert_array_equal(cv, v)
-    np.testing.assert_array_equal(cro, ro)
-    np.testing.assert_array_equal(cio, io)
+    # The inputs themselves (Polygons.clip relies on it to return self), also with vertices on
+    # the rectangle's edges (margin 0).
+    assert cv is v and cro is ro and cio is io
 
 
 @settings(max_examples=300, deadline=None)
@@ -103,24 +153,48 @@ def test_clipping_never_increases_area(polys, rect) -> None:
 
 
 @settings(max_examples=120, deadline=None)
-@given(polys=instances(), rect=rectangle())
-def test_clip_equals_mask_and_rectangle_on_a_grid(polys, rect) -> None:
-    """Independent reference: the clipped polygon's mask is the polygon's mask AND the rectangle's.
+@given(case=st.one_of(st.tuples(instances(), rectangle().map(np.round)), touching_rect(integer=True)))
+def test_clip_equals_mask_and_rectangle_on_a_grid(case) -> None:
+    """The clipped polygon's mask is the polygon's mask AND the rectangle's.
 
-    Both are rasterised by the package rasteriser on a grid whose centres avoid the rectangle's
-    edges (the rectangle is snapped to integers, centres are at k + 0.5), so ties cannot occur.
+    Both masks come from the reference full-grid crossing test (``tests/_reference.py``), not
+    the package rasteriser, on a grid whose centres (k + 0.5) avoid the rectangle's integer
+    edges, so ties cannot occur. Half the cases have vertices on the rectangle's edges.
     """
-    rect = np.round(rect)
+    (v, ro, io), rect = case
     shift = np.array([60.0, 60.0])
-    v, ro, io = polys
     size = (230, 230)
-    full = rasterize_flat(v + shift, ro, io, size, stride=1)
+    full = reference_rasterize(as_instances(v, ro, io, shift), size, 1)
     cv, cro, cio = clip_polygons(v, ro, io, rect)
-    clipped = rasterize_flat(cv + shift, cro, cio, size, stride=1)
+    clipped = reference_rasterize(as_instances(cv, cro, cio, shift), size, 1)
     ys, xs = np.mgrid[0 : size[0], 0 : size[1]] + 0.5
     xs, ys = xs - shift[0], ys - shift[1]
     in_rect = (xs >= rect[0]) & (xs <= rect[2]) & (ys >= rect[1]) & (ys <= rect[3])
     np.testing.assert_array_equal(clipped, full & in_rect[None])
+
+
+@settings(max_examples=150, deadline=None)
+@given(case=st.one_of(st.tuples(instances(), rectangle()), touching_rect(), touching_rect(integer=True)))
+def test_clip_matches_a_scalar_sutherland_hodgman_oracle(case) -> None:
+    """Ring by ring against ``reference_clip_ring``: the same signed area and the same mask.
+
+    Vertex lists are not compared: where the clip region is (nearly) degenerate, rounding of a
+    crossing can add or remove a duplicate vertex on the boundary, which changes no area or mask.
+    """
+    (v, ro, io), rect = case
+    shift = np.array([60.0, 60.0])
+    scale = max(1.0, float(np.abs(v).max()) ** 2)
+    integer_rect = bool((rect == np.round(rect)).all())
+    for r in range(len(ro) - 1):
+        ring = v[ro[r] : ro[r + 1]]
+        cv, cro, _ = clip_polygons(ring, np.array([0, len(ring)]), np.array([0, 1]), rect)
+        expected = reference_clip_ring(ring, rect)
+        assert reference_signed_area(cv) == pytest.approx(reference_signed_area(expected), rel=0, abs=1e-9 * scale)
+        if len(cro) == 1:  # the package dropped the ring: nothing of positive area was left
+            assert abs(reference_signed_area(expected)) <= 1e-9 * scale
+        elif integer_rect and len(expected) >= 3:
+            np.testing.assert_array_equal(reference_rasterize([[cv + shift]], (230, 230), 1),
+                                          reference_rasterize([[expected + shift]], (230, 230), 1))
 
 
 @settings(max_examples=100, deadline=None)
@@ -176,6 +250,10 @@ def test_clip_empty_input_and_bad_rect() -> None:
         clip_polygons(v, ro, io, (2, 0, 1, 1))
     with pytest.raises(ValueError, match="rect must be"):
         clip_polygons(v, ro, io, np.zeros((3, 4)))
+    # Per-ring rectangles: one bad row is enough.
+    v, ro, io = polygons_from_instances([[square(0, 0, 1, 1), square(2, 2, 3, 3)]])
+    with pytest.raises(ValueError, match="y0 <= y1"):
+        clip_polygons(v, ro, io, np.array([[0, 0, 5, 5], [0, 3, 5, 2]]))
 
 
 # ----------------------------------------------------------------------------- areas, boxes, selection
@@ -189,6 +267,12 @@ def test_ring_and_instance_areas() -> None:
     far = square(1e7, 1e7, 1e7 + 3, 1e7 + 2)
     assert ring_areas(far, np.array([0, 4]))[0] == 6.0
     assert instance_areas(*empty_polygons()).shape == (0,)
+    # Rings of 1 and 2 vertices have no area, and do not disturb the rings around them.
+    v = np.concatenate([square(0, 0, 3, 2), [[7.0, 7.0]], square(0, 0, 5, 5)[::-1], [[1.0, 1.0], [4.0, 9.0]],
+                        square(1, 1, 2, 2)])
+    ro = np.array([0, 4, 5, 9, 11, 15])
+    np.testing.assert_allclose(ring_areas(v, ro), [6, 0, -25, 0, 1])
+    np.testing.assert_allclose(instance_areas(v, ro, np.array([0, 2, 5])), [6, 26])
 
 
 @settings(max_examples=100, deadline=None)

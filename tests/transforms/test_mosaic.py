@@ -40,6 +40,9 @@ def plan_for(global_matrix: np.ndarray, center=(700.0, 600.0), sizes=SIZES, s: i
 
 AXIS_ALIGNED = make_affine((640, 640), (320, 320), scale=0.9, translate=(10.3, -5.7))
 ROTATED = make_affine((640, 640), (320, 320), angle=20, scale=0.9, shear=(3, 2), translate=(10, -5))
+# Shear along one axis only: one off-diagonal entry is zero, so the plan is not axis aligned.
+SHEAR_X = make_affine((640, 640), (320, 320), scale=0.9, shear=(8, 0))
+SHEAR_Y = make_affine((640, 640), (320, 320), scale=0.9, shear=(0, 8))
 
 
 # ----------------------------------------------------------------------------- layouts
@@ -94,7 +97,8 @@ def test_choose_reduce_never_decodes_below_the_output_resolution() -> None:
 # ----------------------------------------------------------------------------- warp
 
 
-@pytest.mark.parametrize("matrix", [AXIS_ALIGNED, ROTATED], ids=["axis-aligned", "rotated"])
+@pytest.mark.parametrize("matrix", [AXIS_ALIGNED, ROTATED, SHEAR_X, SHEAR_Y],
+                         ids=["axis-aligned", "rotated", "shear-x", "shear-y"])
 def test_tiles_own_exactly_the_pixels_their_polygons_cover(matrix) -> None:
     """Each output pixel shows the tile whose (clipped, mapped) region polygon covers its centre."""
     plan = plan_for(matrix)
@@ -293,6 +297,32 @@ def test_drop_reasons() -> None:
     codes, boxes = drop_reasons(Polygons(v, ro, io), before, after, min_area_ratio=0.1, min_box_size=2.0)
     assert [DROP_REASONS[c] for c in codes] == ["kept", "degenerate", "outside", "clipped", "small_box"]
     np.testing.assert_allclose(boxes[0], [10, 10, 50, 50])
+
+
+@pytest.mark.parametrize("matrix", [make_affine((0, 0), (0, 0), scale=2.0),
+                                    make_affine((0, 0), (0, 0), scale=2.0, angle=90.0, translate=(0, 640))],
+                         ids=["scale-2", "scale-2-rotated-90"])
+def test_areas_and_drop_reasons_at_their_thresholds(matrix) -> None:
+    """Areas and reasons worked out by hand, with each instance exactly at a threshold.
+
+    The matrix doubles every length (areas x 4); the rotated one (90 degrees, then shifted
+    back onto the canvas) takes the general path (clip in source pixels, map, clip) and must
+    agree with the axis-aligned one.
+    """
+    insts = [
+        [rect_ring(10, 10, 11, 12)],  # 2 x 4 px: a box exactly min_box_size wide is kept
+        [rect_ring(-1, 0, 1, 10)],  # half of it in view: exactly min_area_ratio is kept
+        [rect_ring(-5, 0, 0, 10)],  # touches the canvas along an edge: a zero-area ring is "outside"
+        [rect_ring(100, 100, 100.25, 100.5)],  # 0.5 px^2 in the output: small, but not degenerate
+    ]
+    plan = TilePlan(matrix[None], np.array([[-1000, -1000, 1000, 1000.0]]), (640, 640))
+    polygons, before, after = transform_polygons([Polygons.from_instances(insts)], plan)
+    np.testing.assert_allclose(before, [8, 80, 200, 0.5], rtol=1e-12)
+    np.testing.assert_allclose(after, [8, 40, 0, 0.5], rtol=1e-12, atol=1e-9)
+    codes, _ = drop_reasons(polygons, before, after, min_area_ratio=0.5, min_box_size=2.0)
+    assert [DROP_REASONS[c] for c in codes] == ["kept", "kept", "outside", "small_box"]
+    codes, _ = drop_reasons(polygons, before, after, min_area_ratio=0.0, min_box_size=0.0)
+    assert [DROP_REASONS[c] for c in codes] == ["kept", "kept", "outside", "kept"]
 
 
 # ----------------------------------------------------------------------------- real data
