@@ -446,6 +446,16 @@ class Runner:
         while self.running:
             self._reap(block=True)
 
+    def kill_all(self) -> None:
+        """Stop every child still running (each is its own process group)."""
+        for pid in list(self.running):
+            try:
+                os.killpg(pid, signal.SIGKILL)
+                os.waitpid(pid, 0)
+            except (ProcessLookupError, ChildProcessError):
+                pass
+        self.running.clear()
+
 
 class _DropMarked(ast.NodeTransformer):
     """Replace a unary operation marked by its site with its operand (``not x`` -> ``x``)."""
@@ -602,13 +612,18 @@ def main() -> None:
     with tempfile.TemporaryDirectory(prefix="mutation-") as tmp:
         workdir = Path(tempfile.mkdtemp(prefix="mutation-logs-")) if args.keep_logs else Path(tmp)
         runner = Runner(args.jobs, workdir)
-        for k, target in enumerate(chosen):
-            left = budget_s - (time.monotonic() - started)
-            share = max(30.0, left / (len(chosen) - k))
-            results, info = run_target(target, runner, share, args.max_mutants, args.seed, args.verbose,
-                                       args.examples_scale)
-            all_results.extend(results)
-            summary.append((target, results, info))
+        # A SIGTERM (e.g. from `timeout`) unwinds like Ctrl-C, so the children are stopped too.
+        signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
+        try:
+            for k, target in enumerate(chosen):
+                left = budget_s - (time.monotonic() - started)
+                share = max(30.0, left / (len(chosen) - k))
+                results, info = run_target(target, runner, share, args.max_mutants, args.seed, args.verbose,
+                                           args.examples_scale)
+                all_results.extend(results)
+                summary.append((target, results, info))
+        finally:
+            runner.kill_all()
 
     print("\nkill rate per module (timeouts count as killed):")
     print(f"{'target':10s} {'module':40s} {'mutants':>8s} {'run':>5s} {'killed':>7s} {'timeout':>8s} "
