@@ -24,13 +24,19 @@ never a dependency). It draws mosaic partners from a buffer of recently decoded 
 batches that depend on worker timing; ours gets one decode per image from the batch instead, and
 keeps the same batches for any number of workers.
 
-What differs between the two, so the ratio is read right: Ultralytics resamples every segment
-to 1,000 points before its affine (ours transforms the original vertices) and rasterises with
-``cv2.fillPoly`` (ours exactly, see ``bench_raster.py``); its ``build_dataloader`` prefetches 4
-batches per worker against our DataLoader's default 2; and ``overlap_mask=False`` is not its
-default: by default it returns one ``(H/4, W/4)`` index mask per image with overlaps resolved by
-area, while a YOLACT-style loss needs per-instance masks ``(sum_N, H/4, W/4)``, which is what
-this loader returns, so per-instance masks are the like-for-like setting.
+What differs between the two, so the ratio is read right. Ultralytics resamples every polygon
+to 1,000 points when it loads the labels (``segment_resamples``, more if a polygon already has
+more vertices) and carries those points through mosaic and affine; ours keeps COCO's own
+vertices, and rasterises exactly where it uses ``cv2.fillPoly`` (see ``bench_raster.py``). Its
+``build_dataloader`` prefetches 4 batches per worker (``prefetch_factor=4``); ours uses the
+DataLoader default of 2. In this timing loop, which takes batches as fast as they come, the
+workers never wait for work with either depth; the deeper queue holds more memory and matters
+when the consumer is bursty (a training step). ``overlap_mask=False`` is not Ultralytics'
+default: by default it merges an image's instance masks into one index mask at stride 4, smaller
+objects drawn over larger ones, so where objects overlap only one keeps the pixels. Per-instance
+masks, one stride-4 mask per instance, are what ``DetectionCollate`` produces and a YOLACT-style
+loss needs, so they are the like-for-like output; the merged mask is less work and gives
+different targets.
 
 Timing: after ``--warmup`` batches (worker start-up), images per second over ``--batches``
 batches, best of ``--repeat`` runs, the contenders interleaved run by run (the machine may be
