@@ -15,7 +15,7 @@ from typing import Any, Sequence
 from seg_datamodule.io.coco.errors import format_skip_summary
 from seg_datamodule.io.images import IMAGE_ERROR_REASONS, BadImageError
 
-__all__ = ["CountedSamples", "SkipCounter"]
+__all__ = ["CountedSamples", "SkipCounter", "format_report"]
 
 
 class CountedSamples(list):
@@ -125,3 +125,32 @@ class SkipCounter:
 
     def __repr__(self) -> str:
         return f"SkipCounter({self.counts()})"
+
+
+def format_report(skip_counts: dict[str, dict[str, int]], decodes: dict[str, Any] | None = None) -> str:
+    """Where every annotation went, one line per source, and the training decodes per image.
+
+    Args:
+        skip_counts: source (``train_index``, ``train``, ...) -> reason -> count; a source with
+            a ``kept`` count is a dataset (per tile drawn: in a sample, or dropped on the way).
+        decodes: ``samples``, ``decodes``, ``reduced_decodes`` and a ``setting`` to name, or None.
+
+    Returns:
+        the lines, joined.
+    """
+    lines = []
+    for name, counts in skip_counts.items():
+        counts = dict(counts)
+        kept = counts.pop("kept", None)
+        summary = format_skip_summary(counts)
+        if kept is not None:
+            summary = f"{kept} annotations delivered as targets; " + summary.replace(
+                "skipped", "dropped by augmentation or loading", 1)
+        lines.append(f"{name}: {summary}")
+    if decodes and decodes.get("samples"):
+        lines.append(
+            f"train decodes: {decodes['decodes'] / decodes['samples']:.2f} per output image "
+            f"({decodes['decodes']} decodes for {decodes['samples']} images, {decodes['reduced_decodes']} "
+            f"at reduced JPEG scale; {decodes['setting']})"
+        )
+    return "\n".join(lines)

@@ -32,12 +32,13 @@ from lightning.pytorch import LightningDataModule
 from lightning.pytorch.utilities import rank_zero_info
 from torch.utils.data import DataLoader
 
+from seg_datamodule.data.accounting import format_report
 from seg_datamodule.data.collate import DetectionCollate
 from seg_datamodule.data.dataset import COUNT_KEYS, DECODE_KEYS, SegDataset, worker_init_fn
 from seg_datamodule.data.resume import ResumableDataLoader
 from seg_datamodule.data.sampler import EpochShardSampler
 from seg_datamodule.demo.data import ensure_demo_dataset
-from seg_datamodule.io.coco import CocoIndex, format_skip_summary
+from seg_datamodule.io.coco import CocoIndex
 from seg_datamodule.ops.checks import check_choice, check_int
 from seg_datamodule.transforms.augment import MosaicAffine
 
@@ -85,13 +86,10 @@ class COCOSegDataModule(LightningDataModule):
         use_cache: read and write the index cache; False builds in memory every time (an
             unwritable cache location falls back to that by itself, with one warning).
         cache_images: decoded images kept per worker (LRU); 0 keeps none. ``None`` (default)
-            keeps every image of a dataset of at most ``AUTO_CACHE_MAX_IMAGES`` images (the demo,
-            a small fine-tuning set) and none of a larger one: mosaic partners are drawn
-            uniformly, so a cache far smaller than the dataset is rarely hit, and each cached
-            640 px image costs about 1 MB per worker.
-        mosaic_partners: where a mosaic's three other images come from: ``"batch"`` (default;
-            the other images of the same batch, so each image is decoded once per batch and
-            appears about four times in it) or ``"uniform"`` (the whole dataset; four decodes
+            caches a dataset of at most ``AUTO_CACHE_MAX_IMAGES`` images whole and nothing of a
+            larger one (a cache far smaller than the dataset is rarely hit; ~1 MB per image).
+        mosaic_partners: ``"batch"`` (default): a mosaic's partners are other images of its
+            batch, each decoded once per batch; ``"uniform"``: the whole dataset (four decodes
             per mosaic without a cache). See :class:`~seg_datamodule.data.dataset.SegDataset`.
         on_resume_mismatch: a checkpoint whose train-loader state was saved for another dataset,
             batch size, world size or seed: ``"raise"`` (default) refuses it with a message
@@ -101,7 +99,7 @@ class COCOSegDataModule(LightningDataModule):
         prefetch_factor: batches each worker prepares ahead (when ``num_workers > 0``).
         seed: base seed of shuffling and augmentation (the same on every rank).
         demo_dir: where the demo dataset is generated (default: the user cache dir).
-        train_stream: train from LitData chunks written by ``seg-datamodule-convert``
+        train_stream: train from LitData chunks written by ``seg-datamodule convert``
             (``"s3://bucket/coco-train"``, ``"local:/path"``, or a plain folder read in place)
             instead of ``train_ann`` / ``train_images``; validation stays map-style. Batches are
             built as in the map-style path (same augmentation, seeds and masks), but which images
@@ -405,26 +403,14 @@ class COCOSegDataModule(LightningDataModule):
         return dataset.counts | dataset.decode_counts
 
     def report(self) -> str:
-        """A human-readable summary of :attr:`skip_counts`."""
-        lines = []
-        for name, counts in self.skip_counts.items():
-            counts = dict(counts)
-            kept = counts.pop("kept", None)
-            summary = format_skip_summary(counts)
-            if kept is not None:  # a dataset: per tile drawn, in the sample or dropped on the way
-                summary = f"{kept} annotations delivered as targets; " + summary.replace(
-                    "skipped", "dropped by augmentation or loading", 1)
-            lines.append(f"{name}: {summary}")
+        """A human-readable summary of :attr:`skip_counts` and the training decodes per image."""
         dataset = self.train_dataset
-        d = self._counts_of("train", dataset) if dataset is not None else {}
-        if dataset is not None and d.get("samples"):
-            d = {key: d.get(key, 0) for key in DECODE_KEYS}
-            lines.append(
-                f"train decodes: {d['decodes'] / d['samples']:.2f} per output image "
-                f"({d['decodes']} decodes for {d['samples']} images, {d['reduced_decodes']} at reduced "
-                f"JPEG scale; mosaic_partners={dataset.mosaic_partners!r}, cache_images={dataset.cache_images})"
-            )
-        return "\n".join(lines)
+        decodes = None
+        if dataset is not None:
+            counts = self._counts_of("train", dataset)
+            decodes = {key: counts.get(key, 0) for key in DECODE_KEYS}
+            decodes["setting"] = f"mosaic_partners={dataset.mosaic_partners!r}, cache_images={dataset.cache_images}"
+        return format_report(self.skip_counts, decodes)
 
     def teardown(self, stage: str) -> None:
         if stage == "fit":
