@@ -134,11 +134,17 @@ class DetectionCollate:
         counts = np.array([s.num_instances for s in samples], dtype=np.int64)
         total = int(counts.sum())
 
-        # 1. One allocation for the large outputs (a reused shared-memory slot in a worker).
+        # 1. One allocation for every output (a reused shared-memory slot in a worker), so the
+        # batch crosses to the main process as one file descriptor, not one per tensor.
         image_shape = (batch_size, height, width, 3) if self.channels_last else (batch_size, 3, height, width)
-        (images, masks, ignore), lease, fresh = _allocate(
-            [(image_shape, torch.uint8), ((total, hp, wp), torch.bool), ((batch_size, hp, wp), torch.bool)],
-            shared, self.pool,
+        (images, masks, ignore, boxes, labels, ann_ids, per_image, image_ids, scales, pads, orig_sizes), lease, fresh = (
+            _allocate(
+                [(image_shape, torch.uint8), ((total, hp, wp), torch.bool), ((batch_size, hp, wp), torch.bool),
+                 ((total, 4), torch.float32), ((total,), torch.int64), ((total,), torch.int64),
+                 ((batch_size,), torch.int64), ((batch_size,), torch.int64), ((batch_size,), torch.float32),
+                 ((batch_size, 2), torch.float32), ((batch_size, 2), torch.int64)],
+                shared, self.pool,
+            )
         )
         if not fresh:  # a reused slot: the rasteriser writes only inside cells
             masks.zero_()
@@ -156,14 +162,14 @@ class DetectionCollate:
         rasterize_flat(*polygons.arrays, (height, width), stride, out=masks.numpy())
 
         # 4. Boxes: given by the augmentation, or derived from the polygons on the canvas.
-        boxes = np.zeros((total, 4), np.float32)
+        boxes_np = boxes.numpy()
         for b, (sample, start) in enumerate(zip(samples, np.cumsum(counts) - counts)):
             if sample.num_instances == 0:
                 continue
             if sample.boxes is not None:
-                boxes[start : start + counts[b]] = sample.boxes
+                boxes_np[start : start + counts[b]] = sample.boxes
             else:
-                boxes[start : start + counts[b]] = boxes_from_polygons(sample.polygons, (height, width))
+                boxes_np[start : start + counts[b]] = boxes_from_polygons(sample.polygons, (height, width))
 
         # 5. Crowd regions sampled at the same cell centres as the masks.
         ignore_np = ignore.numpy()
@@ -173,23 +179,26 @@ class DetectionCollate:
                 sampled = sample.crowd_mask[half::stride, half::stride]
                 ignore_np[b, : sampled.shape[0], : sampled.shape[1]] = sampled
 
+        # 6. Targets' ids and the letterbox of each image.
+        labels.numpy()[:] = np.concatenate([s.labels for s in samples]) if total else 0
+        ann_ids.numpy()[:] = np.concatenate([s.annotation_ids for s in samples]) if total else 0
+        per_image.numpy()[:] = counts
+        image_ids.numpy()[:] = [int(s.image_id) for s in samples]
+        scales.numpy()[:] = [float(s.scale) for s in samples]
+        pads.numpy()[:] = [tuple(map(float, s.pad)) for s in samples]
+        orig_sizes.numpy()[:] = [s.orig_size if s.orig_size is not None else (height, width) for s in samples]
         batch = DetectionBatch(
             images=images,
-            boxes=torch.from_numpy(boxes),
-            labels=torch.from_numpy(np.concatenate([s.labels for s in samples]).astype(np.int64)),
+            boxes=boxes,
+            labels=labels,
             masks=masks,
-            boxes_per_image=torch.from_numpy(counts),
-            image_ids=torch.tensor([int(s.image_id) for s in samples], dtype=torch.int64),
-            annotation_ids=torch.from_numpy(
-                np.concatenate([s.annotation_ids for s in samples]).astype(np.int64)
-            ),
+            boxes_per_image=per_image,
+            image_ids=image_ids,
+            annotation_ids=ann_ids,
             ignore_masks=ignore,
-            scales=torch.tensor([float(s.scale) for s in samples], dtype=torch.float32),
-            pads=torch.tensor([tuple(map(float, s.pad)) for s in samples], dtype=torch.float32).reshape(-1, 2),
-            orig_sizes=torch.tensor(
-                [s.orig_size if s.orig_size is not None else (height, width) for s in samples],
-                dtype=torch.int64,
-            ).reshape(-1, 2),
+            scales=scales,
+            pads=pads,
+            orig_sizes=orig_sizes,
             mask_stride=stride,
             counts=getattr(samples, "counts", None),
         )
