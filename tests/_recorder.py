@@ -44,3 +44,14 @@ def read_rows(out_dir: str | Path) -> list[dict[str, Any]]:
     for path in sorted(Path(out_dir).glob("batches_rank*.jsonl")):
         rows += [json.loads(line) for line in path.read_text().splitlines()]
     return rows
+
+
+def read_steps(out_dir: str | Path, rank: int = 0) -> dict[int, dict[str, Any]]:
+    """A run's ``batches_rank<R>.jsonl`` (one fingerprint per trained batch), keyed by global step."""
+    rows = [json.loads(line) for line in (Path(out_dir) / f"batches_rank{rank}.jsonl").read_text().splitlines()]
+    return {r["step"]: r for r in rows}
+
+
+def read_counts(out_dir: str | Path, rank: int = 0) -> dict[str, Any]:
+    """A run's ``counts_rank<R>.json``: the DataModule's counts when fit ended."""
+    return json.loads((Path(out_dir) / f"counts_rank{rank}.json").read_text())

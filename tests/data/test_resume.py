@@ -9,13 +9,12 @@ import subprocess
 import sys
 from pathlib import Path
 
-import numpy as np
 import pytest
-import torch
 
 from seg_datamodule import DetectionCollate, EpochShardSampler, SegDataset
 from seg_datamodule.data.loading import worker_init_fn
 from seg_datamodule.data.resume import ResumableDataLoader
+from _recorder import read_counts, read_steps
 from test_dataset import FakeIndex
 
 HERE = Path(__file__).resolve().parent
@@ -128,14 +127,6 @@ def _run(out: Path, demo_dir: Path, workers: int, *args: str) -> subprocess.Comp
                           timeout=600)
 
 
-def _rows(out: Path, rank: int = 0) -> dict[int, dict]:
-    rows = [json.loads(line) for line in (out / f"batches_rank{rank}.jsonl").read_text().splitlines()]
-    return {r["step"]: r for r in rows}
-
-
-def _counts(out: Path, rank: int = 0) -> dict:
-    return json.loads((out / f"counts_rank{rank}.json").read_text())
-
 
 @pytest.mark.slow
 @pytest.mark.parametrize("workers", [0, 2])
@@ -149,12 +140,12 @@ def test_sigkill_mid_epoch_then_resume_sees_the_same_batches(demo_dir: Path, tmp
     ckpt = tmp_path / "killed" / "ckpt" / "last.ckpt"
     resumed = _run(tmp_path / "killed" / "resumed", demo_dir, workers, "--ckpt", str(ckpt))
     assert resumed.returncode == 0, resumed.stderr[-3000:]
-    want, got = _rows(tmp_path / "straight" / "run"), _rows(tmp_path / "killed" / "resumed")
+    want, got = read_steps(tmp_path / "straight" / "run"), read_steps(tmp_path / "killed" / "resumed")
     assert min(got) == 7 and max(got) == max(want) and len(want) > 7 + 5  # through the next epoch
     key = ("epoch", "batch_idx", "image_ids", "images", "masks", "ignore")
     for step in got:
         assert [got[step][k] for k in key] == [want[step][k] for k in key], step
-    counts = [_counts(tmp_path / d) for d in ("straight/run", "killed/resumed")]
+    counts = [read_counts(tmp_path / d) for d in ("straight/run", "killed/resumed")]
     assert counts[0] == counts[1] and counts[0]["kept"] > 0
 
 
@@ -171,11 +162,11 @@ def test_sigkill_under_ddp_then_resume_gives_each_rank_its_batches(demo_dir: Pat
     assert resumed.returncode == 0, resumed.stderr[-3000:]
     key = ("epoch", "batch_idx", "image_ids", "images", "masks", "ignore")
     for rank in (0, 1):
-        want, got = _rows(tmp_path / "straight" / "run", rank), _rows(tmp_path / "killed" / "resumed", rank)
+        want, got = read_steps(tmp_path / "straight" / "run", rank), read_steps(tmp_path / "killed" / "resumed", rank)
         assert min(got) == 3 and max(got) == max(want) == 11
         for step in got:
             assert [got[step][k] for k in key] == [want[step][k] for k in key], (rank, step)
-        assert _counts(tmp_path / "killed" / "resumed", rank) == _counts(tmp_path / "straight" / "run", rank)
-    shards = [{i for r in _rows(tmp_path / "straight" / "run", rank).values() if r["epoch"] == 0
+        assert read_counts(tmp_path / "killed" / "resumed", rank) == read_counts(tmp_path / "straight" / "run", rank)
+    shards = [{i for r in read_steps(tmp_path / "straight" / "run", rank).values() if r["epoch"] == 0
                for i in r["image_ids"]} for rank in (0, 1)]
     assert not shards[0] & shards[1]

@@ -7,7 +7,6 @@ over the same ``CocoIndex`` for the same images, epoch and order (bit for bit).
 
 from __future__ import annotations
 
-import json
 import os
 import shutil
 import subprocess
@@ -21,6 +20,8 @@ import torch
 pytest.importorskip("litdata")
 
 from litdata import StreamingDataset  # noqa: E402
+
+from _recorder import read_counts, read_steps  # noqa: E402
 
 from seg_datamodule.data.collate import DetectionCollate  # noqa: E402
 from seg_datamodule.data.dataset import SegDataset  # noqa: E402
@@ -307,15 +308,6 @@ def _run(out: Path, stream: str, workers: int, *args: str) -> subprocess.Complet
                            *args], env=env, capture_output=True, text=True, timeout=600)
 
 
-def _rows(out: Path, rank: int = 0) -> dict[int, dict]:
-    rows = [json.loads(line) for line in (out / f"batches_rank{rank}.jsonl").read_text().splitlines()]
-    return {r["step"]: r for r in rows}
-
-
-def _counts(out: Path, rank: int = 0) -> dict:
-    return json.loads((out / f"counts_rank{rank}.json").read_text())
-
-
 @pytest.mark.slow
 @pytest.mark.parametrize(("workers", "kill_at"), [(0, 7), (2, 12)])
 def test_sigkill_then_resume_streams_the_same_batches_through_the_next_epoch(
@@ -332,12 +324,12 @@ def test_sigkill_then_resume_streams_the_same_batches_through_the_next_epoch(
     resumed = _run(tmp_path / "killed" / "resumed", source, workers, "--ckpt",
                    str(tmp_path / "killed" / "ckpt" / "last.ckpt"))
     assert resumed.returncode == 0, resumed.stderr[-3000:]
-    want, got = _rows(tmp_path / "straight" / "run"), _rows(tmp_path / "killed" / "resumed")
+    want, got = read_steps(tmp_path / "straight" / "run"), read_steps(tmp_path / "killed" / "resumed")
     assert min(got) == kill_at and max(got) == max(want) == 23
     key = ("epoch", "batch_idx", "image_ids", "images", "masks", "ignore")
     for step in got:
         assert [got[step][k] for k in key] == [want[step][k] for k in key], step
-    assert _counts(tmp_path / "killed" / "resumed") == _counts(tmp_path / "straight" / "run")
+    assert read_counts(tmp_path / "killed" / "resumed") == read_counts(tmp_path / "straight" / "run")
 
 
 @pytest.mark.slow
@@ -352,10 +344,10 @@ def test_ddp_ranks_stream_disjoint_shards_and_count_the_dropped_tail(demo_dir: P
     assert meta["num_records"] == 47
     run = _run(tmp_path / "ddp" / "run", f"local:{tmp_path / 'c47'}", 0, "--devices", "2")
     assert run.returncode == 0, run.stderr[-3000:]
-    counts = _counts(tmp_path / "ddp" / "run")["train_index"]
+    counts = read_counts(tmp_path / "ddp" / "run")["train_index"]
     assert counts["image_missing"] == 1
     for epoch in (0, 1):
-        shards = [[i for r in _rows(tmp_path / "ddp" / "run", rank).values() if r["epoch"] == epoch
+        shards = [[i for r in read_steps(tmp_path / "ddp" / "run", rank).values() if r["epoch"] == epoch
                    for i in r["image_ids"]] for rank in (0, 1)]
         assert all(len(s) == len(set(s)) for s in shards)
         assert not set(shards[0]) & set(shards[1])
