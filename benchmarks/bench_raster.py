@@ -17,9 +17,13 @@ its quadrants, about 2,000-2,600 real polygon instances, rasterised at stride 4 
   Writing every cell is not a lower bound for writing only the inside cells, which is what the
   rasteriser does (into lazily zero-filled pages), so a method can come in under it.
 
-Each is printed with its ratio to this project (with the conversion), followed by the
-per-instance cost at spans of 30, 60 and 120 px on two canvas sizes, and the collate-to-main-process
-time with one worker.
+First, the headline: this project (from lists and from flat arrays) against the cv2.fillPoly
+loop, run in turn round after round (so a busy spell of a shared machine hits each alike), into
+a fresh ``np.zeros`` stack (the page faults of the pages the masks land on are in the timer) and
+into one reused stack zeroed inside the timer (what the collate does with its shared-memory
+slots), with the list API's cost over flat arrays. Then every method with its ratio to this
+project (with the conversion), the per-instance cost at spans of 30, 60 and 120 px on two canvas
+sizes, and the collate-to-main-process time with one worker.
 
 Run: ``python benchmarks/bench_raster.py [--coco-mini PATH] [--repeat 5]``.
 """
@@ -102,10 +106,15 @@ def _instances(samples: list[Sample]) -> list[list[np.ndarray]]:
 
 # --- peers -------------------------------------------------------------------------------------
 
-def peer_fillpoly_stride(instances: list[list[np.ndarray]], hw: tuple[int, int]) -> np.ndarray:
-    """Per-instance cv2.fillPoly on the stride grid, 8-bit subpixel shift (not exact)."""
+def peer_fillpoly_stride(instances: list[list[np.ndarray]], hw: tuple[int, int],
+                         out: np.ndarray | None = None) -> np.ndarray:
+    """Per-instance cv2.fillPoly on the stride grid, 8-bit subpixel shift (not exact).
+
+    ``out``: a zeroed uint8 ``(N, Hp, Wp)`` stack to draw into; a fresh ``np.zeros`` when None.
+    """
     hp, wp = -(-hw[0] // STRIDE), -(-hw[1] // STRIDE)
-    out = np.zeros((len(instances), hp, wp), np.uint8)
+    if out is None:
+        out = np.zeros((len(instances), hp, wp), np.uint8)
     shift = 8
     for n, rings in enumerate(instances):
         # cv2 samples pixel centres at integers: move (j + 0.5) * s centres onto integer j.
@@ -192,6 +201,60 @@ def _time(fn: Callable[[], object], repeat: int) -> float:
         times.append((time.perf_counter() - t0) * 1e3)
         del result
     return statistics.median(times)
+
+
+def _time_together(fns: dict[str, Callable[[], object]], rounds: int) -> dict[str, float]:
+    """Median wall time in ms of each function, running them in turn, round after round.
+
+    Interleaving makes a busy or quiet spell of a shared machine fall on every method alike,
+    so the ratios between them hold even when the absolute times drift; the order is shuffled
+    each round, because what ran just before (a 57 MB stack freed, caches refilled) changes the
+    next method's time.
+    """
+    times: dict[str, list[float]] = {name: [] for name in fns}
+    for name, fn in fns.items():
+        fn()  # warm-up
+    order = list(fns)
+    rng = np.random.default_rng(0)
+    for _ in range(rounds):
+        rng.shuffle(order)  # no method always runs right after the same other one
+        for name in order:
+            fn = fns[name]
+            t0 = time.perf_counter()
+            result = fn()
+            times[name].append((time.perf_counter() - t0) * 1e3)
+            del result
+    return {name: statistics.median(ms) for name, ms in times.items()}
+
+
+def headline(inst: list[list[np.ndarray]], flat: tuple[np.ndarray, ...], hw: tuple[int, int],
+             rounds: int) -> dict[str, float]:
+    """This project against the cv2.fillPoly loop, into two kinds of output, interleaved.
+
+    * fresh: each call allocates its ``np.zeros`` stack and pays the kernel's page faults for
+      the pages its masks land on (what a caller of ``rasterize_polygons`` gets);
+    * reused: each call zeroes one stack allocated beforehand and writes into it (what
+      ``DetectionCollate`` does with its reused shared-memory slots).
+    Zeroing or faulting is the same work for every method and is inside every timer.
+    """
+    hp, wp = -(-hw[0] // STRIDE), -(-hw[1] // STRIDE)
+    mine = np.ones((len(inst), hp, wp), bool)
+    theirs = np.ones((len(inst), hp, wp), np.uint8)
+
+    def into(buffer: np.ndarray, write: Callable[[np.ndarray], object]) -> Callable[[], object]:
+        def run() -> object:
+            buffer.fill(0)
+            return write(buffer)
+        return run
+
+    return _time_together({
+            "fresh lists": lambda: rasterize_flat(*polygons_from_instances(inst), hw, STRIDE),
+            "fresh flat": lambda: rasterize_flat(*flat, hw, STRIDE),
+            "fresh cv2": lambda: peer_fillpoly_stride(inst, hw),
+            "reused lists": into(mine, lambda o: rasterize_flat(*polygons_from_instances(inst), hw, STRIDE, out=o)),
+            "reused flat": into(mine, lambda o: rasterize_flat(*flat, hw, STRIDE, out=o)),
+            "reused cv2": into(theirs, lambda o: peer_fillpoly_stride(inst, hw, out=o)),
+        }, rounds)
 
 
 def _regular_polygon(span: float, k: int, centre: tuple[float, float], rng: np.random.Generator) -> np.ndarray:
@@ -283,11 +346,22 @@ def main() -> None:
           f"{len(flat[1]) - 1} rings, {len(flat[0])} vertices, stride {STRIDE}, 1 thread")
 
     ours = rasterize_flat(*flat, hw, STRIDE)
-    rows = [("this project (exact), from lists", _time(
-        lambda: rasterize_flat(*polygons_from_instances(inst), hw, STRIDE), args.repeat))]
-    rows.append(("this project, from flat arrays (no convert)",
-                 _time(lambda: rasterize_flat(*flat, hw, STRIDE), args.repeat)))
-    rows.append(("cv2.fillPoly loop at stride 4 (not exact)", _time(lambda: peer_fillpoly_stride(inst, hw), args.repeat)))
+    head = headline(inst, flat, hw, rounds=max(9, 4 * args.repeat))
+    print(f"\nthis project against the cv2.fillPoly loop, interleaved, median of {max(9, 4 * args.repeat)} rounds; "
+          "zeroing the output is inside every timer")
+    print(f"{'':<44}{'fresh np.zeros output':>24}{'reused output (collate)':>26}")
+    print(f"{'method':<44}{'ms':>12}{'x cv2':>12}{'ms':>14}{'x cv2':>12}")
+    for key, name in (("lists", "this project (exact), from lists"), ("flat", "this project, from flat arrays"),
+                      ("cv2", "cv2.fillPoly loop at stride 4 (not exact)")):
+        fresh, reused = head[f"fresh {key}"], head[f"reused {key}"]
+        print(f"{name:<44}{fresh:>12.1f}{fresh / head['fresh cv2']:>12.2f}"
+              f"{reused:>14.1f}{reused / head['reused cv2']:>12.2f}")
+    print(f"list API against flat arrays: {head['fresh lists'] / head['fresh flat']:.2f}x (fresh), "
+          f"{head['reused lists'] / head['reused flat']:.2f}x (reused)")
+
+    rows = [("this project (exact), from lists", head["fresh lists"]),
+            ("this project, from flat arrays (no convert)", head["fresh flat"]),
+            ("cv2.fillPoly loop at stride 4 (not exact)", head["fresh cv2"])]
     rows.append(("Ultralytics: fillPoly full + resize 1/4", _time(lambda: peer_ultralytics(inst, hw), args.repeat)))
     rows.append(("per-ring windowed crossing test", _time(lambda: peer_windowed_per_ring(inst, hw), max(1, args.repeat // 2))))
     if not args.skip_slow:
@@ -295,7 +369,7 @@ def main() -> None:
     rows.append(("write every cell (reference, not a floor)", _time(lambda: write_every_cell(n, hw), args.repeat)))
     base = rows[0][1]
     print("\nevery method starts from the same per-instance lists of rings and converts them inside its timer "
-          "(except the flat-array row); 'x ours' is relative to the first row")
+          "(except the flat-array row), into a fresh output; 'x ours' is relative to the first row")
     print(f"\n{'method':<44}{'ms':>10}{'x ours':>10}")
     for name, ms in rows:
         print(f"{name:<44}{ms:>10.1f}{ms / base:>10.2f}")

@@ -147,8 +147,9 @@ class DetectionCollate:
             )
         )
         if not fresh:  # a reused slot: the rasteriser writes only inside cells
-            masks.zero_()
-            ignore.zero_()
+            # numpy's fill is a memset; torch's bool zero_() takes about twice as long here.
+            masks.numpy().fill(False)
+            ignore.numpy().fill(False)
 
         # 2. Images: HWC uint8 -> (B, 3, H, W), written straight into the output.
         images_np = images.numpy()

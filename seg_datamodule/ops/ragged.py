@@ -81,26 +81,40 @@ def flatten_rings(
         ValueError: a ring is not ``(K, 2)`` or a flat list of even length, has fewer than 3
             vertices, or holds NaN or infinite coordinates; the message names the instance index.
     """
-    # 1. Gather the rings, remembering each one's instance.
-    rings: list[Any] = []
-    rings_per_instance = np.zeros(len(instances), np.int64)
-    for n, instance in enumerate(instances):
-        if isinstance(instance, np.ndarray) and instance.ndim == 2 and instance.shape[1] == 2:
-            instance = (instance,)  # a lone (K, 2) array is one ring, not K rings of 2 numbers
-        rings.extend(instance)
-        rings_per_instance[n] = len(instance)
-    instance_offsets = offsets_from_lengths(rings_per_instance)
+    # 1. Gather the rings, remembering each one's instance. A lone (K, 2) array is one ring, not
+    # K rings of 2 numbers, so input holding one takes the instance-by-instance loop.
+    if np.ndarray in set(map(type, instances)):
+        rings: list[Any] = []
+        rings_per_instance = []
+        for instance in instances:
+            if isinstance(instance, np.ndarray) and instance.ndim == 2 and instance.shape[1] == 2:
+                instance = (instance,)
+            rings.extend(instance)
+            rings_per_instance.append(len(instance))
+        instance_offsets = offsets_from_lengths(rings_per_instance)
+    else:
+        instance_offsets = offsets_from_lengths(np.fromiter(map(len, instances), np.int64, len(instances)))
+        rings = list(itertools.chain.from_iterable(instances))
     if not rings:
         return np.zeros((0, 2), np.float64), np.zeros(1, np.int64), instance_offsets
     owner = segment_ids(instance_offsets)
 
-    # 2. Convert: one pass for uniform input, ring by ring otherwise.
-    kinds = {type(r) for r in rings}
-    if kinds == {np.ndarray} and all(r.ndim == 2 and r.shape[1] == 2 for r in rings):
-        lengths = np.fromiter((len(r) for r in rings), np.int64, len(rings))
-        vertices = np.concatenate(rings).astype(np.float64, copy=False)
+    # 2. Convert: one pass for uniform input, ring by ring otherwise (which also names the
+    # instance of a malformed ring).
+    kinds = set(map(type, rings))
+    vertices = None
+    if kinds == {np.ndarray}:
+        # np.concatenate insists on equal ndim and equal trailing sizes, so a (V, 2) result
+        # means every ring was (K, 2); anything else goes the ring-by-ring way.
+        try:
+            joined = np.concatenate(rings)
+        except (ValueError, TypeError):
+            joined = None
+        if joined is not None and joined.ndim == 2 and joined.shape[1] == 2 and joined.dtype.kind in "biuf":
+            lengths = np.fromiter(map(len, rings), np.int64, len(rings))
+            vertices = joined.astype(np.float64, copy=False)
     elif kinds <= {list, tuple} and all(not r or not isinstance(r[0], (list, tuple, np.ndarray)) for r in rings):
-        sizes = np.fromiter((len(r) for r in rings), np.int64, len(rings))
+        sizes = np.fromiter(map(len, rings), np.int64, len(rings))
         odd = np.flatnonzero(sizes % 2)
         if len(odd):
             raise ValueError(
@@ -108,9 +122,9 @@ def flatten_rings(
             )
         flat = np.fromiter(itertools.chain.from_iterable(rings), np.float64, int(sizes.sum()))
         lengths, vertices = sizes // 2, flat.reshape(-1, 2)
-    else:
+    if vertices is None:
         arrays = [_as_ring(ring, int(owner[r])) for r, ring in enumerate(rings)]
-        lengths = np.fromiter((len(a) for a in arrays), np.int64, len(arrays))
+        lengths = np.fromiter(map(len, arrays), np.int64, len(arrays))
         vertices = np.concatenate(arrays)
 
     # 3. Check every ring at once, naming the first bad instance.
@@ -118,8 +132,8 @@ def flatten_rings(
     if len(short):
         raise ValueError(f"instance {owner[short[0]]}: a ring needs at least 3 vertices, got {lengths[short[0]]}")
     ring_offsets = offsets_from_lengths(lengths)
-    bad = np.flatnonzero(~np.isfinite(vertices).all(axis=1))
-    if len(bad):
+    if not np.isfinite(vertices).all():  # the per-row reduction only when something is bad
+        bad = np.flatnonzero(~np.isfinite(vertices).all(axis=1))
         ring = int(np.searchsorted(ring_offsets, bad[0], side="right")) - 1
         raise ValueError(f"instance {owner[ring]}: ring has NaN or infinite coordinates")
     return np.ascontiguousarray(vertices), ring_offsets, instance_offsets

@@ -13,22 +13,26 @@ Semantics (the contract; the tests hold a plain full-grid reference to it):
 How it stays exact while only touching each ring's own window:
 
 1. An edge can only cross in rows whose centre satisfies ``min(y0, y1) <= py < max(y0, y1)``
-   (that is ``(y0 > py) != (y1 > py)``); those rows are found by exact comparisons against the
-   same float64 centres, so no row outside a ring's vertical extent is ever visited.
+   (that is ``(y0 > py) != (y1 > py)``); those rows are found by exact counts of the float64
+   centres below each vertex (as in 2), so no row outside a ring's vertical extent is visited.
 2. For each (edge, row) pair the intercept is evaluated with the reference's expression, in the
    reference's operation order, on the same float64 values (the ring is sliced, never
    translated), so it is bit-identical. The count ``c`` of cell centres with ``px < x`` is then
-   found by exact comparisons against the float64 centres (an estimate from ``x / stride``
-   corrected both ways), so rounding of the intercept can never move a column in or out.
+   exact, so rounding of the intercept can never move a column in or out: it is the ceiling of
+   ``x / stride - 0.5``, which no rounding can move across a centre (the proof is in
+   ``_count_centres_below``).
 3. In one row of one ring, cell ``j`` is inside iff an odd number of crossings have ``j < c``.
    A closed ring crosses every row an even number of times, so after sorting the row's counts
    ``c_1 <= c_2 <= ... <= c_2m`` the inside cells are exactly the spans ``[c_1, c_2)``,
    ``[c_3, c_4)``, ...: left of ``c_1`` the parity is even (the window's left edge), right of
    ``c_2m`` no crossing remains. Only those spans are written.
 
-The work is O(edges + crossed rows + filled cells) per ring, independent of the canvas size, and
+The work is O(edges + crossed rows + spans) per ring, independent of the canvas size, and
 vectorised across all the rings of a batch, taken in chunks of about 8k vertices so the scratch
 arrays reuse warm heap memory (fresh pages cost more to fault in than the arithmetic on them).
+A span costs two writes whatever its length: a span of length L in [k, 2k) (k a power of two) is
+covered by two k-byte stores of ones, at its start and at its end - k, through a byte-strided
+view of the output.
 """
 
 from __future__ import annotations
@@ -42,10 +46,9 @@ from seg_datamodule.ops.ragged import flatten_rings, segment_ids
 
 __all__ = ["grid_size", "rasterize_flat", "rasterize_polygons"]
 
-# Work sizes that keep scratch arrays (8 bytes an entry) under glibc's default 128 KiB mmap
-# threshold: rings go in chunks of about this many vertices, spans in chunks of this many cells.
+# Rings go in chunks of about this many vertices, which keeps most scratch arrays (8 bytes an
+# entry) near glibc's default 128 KiB mmap threshold, so they reuse warm heap memory.
 _CHUNK_VERTICES = 8192
-_FILL_CHUNK = 1 << 14
 
 
 def grid_size(canvas_size: tuple[int, int], stride: int) -> tuple[int, int]:
@@ -62,24 +65,30 @@ def _check_stride_and_canvas(canvas_size: tuple[int, int], stride: int) -> tuple
 def _count_centres_below(values: np.ndarray, stride: int, n: int) -> np.ndarray:
     """For each value v, the number of grid centres ``(k + 0.5) * stride``, k in [0, n), below v.
 
-    Equal to ``np.searchsorted(centres, values, side="left")`` on the exact float64 centres, but
-    an estimate plus one exact correction each way is cheaper than a binary search.
+    Equal to ``np.searchsorted(centres, values, side="left")`` on the exact float64 centres, and
+    computed as ``clip(ceil(v / stride - 0.5), 0, n)`` without a correction, because for an
+    integer stride s no rounding can move a value across a centre c = (k + 0.5) s:
+
+    * v <= c gives ``v / s <= k + 0.5`` (rounding is monotonic and k + 0.5 is a float);
+    * v > c is at least the float after c, one ulp(c) above it, so ``v / s`` exceeds k + 0.5 by at
+      least ulp(c) / s, and ulp(c) >= ulp(k + 0.5) * 2**floor(log2 s) > ulp(k + 0.5) * s / 2: more
+      than half a spacing of the quotient, so it cannot round back onto k + 0.5;
+    * subtracting 0.5 from a quotient below 2**52 is exact, and ``ceil`` of the exact
+      ``v / s - 0.5`` is the count. Larger, negative and infinite values land on the clip.
 
     Args:
-        values (ndarray[M] float64): query coordinates.
-        stride (int): grid stride.
+        values (ndarray[M] float64): query coordinates (may be +-inf, never NaN).
+        stride (int): grid stride (an int >= 1).
         n (int): number of centres.
 
     Returns:
         ndarray[M] int64 in [0, n].
     """
-    est = np.ceil(values / stride - 0.5)
+    est = values / stride
+    est -= 0.5
+    np.ceil(est, out=est)
     np.clip(est, 0, n, out=est)
-    count = est.astype(np.int64)
-    # One correction each way: the estimate is off by at most one ulp-induced step.
-    count += (count < n) & ((count + 0.5) * stride < values)
-    count -= (count > 0) & ((count - 0.5) * stride >= values)
-    return count
+    return est.astype(np.int64)
 
 
 def _first_bad_instance(
@@ -157,35 +166,41 @@ def rasterize_flat(
     # Rings are independent (an instance is the OR of its rings), so they are rasterised in
     # chunks of about _CHUNK_VERTICES vertices: every scratch array then stays under the
     # allocator's mmap threshold and reuses warm heap memory, where one pass over a whole batch
-    # would map (and the kernel zero-fill) tens of MB of fresh pages each call.
+    # would map (and the kernel zero-fill) tens of MB of fresh pages each call. The spans are
+    # small (two int64 each), so they are gathered and filled in one pass at the end.
     ring_instance = segment_ids(instance_offsets)
-    flat_out = out.reshape(-1)
+    starts: list[np.ndarray] = []
+    lengths: list[np.ndarray] = []
     first_ring = 0
     while first_ring < num_rings:
         limit = ring_offsets[first_ring] + _CHUNK_VERTICES
         end_ring = max(int(np.searchsorted(ring_offsets, limit, side="right")) - 1, first_ring + 1)
         v0, v1 = ring_offsets[first_ring], ring_offsets[end_ring]
-        _rasterize_rings(
+        spans = _ring_spans(
             vertices[v0:v1],
             ring_offsets[first_ring : end_ring + 1] - v0,
             ring_instance[first_ring:end_ring],
             stride,
             (hp, wp),
-            flat_out,
         )
+        if spans is not None:
+            starts.append(spans[0])
+            lengths.append(spans[1])
         first_ring = end_ring
+    if starts:
+        # Setting a cell True twice is the union of an instance's rings.
+        _fill_spans(out.reshape(-1), np.concatenate(starts), np.concatenate(lengths))
     return out
 
 
-def _rasterize_rings(
+def _ring_spans(
     vertices: np.ndarray,
     ring_offsets: np.ndarray,
     ring_instance: np.ndarray,
     stride: int,
     grid: tuple[int, int],
-    flat_out: np.ndarray,
-) -> None:
-    """Set the inside cells of some rings in the flat ``(N * Hp * Wp)`` output.
+) -> tuple[np.ndarray, np.ndarray] | None:
+    """The inside spans of some rings, as runs of cells of the flat ``(N * Hp * Wp)`` output.
 
     Args:
         vertices (ndarray[V, 2] float64): the rings' vertices.
@@ -193,7 +208,10 @@ def _rasterize_rings(
         ring_instance (ndarray[R] int64): the instance each ring belongs to.
         stride (int): grid stride.
         grid (tuple[int, int]): ``(Hp, Wp)``.
-        flat_out (ndarray[N * Hp * Wp] bool): the output, flattened (a view).
+
+    Returns:
+        ``(starts, lengths)``, ndarray[S] int64 each (every length >= 1, a span never leaves its
+        row), or None when no ring covers a cell centre.
     """
     hp, wp = grid
     # 1. Edges: vertex k joins k + 1, and each ring's last vertex joins its first.
@@ -201,67 +219,121 @@ def _rasterize_rings(
     y0 = vertices[:, 1]
     nxt = np.arange(1, len(vertices) + 1, dtype=np.int64)
     nxt[ring_offsets[1:] - 1] = ring_offsets[:-1]
-    x1 = x0[nxt]
-    y1 = y0[nxt]
 
     # 2. Rows each edge crosses: centres with min(y0, y1) <= py < max(y0, y1). The count is
     # monotonic in y, so counting once per vertex and taking min / max per edge is the same.
     below = _count_centres_below(y0, stride, hp)
-    row_start = np.minimum(below, below[nxt])
-    row_stop = np.maximum(below, below[nxt])
-    rows_per_edge = row_stop - row_start
-    active = np.flatnonzero(rows_per_edge > 0)
+    below_next = below[nxt]
+    rows_per_edge = np.abs(below - below_next)
+    active = np.flatnonzero(rows_per_edge)
     if len(active) == 0:
-        return
+        return None
     counts = rows_per_edge[active]
     total = int(counts.sum())
+    first = np.cumsum(counts)
+    first -= counts
 
-    # 3. One entry per (edge, row) crossing; the intercept in the reference's operation order.
-    edge = np.repeat(active, counts)
-    first = np.cumsum(counts) - counts
-    row = np.arange(total, dtype=np.int64) - np.repeat(first - row_start[active], counts)
-    ex0 = x0[edge]
-    ey0 = y0[edge]
-    py = (row + 0.5) * stride
+    # 3. One entry per (edge, row) crossing. Everything a crossing needs from its edge is one
+    # row of `per_edge`, repeated once per crossed row: x0, y0, x1 - x0, y1 - y0 (the very
+    # float64 values the reference subtracts), the row offset and the sort key's (ring, row)
+    # offset (integers below 2**53, exact in float64).
+    col_bits = int(wp).bit_length()  # columns 0..wp
+    row_bits = int(hp - 1).bit_length()  # rows 0..hp-1
+    per_edge = np.empty((len(active), 6), np.float64)
+    per_edge[:, 0] = x0[active]
+    per_edge[:, 1] = y0[active]
+    edge_end = nxt[active]
+    np.subtract(x0[edge_end], per_edge[:, 0], out=per_edge[:, 2])
+    np.subtract(y0[edge_end], per_edge[:, 1], out=per_edge[:, 3])
+    row_offset = np.minimum(below[active], below_next[active])
+    row_offset -= first
+    per_edge[:, 4] = row_offset
+    key_offset = segment_ids(ring_offsets)[active] << (row_bits + col_bits)
+    key_offset += row_offset * (1 << col_bits)  # may be negative: multiply, not shift
+    per_edge[:, 5] = key_offset
+    crossing = np.repeat(per_edge, counts, axis=0)
+    position = np.arange(total, dtype=np.float64)
+    row = crossing[:, 4] + position
+    # The intercept in the reference's order: x0 + ((py - y0) * (x1 - x0)) / (y1 - y0).
+    x = row
+    x += 0.5
+    x *= stride  # py = (row + 0.5) * stride
+    x -= crossing[:, 1]
+    x *= crossing[:, 2]
     with np.errstate(over="ignore"):  # a near-horizontal edge may give +-inf: still exact
-        x = ex0 + (py - ey0) * (x1[edge] - ex0) / (y1[edge] - ey0)
+        x /= crossing[:, 3]
+    x += crossing[:, 0]
     col = _count_centres_below(x, stride, wp)
 
-    # 4. Sort crossings by (ring, row, column); consecutive pairs are a row's inside spans.
-    row_key = segment_ids(ring_offsets)[edge] * hp + row
-    key = row_key * (wp + 1) + col
+    # 4. Sort crossings by key = (ring, row, column) packed in bits; consecutive pairs are a
+    # row's inside spans. 32-bit keys sort faster, and usually fit (stride 4 on 640: 28 bits).
+    position *= 1 << col_bits
+    position += crossing[:, 5]
+    narrow = (len(ring_offsets) << (row_bits + col_bits)) <= np.iinfo(np.int32).max
+    key = position.astype(np.int32 if narrow else np.int64)
+    key += col
     key.sort()
     if len(key) % 2:  # a closed ring crosses each row an even number of times
         raise RuntimeError("internal error: a ring crossed a grid row an odd number of times")
     span_start = key[0::2]
     span_len = key[1::2] - span_start
-    keep = span_len > 0
-    span_start = span_start[keep]
-    span_len = span_len[keep]
-    if len(span_start) == 0:
-        return
-    span_row_key, span_col = np.divmod(span_start, wp + 1)
-    span_ring, span_row = np.divmod(span_row_key, hp)
-    flat_start = (ring_instance[span_ring] * hp + span_row) * wp + span_col
+    keep = np.flatnonzero(span_len)
+    if len(keep) == 0:
+        return None
+    span_start = span_start[keep].astype(np.int64)
+    span_len = span_len[keep].astype(np.int64)
+    span_col = span_start & ((1 << col_bits) - 1)
+    span_start >>= col_bits
+    span_row = span_start & ((1 << row_bits) - 1)
+    span_start >>= row_bits  # now the ring
+    flat_start = ring_instance[span_start] * (hp * wp)
+    flat_start += span_row * wp
+    flat_start += span_col
+    return flat_start, span_len
 
-    # 5. Fill the spans; setting True twice is the union of an instance's rings.
-    _fill_spans(flat_out, flat_start, span_len)
+
+def _ones(width: int) -> np.generic:
+    """A scalar of ``width`` bytes, each 1 (``True``): ``uint8..uint64``, or raw bytes beyond."""
+    ones = _ONES.get(width)
+    if ones is None:
+        dtype = np.dtype(f"<u{width}") if width <= 8 else np.dtype(f"V{width}")
+        ones = _ONES[width] = np.frombuffer(b"\x01" * width, dtype=dtype)[0]
+    return ones
+
+
+_ONES: dict[int, np.generic] = {}
 
 
 def _fill_spans(flat: np.ndarray, starts: np.ndarray, lengths: np.ndarray) -> None:
-    """Set ``flat[s:s + l] = True`` for every span (lengths > 0), in bounded chunks of cells."""
-    ends = np.cumsum(lengths)
-    begin = 0
-    while begin < len(starts):
-        base = int(ends[begin - 1]) if begin else 0
-        stop = max(int(np.searchsorted(ends, base + _FILL_CHUNK, side="right")), begin + 1)
-        # Cell offsets as a running sum of steps: 1 inside a span, a jump at each span's start.
-        steps = np.ones(int(ends[stop - 1]) - base, np.int64)
-        steps[0] = starts[begin]
-        jumps_at = ends[begin : stop - 1] - base
-        steps[jumps_at] = starts[begin + 1 : stop] - (starts[begin : stop - 1] + lengths[begin : stop - 1] - 1)
-        flat[np.cumsum(steps, out=steps)] = True
-        begin = stop
+    """Set ``flat[s:s + l] = True`` for every span, with two stores per span.
+
+    A span of length l in [k, 2k), k a power of two, is the union of ``[s, s + k)`` and
+    ``[s + l - k, s + l)``: both are one k-byte element of a view of ``flat`` whose elements start
+    at every byte (stride 1), so the stores never leave the span, and a span costs two writes
+    however long it is (per-cell indices cost more to build than to scatter).
+
+    Args:
+        flat (ndarray[M] bool): C-contiguous output.
+        starts (ndarray[S] int64): first cell of each span.
+        lengths (ndarray[S] int64): span lengths, each >= 1 with ``starts + lengths <= M``.
+    """
+    data = flat.view(np.uint8)
+    size_class = np.frexp(lengths)[1].astype(np.int8)  # l in [2**(c - 1), 2**c)
+    order = np.argsort(size_class, kind="stable")  # a radix sort for 8-bit keys
+    ends = np.cumsum(np.bincount(size_class))
+    starts = starts[order]
+    lengths = lengths[order]
+    for c in range(1, len(ends)):
+        lo, hi = int(ends[c - 1]), int(ends[c])
+        if lo == hi:
+            continue
+        width = 1 << (c - 1)
+        ones = _ones(width)
+        view = np.ndarray((len(data) - width + 1,), ones.dtype, buffer=data, strides=(1,))
+        view[starts[lo:hi]] = ones
+        last = starts[lo:hi] + lengths[lo:hi]
+        last -= width
+        view[last] = ones
 
 
 def rasterize_polygons(

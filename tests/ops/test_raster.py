@@ -77,6 +77,37 @@ def test_offsets_are_checked():
         rasterize_flat(np.zeros((3, 2)), np.array([0, 2]), np.array([0, 1]), (8, 8), 1)
     with pytest.raises(ValueError, match="instance_offsets"):
         rasterize_flat(np.zeros((3, 2)), np.array([0, 3]), np.array([0, 2]), (8, 8), 1)
+    with pytest.raises(ValueError, match="at least one entry"):
+        rasterize_flat(np.zeros((0, 2)), np.array([0]), np.array([], np.int64), (8, 8), 1)
+    with pytest.raises(ValueError, match="at least one entry"):
+        rasterize_flat(np.zeros((0, 2)), np.array([], np.int64), np.array([0]), (8, 8), 1)
+    with pytest.raises(ValueError, match="non-decreasing"):
+        rasterize_flat(np.zeros((6, 2)), np.array([0, 3, 6]), np.array([0, 2, 1, 2]), (8, 8), 1)
+
+
+def test_flat_arrays_are_checked_like_lists():
+    # rasterize_flat is what the collate calls: it checks its own arguments and names the
+    # instance, whatever comes before the bad one.
+    tri = np.array([[0, 0], [8, 0], [8, 8]], float)
+    bad = tri.copy()
+    bad[1, 0] = np.nan
+    vertices = np.concatenate([tri, tri, tri, bad])
+    with pytest.raises(ValueError, match=r"instance 2: NaN or infinite"):
+        rasterize_flat(vertices, np.array([0, 3, 6, 9, 12]), np.array([0, 1, 2, 4]), (8, 8), 1)
+    with pytest.raises(ValueError, match="instance 1: ring 2 has 2 vertices"):
+        rasterize_flat(np.zeros((8, 2)), np.array([0, 3, 6, 8]), np.array([0, 1, 3]), (8, 8), 1)
+    with pytest.raises(ValueError, match="stride must be >= 1"):
+        rasterize_flat(tri, np.array([0, 3]), np.array([0, 1]), (8, 8), 0)
+    with pytest.raises(TypeError, match="stride must be an int"):
+        rasterize_flat(tri, np.array([0, 3]), np.array([0, 1]), (8, 8), "4")
+
+
+def test_default_stride_is_four():
+    tri = np.array([[0, 0], [30, 0], [30, 30]], float)
+    offsets = (np.array([0, 3]), np.array([0, 1]))
+    np.testing.assert_array_equal(rasterize_flat(tri, *offsets, (32, 32)),
+                                  rasterize_flat(tri, *offsets, (32, 32), 4))
+    assert rasterize_polygons([[tri]], (32, 32)).shape == (1, 8, 8)
 
 
 # --- hand-computed cases ------------------------------------------------------------------------
@@ -171,16 +202,28 @@ def test_intercept_rounding_cannot_leak_a_column(monkeypatch):
     _assert_exact(instances, (64, 64), 4)
 
 
-@pytest.mark.parametrize("chunk_vertices, fill_chunk", [(1, 3), (7, 1 << 22), (20, 1), (1 << 20, 1 << 22)])
-def test_chunking_is_invisible(monkeypatch, chunk_vertices, fill_chunk):
+@pytest.mark.parametrize("chunk_vertices", [1, 7, 20, 1 << 20])
+def test_chunking_is_invisible(monkeypatch, chunk_vertices):
     # Rings of one instance may land in different chunks: the union must not notice.
     rng = np.random.default_rng(5)
     instances = [[rng.uniform(-5, 70, (rng.integers(3, 12), 2)) for _ in range(rng.integers(1, 4))]
                  for _ in range(20)]
     monkeypatch.setattr(raster_module, "_CHUNK_VERTICES", chunk_vertices)
-    monkeypatch.setattr(raster_module, "_FILL_CHUNK", fill_chunk)
     np.testing.assert_array_equal(rasterize_polygons(instances, (64, 64), 2),
                                   reference_rasterize(instances, (64, 64), 2))
+
+
+def test_wide_sort_keys_equal_narrow_ones(monkeypatch):
+    # Sort keys pack (ring, row, column); they fit 32 bits for stride 4 on 640, but not for
+    # hundreds of rings on a 2,000-pixel stride-1 grid, which takes 64-bit keys. One ring per
+    # chunk always fits, so the two must agree.
+    rng = np.random.default_rng(11)
+    instances = [[rng.uniform(-50, 2100, (rng.integers(3, 9), 2))] for _ in range(300)]
+    wide = rasterize_polygons(instances, (2048, 2048), 1)
+    monkeypatch.setattr(raster_module, "_CHUNK_VERTICES", 1)
+    narrow = rasterize_polygons(instances, (2048, 2048), 1)
+    assert wide.any()
+    np.testing.assert_array_equal(wide, narrow)
 
 
 def test_writes_into_given_zeroed_output():
@@ -210,10 +253,65 @@ instance_strategy = st.lists(ring_strategy, min_size=1, max_size=3)
     instances=st.lists(instance_strategy, min_size=0, max_size=4),
     height=st.integers(1, 70),
     width=st.integers(1, 70),
-    stride=st.sampled_from([1, 2, 4, 8]),
+    stride=st.sampled_from([1, 2, 3, 4, 5, 8]),
 )
 def test_matches_full_grid_reference(instances, height, width, stride):
+    # 3 and 5 take the corrected estimate of the column count, powers of two the exact one.
     _assert_exact(instances, (height, width), stride)
+
+
+@settings(max_examples=200, deadline=None)
+@given(
+    spans=st.lists(st.tuples(st.integers(0, 300), st.integers(1, 300)), min_size=1, max_size=40),
+    size=st.integers(1, 300),
+)
+def test_fill_spans_equals_slice_assignment(spans, size):
+    # Two stores per span, through byte-strided views of 1..256-byte elements: against plain
+    # slicing, with spans of every length class, touching, overlapping and ending at the last cell.
+    spans = [(min(s, size - 1), min(n, size - min(s, size - 1))) for s, n in spans]
+    starts = np.array([s for s, _ in spans], np.int64)
+    lengths = np.array([n for _, n in spans], np.int64)
+    got = np.zeros(size, bool)
+    raster_module._fill_spans(got, starts.copy(), lengths)
+    want = np.zeros(size, bool)
+    for s, n in spans:
+        want[s : s + n] = True
+    np.testing.assert_array_equal(got, want)
+    assert got.view(np.uint8).max(initial=0) <= 1  # every cell a valid bool
+
+
+@settings(max_examples=300, deadline=None)
+@given(
+    stride=st.integers(1, 64),
+    n=st.integers(0, 300),
+    picks=st.lists(st.tuples(st.integers(-2, 302), st.integers(-3, 3)), min_size=1, max_size=30),
+    others=st.lists(st.floats(allow_nan=False), max_size=10),
+)
+def test_centre_count_equals_a_binary_search(stride, n, picks, others):
+    # ceil(v / stride - 0.5) with no correction must equal a search of the exact float64
+    # centres, for values on a centre and a few ulps either side of it, and anything else.
+    values = [float(v) for v in others]
+    for k, ulps in picks:
+        v = (k + 0.5) * stride
+        for _ in range(abs(ulps)):
+            v = float(np.nextafter(v, np.inf if ulps > 0 else -np.inf))
+        values.append(v)
+    values = np.array(values)
+    centres = (np.arange(n) + 0.5) * stride
+    got = raster_module._count_centres_below(values, stride, n)
+    np.testing.assert_array_equal(got, np.searchsorted(centres, values, side="left"))
+
+
+@pytest.mark.parametrize("stride", [3, 6, 7])
+def test_non_power_of_two_strides_on_centres(stride):
+    # Vertices exactly on cell centres and one ulp either side, where x / stride rounds.
+    rng = np.random.default_rng(stride)
+    instances = []
+    for _ in range(200):
+        ring = (rng.integers(0, 12, (rng.integers(3, 7), 2)) + 0.5) * stride
+        ring = np.nextafter(ring, ring + rng.choice([-1.0, 0.0, 1.0], ring.shape))
+        instances.append([ring])
+    _assert_exact(instances, (12 * stride, 12 * stride), stride)
 
 
 @settings(max_examples=100, deadline=None)
