@@ -203,23 +203,30 @@ def _time(fn: Callable[[], object], repeat: int) -> float:
     return statistics.median(times)
 
 
-def _time_together(fns: dict[str, Callable[[], object]], rounds: int) -> dict[str, float]:
+def _time_together(fns: dict[str, Callable[[], object] | tuple[Callable[[], object], Callable[[], object]]],
+                   rounds: int) -> dict[str, float]:
     """Median wall time in ms of each function, running them in turn, round after round.
 
     Interleaving makes a busy or quiet spell of a shared machine fall on every method alike,
     so the ratios between them hold even when the absolute times drift; the order is shuffled
     each round, because what ran just before (a 57 MB stack freed, caches refilled) changes the
-    next method's time.
+    next method's time. An entry may be ``(setup, run)``: ``setup`` runs untimed just before.
     """
+    def parts(entry):  # type: ignore[no-untyped-def]
+        return entry if isinstance(entry, tuple) else (lambda: None, entry)
+
     times: dict[str, list[float]] = {name: [] for name in fns}
-    for name, fn in fns.items():
+    for entry in fns.values():
+        setup, fn = parts(entry)
+        setup()
         fn()  # warm-up
     order = list(fns)
     rng = np.random.default_rng(0)
     for _ in range(rounds):
         rng.shuffle(order)  # no method always runs right after the same other one
         for name in order:
-            fn = fns[name]
+            setup, fn = parts(fns[name])
+            setup()
             t0 = time.perf_counter()
             result = fn()
             times[name].append((time.perf_counter() - t0) * 1e3)
@@ -229,13 +236,14 @@ def _time_together(fns: dict[str, Callable[[], object]], rounds: int) -> dict[st
 
 def headline(inst: list[list[np.ndarray]], flat: tuple[np.ndarray, ...], hw: tuple[int, int],
              rounds: int) -> dict[str, float]:
-    """This project against the cv2.fillPoly loop, into two kinds of output, interleaved.
+    """This project against the cv2.fillPoly loop, into three kinds of output, interleaved.
 
     * fresh: each call allocates its ``np.zeros`` stack and pays the kernel's page faults for
       the pages its masks land on (what a caller of ``rasterize_polygons`` gets);
     * reused: each call zeroes one stack allocated beforehand and writes into it (what
-      ``DetectionCollate`` does with its reused shared-memory slots).
-    Zeroing or faulting is the same work for every method and is inside every timer.
+      ``DetectionCollate`` does with its reused shared-memory slots);
+    * zeroed: the same stack, zeroed before the timer starts: the rasterising alone.
+    Zeroing or faulting is the same work for every method; it is inside the first two timers.
     """
     hp, wp = -(-hw[0] // STRIDE), -(-hw[1] // STRIDE)
     mine = np.ones((len(inst), hp, wp), bool)
@@ -247,14 +255,26 @@ def headline(inst: list[list[np.ndarray]], flat: tuple[np.ndarray, ...], hw: tup
             return write(buffer)
         return run
 
+    def mine_lists(o: np.ndarray) -> object:
+        return rasterize_flat(*polygons_from_instances(inst), hw, STRIDE, out=o)
+
+    def mine_flat(o: np.ndarray) -> object:
+        return rasterize_flat(*flat, hw, STRIDE, out=o)
+
+    def cv2_loop(o: np.ndarray) -> object:
+        return peer_fillpoly_stride(inst, hw, out=o)
+
     return _time_together({
-            "fresh lists": lambda: rasterize_flat(*polygons_from_instances(inst), hw, STRIDE),
-            "fresh flat": lambda: rasterize_flat(*flat, hw, STRIDE),
-            "fresh cv2": lambda: peer_fillpoly_stride(inst, hw),
-            "reused lists": into(mine, lambda o: rasterize_flat(*polygons_from_instances(inst), hw, STRIDE, out=o)),
-            "reused flat": into(mine, lambda o: rasterize_flat(*flat, hw, STRIDE, out=o)),
-            "reused cv2": into(theirs, lambda o: peer_fillpoly_stride(inst, hw, out=o)),
-        }, rounds)
+        "fresh lists": lambda: rasterize_flat(*polygons_from_instances(inst), hw, STRIDE),
+        "fresh flat": lambda: rasterize_flat(*flat, hw, STRIDE),
+        "fresh cv2": lambda: peer_fillpoly_stride(inst, hw),
+        "reused lists": into(mine, mine_lists),
+        "reused flat": into(mine, mine_flat),
+        "reused cv2": into(theirs, cv2_loop),
+        "zeroed lists": (lambda: mine.fill(0), lambda: mine_lists(mine)),
+        "zeroed flat": (lambda: mine.fill(0), lambda: mine_flat(mine)),
+        "zeroed cv2": (lambda: theirs.fill(0), lambda: cv2_loop(theirs)),
+    }, rounds)
 
 
 def _regular_polygon(span: float, k: int, centre: tuple[float, float], rng: np.random.Generator) -> np.ndarray:
@@ -348,16 +368,16 @@ def main() -> None:
     ours = rasterize_flat(*flat, hw, STRIDE)
     head = headline(inst, flat, hw, rounds=max(9, 4 * args.repeat))
     print(f"\nthis project against the cv2.fillPoly loop, interleaved, median of {max(9, 4 * args.repeat)} rounds; "
-          "zeroing the output is inside every timer")
-    print(f"{'':<44}{'fresh np.zeros output':>24}{'reused output (collate)':>26}")
-    print(f"{'method':<44}{'ms':>12}{'x cv2':>12}{'ms':>14}{'x cv2':>12}")
+          "zeroing the output is inside the first two timers")
+    print(f"{'':<44}{'fresh np.zeros out':>20}{'reused out (collate)':>22}{'zeroed out, untimed':>22}")
+    print(f"{'method':<44}" + f"{'ms':>10}{'x cv2':>10}  " * 3)
     for key, name in (("lists", "this project (exact), from lists"), ("flat", "this project, from flat arrays"),
                       ("cv2", "cv2.fillPoly loop at stride 4 (not exact)")):
-        fresh, reused = head[f"fresh {key}"], head[f"reused {key}"]
-        print(f"{name:<44}{fresh:>12.1f}{fresh / head['fresh cv2']:>12.2f}"
-              f"{reused:>14.1f}{reused / head['reused cv2']:>12.2f}")
-    print(f"list API against flat arrays: {head['fresh lists'] / head['fresh flat']:.2f}x (fresh), "
-          f"{head['reused lists'] / head['reused flat']:.2f}x (reused)")
+        cells = [f"{head[f'{out} {key}']:>10.1f}{head[f'{out} {key}'] / head[f'{out} cv2']:>10.2f}  "
+                 for out in ("fresh", "reused", "zeroed")]
+        print(f"{name:<44}" + "".join(cells))
+    print("list API against flat arrays: " + ", ".join(
+        f"{head[f'{out} lists'] / head[f'{out} flat']:.2f}x ({out})" for out in ("fresh", "reused", "zeroed")))
 
     rows = [("this project (exact), from lists", head["fresh lists"]),
             ("this project, from flat arrays (no convert)", head["fresh flat"]),
