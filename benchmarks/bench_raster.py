@@ -203,8 +203,10 @@ def _time(fn: Callable[[], object], repeat: int) -> float:
     return statistics.median(times)
 
 
-def _time_together(fns: dict[str, Callable[[], object] | tuple[Callable[[], object], Callable[[], object]]],
-                   rounds: int) -> dict[str, float]:
+Timed = Callable[[], object]
+
+
+def _time_together(fns: dict[str, Timed | tuple[Timed, Timed]], rounds: int) -> dict[str, float]:
     """Median wall time in ms of each function, running them in turn, round after round.
 
     Interleaving makes a busy or quiet spell of a shared machine fall on every method alike,
@@ -212,7 +214,7 @@ def _time_together(fns: dict[str, Callable[[], object] | tuple[Callable[[], obje
     each round, because what ran just before (a 57 MB stack freed, caches refilled) changes the
     next method's time. An entry may be ``(setup, run)``: ``setup`` runs untimed just before.
     """
-    def parts(entry):  # type: ignore[no-untyped-def]
+    def parts(entry: Timed | tuple[Timed, Timed]) -> tuple[Timed, Timed]:
         return entry if isinstance(entry, tuple) else (lambda: None, entry)
 
     times: dict[str, list[float]] = {name: [] for name in fns}
