@@ -61,6 +61,24 @@ def ragged_index(starts: np.ndarray, lengths: np.ndarray) -> np.ndarray:
     return np.arange(total, dtype=np.int64) - np.repeat(exclusive - np.asarray(starts, np.int64), lengths)
 
 
+def first_non_finite_instance(
+    vertices: np.ndarray, ring_offsets: np.ndarray, instance_offsets: np.ndarray
+) -> int:
+    """The instance holding the first NaN or infinite vertex (call it only when there is one).
+
+    Args:
+        vertices (ndarray[V, 2] float64): flat vertices.
+        ring_offsets (ndarray[R + 1] int64): ring boundaries into ``vertices``.
+        instance_offsets (ndarray[N + 1] int64): instance boundaries into the rings.
+
+    Returns:
+        int: the instance index.
+    """
+    bad_vertex = int(np.flatnonzero(~np.isfinite(vertices).all(axis=1))[0])
+    ring = int(np.searchsorted(ring_offsets, bad_vertex, side="right")) - 1
+    return int(np.searchsorted(instance_offsets, ring, side="right")) - 1
+
+
 def flatten_rings(
     instances: Sequence[Sequence[Any]],
 ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
@@ -132,10 +150,9 @@ def flatten_rings(
     if len(short):
         raise ValueError(f"instance {owner[short[0]]}: a ring needs at least 3 vertices, got {lengths[short[0]]}")
     ring_offsets = offsets_from_lengths(lengths)
-    if not np.isfinite(vertices).all():  # the per-row reduction only when something is bad
-        bad = np.flatnonzero(~np.isfinite(vertices).all(axis=1))
-        ring = int(np.searchsorted(ring_offsets, bad[0], side="right")) - 1
-        raise ValueError(f"instance {owner[ring]}: ring has NaN or infinite coordinates")
+    if not np.isfinite(vertices).all():
+        instance = first_non_finite_instance(vertices, ring_offsets, instance_offsets)
+        raise ValueError(f"instance {instance}: ring has NaN or infinite coordinates")
     return np.ascontiguousarray(vertices), ring_offsets, instance_offsets
 
 

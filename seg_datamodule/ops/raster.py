@@ -42,7 +42,7 @@ from typing import Any, Sequence
 import numpy as np
 
 from seg_datamodule.ops.checks import check_canvas_size, check_int
-from seg_datamodule.ops.ragged import flatten_rings, segment_ids
+from seg_datamodule.ops.ragged import first_non_finite_instance, flatten_rings, segment_ids
 
 __all__ = ["grid_size", "rasterize_flat", "rasterize_polygons"]
 
@@ -89,14 +89,6 @@ def _count_centres_below(values: np.ndarray, stride: int, n: int) -> np.ndarray:
     np.ceil(est, out=est)
     np.clip(est, 0, n, out=est)
     return est.astype(np.int64)
-
-
-def _first_bad_instance(
-    vertices: np.ndarray, ring_offsets: np.ndarray, instance_offsets: np.ndarray
-) -> int:
-    bad_vertex = int(np.flatnonzero(~np.isfinite(vertices).all(axis=1))[0])
-    ring = int(np.searchsorted(ring_offsets, bad_vertex, side="right")) - 1
-    return int(np.searchsorted(instance_offsets, ring, side="right")) - 1
 
 
 def rasterize_flat(
@@ -160,7 +152,7 @@ def rasterize_flat(
     if (np.diff(instance_offsets) < 0).any():
         raise ValueError("instance_offsets must be non-decreasing")
     if not np.isfinite(vertices).all():
-        instance = _first_bad_instance(vertices, ring_offsets, instance_offsets)
+        instance = first_non_finite_instance(vertices, ring_offsets, instance_offsets)
         raise ValueError(f"instance {instance}: NaN or infinite polygon coordinates")
 
     # Rings are independent (an instance is the OR of its rings), so they are rasterised in
