@@ -92,8 +92,8 @@ def _fail(where: str, field: str, what: str) -> StreamFormatError:
                              "beyond this JSON)", path=where, field=field)
 
 
-def parse_json(text: str | bytes, where: str) -> Any:
-    """``json.loads`` that names the file and refuses ``NaN`` / ``Infinity`` (not JSON).
+def parse_json(text: str | bytes, where: str, field: str = "(file)") -> Any:
+    """``json.loads`` that names the file (and the field holding the text) and refuses ``NaN`` / ``Infinity``.
 
     Raises:
         StreamFormatError: not UTF-8 or not JSON.
@@ -104,8 +104,9 @@ def parse_json(text: str | bytes, where: str) -> Any:
     try:
         return json.loads(text, parse_constant=constant)
     except (ValueError, UnicodeDecodeError) as err:
-        raise StreamFormatError(f"{where}: malformed JSON ({err}); refusing to stream it", path=where,
-                                field="(file)") from None
+        at = "" if field == "(file)" else f" field {field!r}:"
+        raise StreamFormatError(f"{where}:{at} malformed JSON ({err}); refusing to stream it", path=where,
+                                field=field) from None
 
 
 def expected_data_format() -> list[str]:
@@ -145,7 +146,7 @@ def _check_schema(config: Mapping[str, Any], where: str) -> None:
     """``data_spec`` then ``data_format``: exactly the schema's keys, in order, with its serializers."""
     want_keys = [name for name, _ in RECORD_SCHEMA]
     spec = config.get("data_spec")
-    parsed = parse_json(spec, f"{where} config.data_spec") if isinstance(spec, str) else None
+    parsed = parse_json(spec, where, "config.data_spec") if isinstance(spec, str) else None
     keys = _spec_keys(parsed)
     if keys != want_keys:
         if keys is None:
