@@ -96,14 +96,14 @@ def parse_json(text: str | bytes, where: str, field: str = "(file)") -> Any:
     """``json.loads`` that names the file (and the field holding the text) and refuses ``NaN`` / ``Infinity``.
 
     Raises:
-        StreamFormatError: not UTF-8 or not JSON.
+        StreamFormatError: not UTF-8, not JSON, or nested too deep to parse.
     """
     def constant(name: str) -> Any:
         raise ValueError(f"{name} is not JSON")
 
     try:
         return json.loads(text, parse_constant=constant)
-    except (ValueError, UnicodeDecodeError) as err:
+    except (ValueError, RecursionError) as err:  # (UnicodeDecodeError is a ValueError)
         at = "" if field == "(file)" else f" field {field!r}:"
         raise StreamFormatError(f"{where}:{at} malformed JSON ({err}); refusing to stream it", path=where,
                                 field=field) from None
@@ -133,7 +133,7 @@ def _spec_keys(spec: Any) -> list[Any] | None:
         return None
     try:
         keys = json.loads(node["context"])
-    except ValueError:
+    except (ValueError, RecursionError):
         return None
     return keys if isinstance(keys, list) else None
 

@@ -59,7 +59,8 @@ def read_source_json(source: str, name: str, storage_options: dict[str, Any] | N
         try:
             return parse_json(Path(where).read_bytes(), where), where
         except FileNotFoundError:
-            raise FileNotFoundError(f"{where} not found: {source} was not written by seg_datamodule's convert") from None
+            raise FileNotFoundError(f"{where} not found: {source} was not written by seg_datamodule's "
+                                    "convert") from None
     if not where.startswith(_READABLE_REMOTE):
         raise StreamFormatError(f"{where}: cannot read it to check the chunks before streaming; stream from a local "
                                 f"folder or one of {list(_READABLE_REMOTE)}", path=where, field="(file)")
