@@ -193,8 +193,9 @@ def test_schema_serializers_keep_only_the_schemas_three() -> None:
     kept = {name for name, s in serializers.items() if not isinstance(s, RefusedSerializer)}
     assert kept == {"int", "bytes", "no_header_numpy"}
     assert set(serializers) == set(_SERIALIZERS)
-    with pytest.raises(TypeError, match="serializers"):
-        StreamRecords("unused", serializers={})
+    for key in ("serializers", "item_loader", "index_path"):
+        with pytest.raises(TypeError, match=key):
+            StreamRecords("unused", **{key: None})
 
 
 # ----------------------------------------------------------------------------- other schemas

@@ -113,17 +113,19 @@ class StreamRecords(StreamingDataset):
 
     Args:
         input_dir: the source (a folder, ``local:/folder``, a bucket URL).
-        *args, **kwargs: as for ``litdata.StreamingDataset`` (but not ``serializers``).
+        *args, **kwargs: as for ``litdata.StreamingDataset`` (but not ``serializers``,
+            ``item_loader`` or ``index_path``).
 
     Raises:
         FileNotFoundError, StreamFormatError: see
             :func:`~seg_datamodule.io.stream.source.check_stream_index`.
-        TypeError: ``serializers`` given.
+        TypeError: ``serializers``, ``item_loader`` or ``index_path`` given.
     """
 
     def __init__(self, input_dir: str, *args: Any, **kwargs: Any) -> None:
-        if "serializers" in kwargs:
-            raise TypeError("StreamRecords reads the record schema only: serializers cannot be given")
+        given = sorted(set(kwargs) & {"serializers", "item_loader", "index_path"})
+        if given:  # each would let LitData read something other than the checked index and schema
+            raise TypeError(f"StreamRecords reads the checked record schema only: {given} cannot be given")
         check_stream_index(input_dir, kwargs.get("storage_options"))
         super().__init__(input_dir, *args, serializers=schema_serializers(), **kwargs)
 
