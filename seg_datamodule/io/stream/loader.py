@@ -113,7 +113,7 @@ class StreamRecords(StreamingDataset):
 
     Args:
         input_dir: the source (a folder, ``local:/folder``, a bucket URL).
-        *args, **kwargs: as for ``litdata.StreamingDataset`` (but not ``serializers``,
+        **kwargs: as for ``litdata.StreamingDataset`` (keywords only; not ``serializers``,
             ``item_loader`` or ``index_path``).
 
     Raises:
@@ -122,16 +122,18 @@ class StreamRecords(StreamingDataset):
         TypeError: ``serializers``, ``item_loader`` or ``index_path`` given.
     """
 
-    def __init__(self, input_dir: str, *args: Any, **kwargs: Any) -> None:
+    def __init__(self, input_dir: str, **kwargs: Any) -> None:
         given = sorted(set(kwargs) & {"serializers", "item_loader", "index_path"})
         if given:  # each would let LitData read something other than the checked index and schema
             raise TypeError(f"StreamRecords reads the checked record schema only: {given} cannot be given")
         check_stream_index(input_dir, kwargs.get("storage_options"))
-        super().__init__(input_dir, *args, serializers=schema_serializers(), **kwargs)
+        super().__init__(input_dir, serializers=schema_serializers(), **kwargs)
 
     def _create_cache(self, worker_env: Any) -> Any:
         # Each worker builds its own reader (and LitData downloads index.json again for a remote or
-        # `local:` source): check what it is about to read, first.
+        # `local:` source): check what it is about to read, first. A private LitData hook: the
+        # swapped-index tests in tests/io/test_stream_schema.py fail if it stops firing, and the
+        # refusing serializers hold either way.
         check_stream_index(self.input_dir.url or self.input_dir.path, self.storage_options)
         return super()._create_cache(worker_env)
 
