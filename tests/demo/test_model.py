@@ -313,3 +313,39 @@ def test_coco_ap_under_ddp_spawn_on_two_cpu_processes(demo_dir, tmp_path) -> Non
     with open(tmp_path / "run" / "version_0" / "metrics.csv", newline="") as f:
         rows = [r for r in csv.DictReader(f) if r.get("val/segm_AP")]
     assert len(rows) == 1 and 0.0 <= float(rows[0]["val/segm_AP"]) <= 1.0 and 0.0 <= float(rows[0]["val/bbox_AP"]) <= 1.0
+
+
+@pytest.mark.slow
+def test_trainer_test_logs_the_validation_coco_numbers(coco_mini, tmp_path) -> None:
+    import json
+
+    from seg_datamodule import COCOSegDataModule
+
+    ann, images = str(coco_mini / "annotations" / "instances_val2017.json"), str(coco_mini / "val2017")
+    dm = COCOSegDataModule(train_ann=str(coco_mini / "annotations" / "instances_train2017.json"),
+                           train_images=str(coco_mini / "train2017"), val_ann=ann, val_images=images,
+                           test_ann=ann, test_images=images, image_size=160, batch_size=8, num_workers=0,
+                           cache_dir=str(tmp_path / "cache"))
+    torch.manual_seed(0)
+    model = YolactLite(num_classes=dm.num_classes, width=4, num_prototypes=4)
+    trainer = L.Trainer(accelerator="cpu", logger=False, enable_progress_bar=False, enable_model_summary=False)
+    val = trainer.validate(model, datamodule=dm, verbose=False)[0]
+    test = trainer.test(model, datamodule=dm, verbose=False)[0]
+    assert model.test_metric is not None and model.test_metric.ann_file == ann
+    keys = [k for k in val if k.startswith("val/segm_") or k.startswith("val/bbox_")]
+    assert len(keys) == 12 and val["val/bbox_AP"] > 0  # untrained: segm AP may round to 0, bbox AP not
+    for key in keys:
+        assert test[key.replace("val/", "test/")] == val[key], key
+    assert test["test/loss"] == pytest.approx(val["val/loss"])
+
+    # An image-info file (COCO test-dev's shape): losses over no targets, no COCO AP.
+    data = json.loads((coco_mini / "annotations" / "instances_val2017.json").read_text())
+    info = tmp_path / "image_info.json"
+    info.write_text(json.dumps({"images": data["images"][:4], "categories": data["categories"]}))
+    dm_info = COCOSegDataModule(train_ann=dm.train_ann, train_images=dm.train_images, test_ann=str(info),
+                                test_images=images, image_size=160, batch_size=8, num_workers=0,
+                                cache_dir=str(tmp_path / "cache"))
+    model_info = YolactLite(num_classes=dm.num_classes, width=4, num_prototypes=4)
+    test_info = trainer.test(model_info, datamodule=dm_info, verbose=False)[0]
+    assert model_info.test_metric is None and not any("AP" in k for k in test_info)
+    assert test_info["test/mask_loss"] == 0.0

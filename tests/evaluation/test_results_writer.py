@@ -141,3 +141,53 @@ def test_empty_batches_repeats_and_counts(tmp_path: Path) -> None:
 
     assert mask_utils.area(results[0]["segmentation"]) == 64 * 64
     assert np.allclose(results[0]["bbox"], [10.0, 10.0, 64.0 - 10.0, 64.0 - 10.0])
+
+
+def test_merge_keeps_each_image_once(tmp_path: Path) -> None:
+    """Rank shards that share an image (a padded repeat): its first occurrence's results only."""
+    writer = COCOResultsWriter(str(tmp_path / "r.json"), category_ids=[1])
+    entry = {"category_id": 1, "bbox": [0.0, 0.0, 1.0, 1.0]}
+    shards = [
+        {"results": [dict(entry, image_id=1, score=0.5), dict(entry, image_id=2, score=0.4)],
+         "images": [[1, 4, 4], [2, 4, 4]], "skipped": {"image_corrupt": 1}},
+        {"results": [dict(entry, image_id=2, score=0.9), dict(entry, image_id=3, score=0.3)],
+         "images": [[2, 4, 4], [3, 5, 6]], "skipped": {"image_corrupt": 2, "image_missing": 1}},
+    ]
+    writer._write(_trainer(), shards)
+    results = json.loads((tmp_path / "r.json").read_text())
+    assert [(r["image_id"], r["score"]) for r in results] == [(1, 0.5), (2, 0.4), (3, 0.3)]
+    info = json.loads((tmp_path / "r_images.json").read_text())
+    assert info["images"] == [{"id": 1, "height": 4, "width": 4}, {"id": 2, "height": 4, "width": 4},
+                              {"id": 3, "height": 5, "width": 6}]
+    assert info["info"]["images_skipped"] == {"image_corrupt": 3, "image_missing": 1}
+
+
+@pytest.mark.slow
+def test_two_ddp_processes_write_each_image_once(tmp_path: Path, demo_dir: Path) -> None:
+    import cv2
+    import lightning as L
+
+    from seg_datamodule import COCOSegDataModule
+    from seg_datamodule.io.predict_source import stable_image_id
+    from seg_datamodule.models import YolactLite
+
+    folder = tmp_path / "images"
+    folder.mkdir()
+    rng = np.random.default_rng(0)
+    names = [f"img{k}.png" for k in range(7)]  # odd: 4 images on rank 0, 3 on rank 1
+    for k, name in enumerate(names):
+        cv2.imwrite(str(folder / name), rng.integers(0, 255, (20 + k, 30, 3), dtype=np.uint8))
+    dm = COCOSegDataModule(predict_images=str(folder), image_size=64, val_batch_size=2, num_workers=0,
+                           demo_dir=str(demo_dir), cache_dir=str(tmp_path / "cache"))
+    model = YolactLite(num_classes=dm.num_classes, width=4, num_prototypes=4)
+    out = tmp_path / "out" / "results.json"
+    trainer = L.Trainer(accelerator="cpu", strategy="ddp_spawn", devices=2, logger=False, enable_progress_bar=False,
+                        enable_model_summary=False, callbacks=[COCOResultsWriter(str(out))])
+    trainer.predict(model, datamodule=dm, return_predictions=False)
+    results = json.loads(out.read_text())
+    images = json.loads((tmp_path / "out" / "results_images.json").read_text())
+    expected = sorted(stable_image_id(n) for n in names)
+    assert sorted(r["image_id"] for r in results) == expected  # one whole-image detection per image, once
+    assert [i["id"] for i in images["images"]] == expected and images["info"]["images_predicted"] == 7
+    assert {i["file_name"] for i in images["images"]} == set(names)
+    assert sorted(p.name for p in out.parent.iterdir()) == ["results.json", "results_images.json"]  # shards removed
