@@ -1,5 +1,9 @@
 """LightningCLI entry point: ``python -m seg_datamodule fit --config configs/demo.yaml``.
 
+``test`` scores ``data.test_ann`` (``--ckpt_path`` a checkpoint); ``predict --config
+configs/predict.yaml --ckpt_path ... --data.predict_images folder/`` writes a COCO results file
+through :class:`~seg_datamodule.evaluation.writer.COCOResultsWriter`.
+
 ``seg-datamodule convert ANN IMAGES OUTPUT`` writes LitData chunks for ``data.train_stream``
 (:mod:`~seg_datamodule.io.stream.cli`; not a LightningCLI subcommand, it trains nothing).
 

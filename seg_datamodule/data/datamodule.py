@@ -15,6 +15,11 @@ indices)``, so batches are the same for any ``num_workers``, and the train loade
 resumed from any checkpoint, mid-epoch included, continues with exactly the batches the
 uninterrupted run would have seen.
 
+Held-out data (:mod:`~seg_datamodule.data.splits`): ``test_ann`` / ``test_images`` for
+``trainer.test`` (letterboxed like validation; an image-info file without annotations works), and
+``predict_images`` (a folder, or with ``predict_ann`` a COCO JSON's images) for ``trainer.predict``
+(:mod:`~seg_datamodule.data.predict`).
+
 Without ``train_ann`` the module uses the embedded demo dataset, generated on first use (see
 :mod:`~seg_datamodule.demo.data`). With ``train_stream`` training streams LitData chunks written by
 ``seg-datamodule-convert`` (:mod:`~seg_datamodule.io.stream`) through the same dataset and collate.
@@ -77,7 +82,7 @@ class COCOSegDataModule(LightningDataModule):
         image_size: output canvas side ``s`` (square ``s x s``).
         mask_stride: stride of the mask grid (4 for YOLACT's ProtoNet).
         batch_size: training images per batch (per rank).
-        val_batch_size: validation images per batch; ``None`` uses ``batch_size``.
+        val_batch_size: validation, test and predict images per batch; ``None`` uses ``batch_size``.
         num_workers: DataLoader worker processes (masks are rasterised there).
         mosaic: probability of a 4-image mosaic per training sample.
         close_mosaic: turn mosaic off for the last N epochs (needs ``trainer.max_epochs``).
