@@ -51,9 +51,9 @@ def _mixed_folder(root: Path) -> Path:
     return root
 
 
-def _dm(tmp_path: Path, folder: Path, **kwargs) -> COCOSegDataModule:
+def _dm(tmp_path: Path, folder: Path, num_workers: int = 0, **kwargs) -> COCOSegDataModule:
     return COCOSegDataModule(predict_images=str(folder), image_size=64, batch_size=2, val_batch_size=3,
-                             num_workers=0, demo_dir=str(tmp_path / "demo"), cache_dir=str(tmp_path / "cache"),
+                             num_workers=num_workers, demo_dir=str(tmp_path / "demo"), cache_dir=str(tmp_path / "cache"),
                              **kwargs)
 
 
@@ -173,7 +173,7 @@ def test_image_info_json_as_test_and_predict_source(coco_mini: Path, tmp_path: P
 @pytest.mark.slow
 def test_trainer_predict_writes_results_and_the_id_mapping(tmp_path: Path, demo_dir: Path) -> None:
     folder = _mixed_folder(tmp_path / "images")
-    dm = _dm(tmp_path, folder, on_bad_sample="skip")
+    dm = _dm(tmp_path, folder, num_workers=2, on_bad_sample="skip")  # samples and counts cross from workers
     dm.demo_dir = str(demo_dir)
     model = YolactLite(num_classes=dm.num_classes, width=4, num_prototypes=4)
     out = tmp_path / "out" / "results.json"

@@ -9,6 +9,8 @@ import lightning as L
 import numpy as np
 import pytest
 import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from seg_datamodule import Sample, collate_detection, polygons_from_instances
 from seg_datamodule.demo.data import DEMO_CATEGORIES, draw_scene
@@ -349,3 +351,27 @@ def test_trainer_test_logs_the_validation_coco_numbers(coco_mini, tmp_path) -> N
     test_info = trainer.test(model_info, datamodule=dm_info, verbose=False)[0]
     assert model_info.test_metric is None and not any("AP" in k for k in test_info)
     assert test_info["test/mask_loss"] == 0.0
+
+
+@settings(max_examples=200, deadline=None)
+@given(h=st.integers(1, 5000), w=st.integers(1, 5000), canvas=st.sampled_from([64, 320, 640]))
+def test_whole_image_box_maps_back_to_the_whole_image(h, w, canvas) -> None:
+    """predict_boxes' box for an image without boxes is the letterboxed image: back in pixels, [0, 0, W, H]."""
+    from seg_datamodule.evaluation import boxes_to_original
+    from seg_datamodule.transforms.plan import letterbox_layout
+
+    _, _, scale, pad = letterbox_layout((h, w), (canvas, canvas))
+    batch = DetectionBatch(
+        images=torch.zeros((1, 3, canvas, canvas), dtype=torch.uint8), boxes=torch.zeros(0, 4),
+        labels=torch.zeros(0, dtype=torch.int64), masks=torch.zeros(0, canvas // 4, canvas // 4, dtype=torch.bool),
+        boxes_per_image=torch.zeros(1, dtype=torch.int64), image_ids=torch.tensor([1]),
+        annotation_ids=torch.zeros(0, dtype=torch.int64),
+        ignore_masks=torch.zeros(1, canvas // 4, canvas // 4, dtype=torch.bool),
+        scales=torch.tensor([scale], dtype=torch.float32), pads=torch.tensor([pad], dtype=torch.float32),
+        orig_sizes=torch.tensor([[h, w]]))
+    boxes, per_image = YolactLite(num_classes=2, width=4).predict_boxes(batch)
+    assert per_image.tolist() == [1]
+    x1, y1, x2, y2 = boxes[0].tolist()
+    assert 0 <= x1 < x2 <= canvas and 0 <= y1 < y2 <= canvas
+    back = boxes_to_original(boxes.double(), float(batch.scales[0]), tuple(batch.pads[0].tolist()), (h, w))[0]
+    assert back.tolist() == pytest.approx([0.0, 0.0, w, h], abs=max(h, w) * 1e-5 + 1e-3)
