@@ -27,7 +27,9 @@ import torch
 from torch.utils.data import Dataset
 
 from seg_datamodule.data.collate import DetectionCollate
-from seg_datamodule.io.images import IMAGE_ERROR_REASONS, BadImageError, decode_image_bytes, header_size, read_image_file
+from seg_datamodule.io.images import (
+    IMAGE_ERROR_REASONS, BadImageError, decode_image_bytes, header_size, read_image_file,
+)
 from seg_datamodule.io.predict_source import PredictImages
 from seg_datamodule.ops.checks import check_choice
 from seg_datamodule.ops.raster import grid_size

@@ -139,7 +139,9 @@ def list_image_folder(root: str | os.PathLike[str]) -> PredictImages:
     )
 
 
-def images_from_index(index: CocoIndex, root: str | os.PathLike[str], ann_file: str | os.PathLike[str]) -> PredictImages:
+def images_from_index(
+    index: CocoIndex, root: str | os.PathLike[str], ann_file: str | os.PathLike[str]
+) -> PredictImages:
     """The images of a COCO image-info or instances JSON, as its index kept them.
 
     Args:

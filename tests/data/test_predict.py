@@ -53,7 +53,8 @@ def _mixed_folder(root: Path) -> Path:
 
 def _dm(tmp_path: Path, folder: Path, num_workers: int = 0, **kwargs) -> COCOSegDataModule:
     return COCOSegDataModule(predict_images=str(folder), image_size=64, batch_size=2, val_batch_size=3,
-                             num_workers=num_workers, demo_dir=str(tmp_path / "demo"), cache_dir=str(tmp_path / "cache"),
+                             num_workers=num_workers, demo_dir=str(tmp_path / "demo"),
+                             cache_dir=str(tmp_path / "cache"),
                              **kwargs)
 
 
@@ -184,6 +185,7 @@ def test_trainer_predict_writes_results_and_the_id_mapping(tmp_path: Path, demo_
     images = json.loads((tmp_path / "out" / "results_images.json").read_text())
     by_name = {i["file_name"]: (i["height"], i["width"]) for i in images["images"]}
     assert by_name == GOOD and len(results) == len(GOOD)
-    assert images["info"]["images_predicted"] == len(GOOD) and images["info"]["images_skipped"] == {"image_corrupt": 1, "image_truncated": 1}
+    assert images["info"]["images_predicted"] == len(GOOD)
+    assert images["info"]["images_skipped"] == {"image_corrupt": 1, "image_truncated": 1}
     assert [c["id"] for c in images["categories"]] == dm.category_ids
     assert {r["image_id"] for r in results} == {i["id"] for i in images["images"]}
