@@ -7,7 +7,7 @@ through :class:`~seg_datamodule.evaluation.writer.COCOResultsWriter`.
 ``seg-datamodule convert ANN IMAGES OUTPUT`` writes LitData chunks for ``data.train_stream``
 (:mod:`~seg_datamodule.io.stream.cli`; not a LightningCLI subcommand, it trains nothing).
 
-The DataModule is fixed (:class:`~seg_datamodule.datamodule.COCOSegDataModule`); the model is
+The DataModule is fixed (:class:`~seg_datamodule.data.datamodule.COCOSegDataModule`); the model is
 any ``LightningModule`` chosen by ``class_path``. ``data.num_classes`` (read from the annotation
 file) is linked into ``model.init_args.num_classes``, so a config never repeats it.
 """

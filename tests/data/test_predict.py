@@ -12,7 +12,7 @@ import pytest
 import torch
 
 from seg_datamodule import BadImageError, COCOSegDataModule, COCOResultsWriter, SegDataset
-from seg_datamodule.data.predict import PredictDataset, SkippedImage
+from seg_datamodule.data.predict import PredictDataset, SkippedImage, empty_batch
 from seg_datamodule.io.coco import CocoIndex
 from seg_datamodule.io.predict_source import images_from_index, list_image_folder, stable_image_id
 from seg_datamodule.models import YolactLite
@@ -121,6 +121,12 @@ def test_predict_step_boxes_lie_inside_each_image(tmp_path: Path, demo_dir: Path
                 assert x >= 0 and y >= 0 and x + bw <= w + 1e-4 and y + bh <= h + 1e-4
                 assert box == pytest.approx([0.0, 0.0, w, h], abs=1e-3)  # the image without its pad
             assert set(dets.category_ids.tolist()) <= set(dm.category_ids)
+        # A batch whose every image was bad: no detections, no error.
+        none = model.predict_step(empty_batch(64, 4, {"predicted": 0, "image_corrupt": 3}), 0)
+        assert none.image_ids.numel() == 0 and none.scores.numel() == 0
+    model.category_ids = None
+    with pytest.raises(RuntimeError, match="predict_step needs category_ids"):
+        model.predict_step(batch, 0)
 
 
 def test_predict_canvas_is_the_validation_canvas(coco_mini: Path, tmp_path: Path) -> None:
