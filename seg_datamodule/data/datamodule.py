@@ -40,8 +40,8 @@ from torch.utils.data import DataLoader
 from seg_datamodule.data.accounting import format_report
 from seg_datamodule.data.collate import DetectionCollate
 from seg_datamodule.data.dataset import COUNT_KEYS, DECODE_KEYS, SegDataset, worker_init_fn
-from seg_datamodule.data.resume import ResumableDataLoader
 from seg_datamodule.data.predict import PredictCollate, PredictDataset
+from seg_datamodule.data.resume import ResumableDataLoader
 from seg_datamodule.data.sampler import EpochShardSampler
 from seg_datamodule.data.splits import build_predict_images, build_test_index, check_pair
 from seg_datamodule.demo.data import ensure_demo_dataset
