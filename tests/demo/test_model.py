@@ -353,7 +353,10 @@ def test_trainer_test_logs_the_validation_coco_numbers(coco_mini, tmp_path) -> N
     assert test_info["test/mask_loss"] == 0.0
 
 
-@settings(max_examples=200, deadline=None)
+_BOX_MODEL = YolactLite(num_classes=2, width=4)  # predict_boxes reads only the batch
+
+
+@settings(max_examples=100, deadline=None)
 @given(h=st.integers(1, 5000), w=st.integers(1, 5000), canvas=st.sampled_from([64, 320, 640]))
 def test_whole_image_box_maps_back_to_the_whole_image(h, w, canvas) -> None:
     """predict_boxes' box for an image without boxes is the letterboxed image: back in pixels, [0, 0, W, H]."""
@@ -369,7 +372,7 @@ def test_whole_image_box_maps_back_to_the_whole_image(h, w, canvas) -> None:
         ignore_masks=torch.zeros(1, canvas // 4, canvas // 4, dtype=torch.bool),
         scales=torch.tensor([scale], dtype=torch.float32), pads=torch.tensor([pad], dtype=torch.float32),
         orig_sizes=torch.tensor([[h, w]]))
-    boxes, per_image = YolactLite(num_classes=2, width=4).predict_boxes(batch)
+    boxes, per_image = _BOX_MODEL.predict_boxes(batch)
     assert per_image.tolist() == [1]
     x1, y1, x2, y2 = boxes[0].tolist()
     assert 0 <= x1 < x2 <= canvas and 0 <= y1 < y2 <= canvas

@@ -65,18 +65,20 @@ def _run_writer(writer: COCOResultsWriter, batches, trainer=None) -> None:
     writer.on_predict_epoch_end(trainer, None)
 
 
+@pytest.mark.slow
 def test_round_trip_equals_coco_mask_map(coco_mini: Path, tmp_path: Path) -> None:
     val_ann = str(coco_mini / "annotations" / "instances_val2017.json")
     coco = _quiet(COCO, val_ann)
     image_ids = sorted(coco.imgs)
     metric = COCOMaskMAP(val_ann, backend="pycocotools")
-    for preds, batch in _batches(coco, image_ids):
+    batches = list(_batches(coco, image_ids))
+    for preds, batch in batches:
         metric.update(preds, batch)
     expected = {k: v.item() for k, v in metric.compute().items()}
 
     writer = COCOResultsWriter(str(tmp_path / "out" / "results.json"), max_per_image=None,
                                category_ids=sorted(coco.cats))
-    _run_writer(writer, _batches(coco, image_ids))
+    _run_writer(writer, batches)
     results = json.loads((tmp_path / "out" / "results.json").read_text())
     assert len(results) == metric.detections().scores.numel() and all(isinstance(r["segmentation"]["counts"], str)
                                                                        for r in results)
