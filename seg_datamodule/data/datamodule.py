@@ -15,6 +15,11 @@ indices)``, so batches are the same for any ``num_workers``, and the train loade
 resumed from any checkpoint, mid-epoch included, continues with exactly the batches the
 uninterrupted run would have seen.
 
+Held-out data (:mod:`~seg_datamodule.data.splits`): ``test_ann`` / ``test_images`` for
+``trainer.test`` (letterboxed like validation; an image-info file without annotations works), and
+``predict_images`` (a folder, or with ``predict_ann`` a COCO JSON's images) for ``trainer.predict``
+(:mod:`~seg_datamodule.data.predict`).
+
 Without ``train_ann`` the module uses the embedded demo dataset, generated on first use (see
 :mod:`~seg_datamodule.demo.data`). With ``train_stream`` training streams LitData chunks written by
 ``seg-datamodule-convert`` (:mod:`~seg_datamodule.io.stream`) through the same dataset and collate.
@@ -35,8 +40,10 @@ from torch.utils.data import DataLoader
 from seg_datamodule.data.accounting import format_report
 from seg_datamodule.data.collate import DetectionCollate
 from seg_datamodule.data.dataset import COUNT_KEYS, DECODE_KEYS, SegDataset, worker_init_fn
+from seg_datamodule.data.predict import PredictCollate, PredictDataset
 from seg_datamodule.data.resume import ResumableDataLoader
 from seg_datamodule.data.sampler import EpochShardSampler
+from seg_datamodule.data.splits import build_predict_images, build_test_index, check_pair
 from seg_datamodule.demo.data import ensure_demo_dataset
 from seg_datamodule.io.coco import CocoIndex
 from seg_datamodule.ops.checks import check_choice, check_int
@@ -59,10 +66,23 @@ class COCOSegDataModule(LightningDataModule):
         train_images: folder of the training images (``file_name`` is relative to it).
         val_ann: COCO instances JSON for validation (optional).
         val_images: folder of the validation images.
+        test_ann: COCO JSON of a held-out split for ``trainer.test``: an instances file, or an
+            image-info file without ``annotations`` (COCO test-dev); letterboxed without
+            augmentation like validation, negatives kept. Its category ids must be the training
+            data's.
+        test_images: folder of the test images.
+        predict_images: what ``trainer.predict`` reads: a folder walked recursively for every
+            file OpenCV decodes (ids derived from the relative paths, see
+            :func:`~seg_datamodule.io.predict_source.stable_image_id`), or, with ``predict_ann``,
+            the folder that JSON's ``file_name`` values are in. Batches carry ``scales``,
+            ``pads``, ``orig_sizes`` and ``image_ids`` and no targets; a bad image is skipped
+            and counted in the batch's ``counts``, or raises, by ``on_bad_sample``.
+        predict_ann: a COCO image-info or instances JSON listing the images to predict (ids and
+            sizes from it; annotations are not read).
         image_size: output canvas side ``s`` (square ``s x s``).
         mask_stride: stride of the mask grid (4 for YOLACT's ProtoNet).
         batch_size: training images per batch (per rank).
-        val_batch_size: validation images per batch; ``None`` uses ``batch_size``.
+        val_batch_size: validation, test and predict images per batch; ``None`` uses ``batch_size``.
         num_workers: DataLoader worker processes (masks are rasterised there).
         mosaic: probability of a 4-image mosaic per training sample.
         close_mosaic: turn mosaic off for the last N epochs (needs ``trainer.max_epochs``).
@@ -119,6 +139,10 @@ class COCOSegDataModule(LightningDataModule):
         train_images: str | None = None,
         val_ann: str | None = None,
         val_images: str | None = None,
+        test_ann: str | None = None,
+        test_images: str | None = None,
+        predict_images: str | None = None,
+        predict_ann: str | None = None,
         image_size: int = 640,
         mask_stride: int = 4,
         batch_size: int = 16,
@@ -168,11 +192,16 @@ class COCOSegDataModule(LightningDataModule):
             raise ValueError("give train_stream or train_ann / train_images, not both")
         if (val_ann is None) != (val_images is None):
             raise ValueError("give both val_ann and val_images, or neither")
+        check_pair("test", test_ann, test_images)
+        if predict_ann is not None and predict_images is None:
+            raise ValueError("predict_ann needs predict_images, the folder its file_name values are in")
         self.save_hyperparameters(ignore=["transforms"])
         self.train_ann = train_ann
         self.train_images = train_images
         self.val_ann = val_ann
         self.val_images = val_images
+        self.test_ann, self.test_images = test_ann, test_images
+        self.predict_images, self.predict_ann = predict_images, predict_ann
         self.image_size = image_size
         self.mask_stride = mask_stride
         self.batch_size = batch_size
@@ -203,6 +232,9 @@ class COCOSegDataModule(LightningDataModule):
         self._train_loader: ResumableDataLoader | None = None
         self._loader_state: dict[str, Any] | None = None
         self.val_dataset: SegDataset | None = None
+        self.test_index: CocoIndex | None = None
+        self.test_dataset: SegDataset | None = None
+        self.predict_dataset: PredictDataset | None = None
 
     # ------------------------------------------------------------------ data sources
 
@@ -241,6 +273,12 @@ class COCOSegDataModule(LightningDataModule):
             return list(self.stream_meta["category_ids"]), list(self.stream_meta["class_names"])
         assert self.train_index is not None
         return self.train_index.category_ids.tolist(), self.train_index.class_names
+
+    @property
+    def category_ids(self) -> list[int]:
+        """COCO category id of each label ``0..C-1`` (the training data's ids, sorted)."""
+        self._build_indices()
+        return [int(c) for c in self._train_categories()[0]]
 
     @property
     def num_classes(self) -> int:
@@ -287,6 +325,25 @@ class COCOSegDataModule(LightningDataModule):
                 self.val_index, image_size=self.image_size, train=False, seed=self.seed,
                 on_bad_sample=self.on_bad_sample,
             )
+        if stage == "test":
+            self._setup_test()
+        elif stage == "predict":
+            self._setup_predict()
+
+    def _setup_test(self) -> None:
+        if self.test_ann is None or self.test_dataset is not None:
+            return
+        train = str(self.train_ann or self.train_stream)
+        self.test_index = build_test_index(self.test_ann, self.test_images, self.index_kwargs, self.category_ids, train)
+        self.test_dataset = SegDataset(self.test_index, image_size=self.image_size, train=False, seed=self.seed,
+                                       on_bad_sample=self.on_bad_sample)
+
+    def _setup_predict(self) -> None:
+        if self.predict_images is None or self.predict_dataset is not None:
+            return
+        images = build_predict_images(self.predict_images, self.predict_ann, self.index_kwargs, self.category_ids,
+                                      str(self.train_ann or self.train_stream))
+        self.predict_dataset = PredictDataset(images, image_size=self.image_size, on_bad_sample=self.on_bad_sample)
 
     def _loader_kwargs(self) -> dict[str, Any]:
         workers = self.num_workers
@@ -368,6 +425,26 @@ class COCOSegDataModule(LightningDataModule):
         return DataLoader(self.val_dataset, batch_size=self.val_batch_size, shuffle=False,
                           **self._loader_kwargs())
 
+    def test_dataloader(self) -> DataLoader | list:
+        """The ``test_ann`` split, in order, letterboxed (as :meth:`val_dataloader`); ``[]`` without one."""
+        self._setup_test()
+        if self.test_dataset is None:
+            return []
+        return DataLoader(self.test_dataset, batch_size=self.val_batch_size, shuffle=False, **self._loader_kwargs())
+
+    def predict_dataloader(self) -> DataLoader:
+        """``predict_images`` in order, letterboxed, without targets (see :mod:`~seg_datamodule.data.predict`).
+
+        Raises:
+            ValueError: no ``predict_images`` was given.
+        """
+        self._setup_predict()
+        if self.predict_dataset is None:
+            raise ValueError("predict needs predict_images (a folder, or the folder of predict_ann's images)")
+        kwargs = self._loader_kwargs()
+        kwargs["collate_fn"] = PredictCollate(self.image_size, mask_stride=self.mask_stride)
+        return DataLoader(self.predict_dataset, batch_size=self.val_batch_size, shuffle=False, **kwargs)
+
     # ------------------------------------------------------------------ accounting
 
     @property
@@ -384,7 +461,8 @@ class COCOSegDataModule(LightningDataModule):
         Under DDP each rank counts its own shard.
         """
         out: dict[str, dict[str, int]] = {}
-        for name, index in (("train_index", self.train_index), ("val_index", self.val_index)):
+        for name, index in (("train_index", self.train_index), ("val_index", self.val_index),
+                            ("test_index", self.test_index)):
             if index is not None:
                 out[name] = {**index.skip_counts, **index.dropped_counts}
         if self.stream_meta is not None:  # skipped at conversion; per epoch, LitData's DDP tail
@@ -393,7 +471,7 @@ class COCOSegDataModule(LightningDataModule):
             out["train_index"] = {**self.stream_meta["skip_counts"], **self.stream_meta["dropped_counts"],
                                   "image_ddp_tail_per_epoch": stream_drop_count(
                                       self.stream_meta["num_records"], self._world()[0], self.batch_size)}
-        for name, dataset in (("train", self.train_dataset), ("val", self.val_dataset)):
+        for name, dataset in (("train", self.train_dataset), ("val", self.val_dataset), ("test", self.test_dataset)):
             if dataset is not None:
                 out[name] = {key: 0 for key in COUNT_KEYS} | {
                     k: v for k, v in self._counts_of(name, dataset).items() if k in COUNT_KEYS
