@@ -221,10 +221,9 @@ def hsv_jitter_batch_(images: torch.Tensor, gains: torch.Tensor) -> torch.Tensor
         chunk = images[start : start + step]
         n = chunk.shape[0]
         rgb = chunk.permute(1, 0, 2, 3).reshape(3, n * height * width)
-        hsv = rgb_to_hsv.index_select(0, _pack(rgb))
-        base = (torch.arange(start, start + n, device=images.device, dtype=torch.int32) * 768)
-        base = base.repeat_interleave(height * width)
-        jittered = [luts.index_select(0, ((hsv >> shift) & 255) + base + 256 * c)
+        hsv = rgb_to_hsv.index_select(0, _pack(rgb)).view(n, height * width)
+        base = torch.arange(start, start + n, device=images.device, dtype=torch.int32)[:, None] * 768
+        jittered = [luts.index_select(0, (((hsv >> shift) & 255) + (base + 256 * c)).view(-1))
                     for c, shift in enumerate((16, 8, 0))]
         out = hsv_to_rgb.index_select(0, _pack(torch.stack(jittered)))
         for c, shift in enumerate((16, 8, 0)):

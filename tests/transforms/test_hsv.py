@@ -40,6 +40,7 @@ def _draws(n: int, seed: int, gains: tuple[float, float, float]) -> np.ndarray:
     return np.stack([jitter.draw(rng) for _ in range(n)])
 
 
+@pytest.mark.slow
 def test_every_colour_matches_opencv_within_one_level() -> None:
     # All 2^24 colours (saturated and pure greys included), as four images with their own gains.
     codes = np.arange(1 << 24, dtype=np.uint32)
