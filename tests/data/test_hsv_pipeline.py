@@ -44,6 +44,7 @@ def _hwc(images: torch.Tensor) -> np.ndarray:
     return images.permute(0, 2, 3, 1).numpy()
 
 
+@pytest.mark.slow
 def test_device_path_ships_the_worker_paths_gains(demo_dir: Path, tmp_path: Path) -> None:
     plain = first_batches(make_dm(demo_dir, tmp_path), 3)
     worker = first_batches(make_dm(demo_dir, tmp_path, hsv=HSV), 3)
