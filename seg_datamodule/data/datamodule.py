@@ -35,6 +35,7 @@ import numpy as np
 import torch
 from lightning.pytorch import LightningDataModule
 from lightning.pytorch.utilities import rank_zero_info
+from lightning.pytorch.utilities.model_helpers import is_overridden
 from torch.utils.data import DataLoader
 
 from seg_datamodule.data.accounting import format_report
@@ -47,7 +48,9 @@ from seg_datamodule.data.splits import build_predict_images, build_test_index, c
 from seg_datamodule.demo.data import ensure_demo_dataset
 from seg_datamodule.io.coco import CocoIndex
 from seg_datamodule.ops.checks import check_choice, check_int
+from seg_datamodule.transforms.albu import load_transforms
 from seg_datamodule.transforms.augment import MosaicAffine
+from seg_datamodule.transforms.hsv import HSVJitter, apply_pending_hsv, refuse_random_hsv
 
 __all__ = ["AUTO_CACHE_MAX_IMAGES", "COCOSegDataModule"]
 
@@ -97,6 +100,14 @@ class COCOSegDataModule(LightningDataModule):
             (counted as ``small_box``).
         transforms: per-sample albumentations pipeline for training (YAML ``class_path`` /
             ``init_args`` of an ``albumentations.Compose``), or a path that ``A.load`` reads.
+        hsv: YOLO's HSV gain jitter for training, ``(hgain, sgain, vgain)`` (Ultralytics'
+            ``hsv_h, hsv_s, hsv_v``: ``(0.015, 0.7, 0.4)``), applied after ``transforms``; ``None``
+            (default) leaves colours alone. A ``transforms`` pipeline holding ``RandomHSV`` is
+            then refused (it would jitter twice).
+        hsv_on_device: the workers only draw each sample's gains (from its own generator, so the
+            batches are the same) and ship them in ``DetectionBatch.hsv_gains``;
+            :meth:`on_after_batch_transfer` jitters the batch on its device, in place. False
+            (default) jitters in the workers.
         on_bad_sample: ``"raise"`` (default) fails with a message naming the file and ids;
             ``"skip"`` leaves bad annotations or images out and counts them by reason.
         drop_crowd: leave crowd regions out (otherwise they become ``ignore_masks``).
@@ -159,6 +170,8 @@ class COCOSegDataModule(LightningDataModule):
         min_area_ratio: float = 0.1,
         min_box_size: float = 2.0,
         transforms: A.BaseCompose | str | None = None,
+        hsv: tuple[float, float, float] | None = None,
+        hsv_on_device: bool = False,
         on_bad_sample: Literal["raise", "skip"] = "raise",
         drop_crowd: bool = False,
         drop_empty: bool = False,
@@ -210,10 +223,13 @@ class COCOSegDataModule(LightningDataModule):
         # The random affine and flip are one object the dataset draws from (it checks them here).
         self.geometry = MosaicAffine(image_size=image_size, degrees=degrees, translate=translate,
                                      scale=tuple(scale), shear=shear, flip_lr=flip_lr)
+        self.hsv = None if hsv is None else HSVJitter(hsv, on_device=hsv_on_device)
+        if self.hsv is not None:
+            refuse_random_hsv(load_transforms(transforms))
         self.augment_kwargs: dict[str, Any] = dict(
             mosaic=mosaic, close_mosaic=close_mosaic, mosaic_partners=mosaic_partners,
             min_area_ratio=min_area_ratio, min_box_size=min_box_size, transforms=transforms,
-            cache_images=cache_images,
+            cache_images=cache_images, hsv=self.hsv,
         )
         self.index_kwargs: dict[str, Any] = dict(
             on_bad_sample=on_bad_sample, drop_crowd=drop_crowd, drop_empty=drop_empty,
@@ -395,6 +411,18 @@ class COCOSegDataModule(LightningDataModule):
             self._loader_state = None
         self._train_loader = loader
         return loader
+
+    def on_after_batch_transfer(self, batch: Any, dataloader_idx: int) -> Any:
+        """Apply the batch's pending HSV jitter (``hsv_on_device``) on its device, then the model's hook.
+
+        Lightning runs only the DataModule's hook when both define it, so the model's own
+        ``on_after_batch_transfer`` is called from here, after the jitter.
+        """
+        batch = apply_pending_hsv(batch)
+        model = None if self.trainer is None else self.trainer.lightning_module
+        if model is not None and is_overridden("on_after_batch_transfer", model):
+            batch = model.on_after_batch_transfer(batch, dataloader_idx)
+        return batch
 
     def state_dict(self) -> dict[str, Any]:
         """The train loader's state, also kept here so a resume can apply it early enough.

@@ -35,6 +35,10 @@ class DetectionBatch:
         counts (dict[str, int] | None): where this batch's annotations went (``kept`` and the
             reasons others were dropped) and the decodes it took, when the dataset reports them
             (``SegDataset`` does); what the DataModule's accounting sums over trained batches.
+        hsv_gains (Tensor[B, 3] float64 | None): HSV jitter gains still to apply to ``images``
+            (``hsv_on_device``): ``COCOSegDataModule.on_after_batch_transfer`` applies them with
+            :func:`~seg_datamodule.transforms.hsv.hsv_jitter_batch_` on the device and sets this
+            to ``None``; ``None`` when there is nothing left to apply.
     """
 
     images: torch.Tensor
@@ -50,6 +54,7 @@ class DetectionBatch:
     orig_sizes: torch.Tensor
     mask_stride: int = field(default=4)
     counts: dict[str, int] | None = None
+    hsv_gains: torch.Tensor | None = None
 
     def __len__(self) -> int:
         return int(self.images.shape[0])

@@ -35,6 +35,9 @@ class Sample:
         scale (float): original image pixels -> canvas pixels (letterbox); 1.0 for mosaics.
         pad (tuple[float, float]): letterbox padding (left, top) in canvas pixels.
         orig_size (tuple[int, int] | None): original image (H, W); ``None`` means the canvas size.
+        hsv_gains (ndarray[3] float64 | None): HSV jitter gains still to apply to ``image``
+            (``HSVJitter.draw``; with ``hsv_on_device`` the accelerator applies them); ``None``
+            when there are none.
     """
 
     image: np.ndarray
@@ -47,6 +50,7 @@ class Sample:
     scale: float = 1.0
     pad: tuple[float, float] = (0.0, 0.0)
     orig_size: tuple[int, int] | None = None
+    hsv_gains: np.ndarray | None = None
 
     @property
     def num_instances(self) -> int:
@@ -76,6 +80,8 @@ class Sample:
             )
         if self.boxes is not None and self.boxes.shape != (n, 4):
             raise ValueError(f"{where}: boxes must be ({n}, 4), got {self.boxes.shape}")
+        if self.hsv_gains is not None and np.shape(self.hsv_gains) != (3,):
+            raise ValueError(f"{where}: hsv_gains must be (3,), got {np.shape(self.hsv_gains)}")
         if self.crowd_mask is not None and self.crowd_mask.shape != self.image.shape[:2]:
             raise ValueError(
                 f"{where}: crowd_mask {self.crowd_mask.shape} does not match image {self.image.shape[:2]}"
