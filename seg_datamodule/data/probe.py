@@ -105,7 +105,8 @@ def _endless(loader: Iterable[Any]) -> Iterator[Any]:
     """Epoch after epoch, telling the sampler its epoch as Lightning does."""
     epoch = 0
     while True:
-        for sampler in (getattr(loader, "sampler", None), getattr(getattr(loader, "batch_sampler", None), "sampler", None)):
+        batch_sampler = getattr(loader, "batch_sampler", None)
+        for sampler in (getattr(loader, "sampler", None), getattr(batch_sampler, "sampler", None)):
             if hasattr(sampler, "set_epoch"):
                 sampler.set_epoch(epoch)
                 break
@@ -299,7 +300,9 @@ def _shut_down(loader: Any) -> None:
     multiprocessing.active_children()  # joins the workers that ended
 
 
-def workers_for_target(rows: Sequence[ProbeRow], target_img_s: float, cores: int | None = None) -> tuple[int | None, str]:
+def workers_for_target(
+    rows: Sequence[ProbeRow], target_img_s: float, cores: int | None = None
+) -> tuple[int | None, str]:
     """The fewest measured workers that reach ``target_img_s``, and a sentence saying so.
 
     When none does, the sentence extrapolates from the best measured per-worker rate (img/s over
@@ -319,10 +322,15 @@ def workers_for_target(rows: Sequence[ProbeRow], target_img_s: float, cores: int
     reached = sorted((row for row in rows if row.img_s >= target_img_s), key=lambda row: row.workers)
     if reached:
         row = reached[0]
-        return row.workers, f"num_workers={row.workers} reaches {target_img_s:g} img/s ({row.img_s:.1f} img/s measured)."
+        return row.workers, (
+            f"num_workers={row.workers} reaches {target_img_s:g} img/s ({row.img_s:.1f} img/s measured)."
+        )
     best = max(rows, key=lambda row: row.img_s)
     with_workers = [row for row in rows if row.workers > 0]
-    sentence = f"No measured num_workers reaches {target_img_s:g} img/s (best: {best.img_s:.1f} img/s at {best.workers})."
+    sentence = (
+        f"No measured num_workers reaches {target_img_s:g} img/s"
+        f" (best: {best.img_s:.1f} img/s at {best.workers})."
+    )
     if with_workers:
         per_worker = max(row.img_s / row.workers for row in with_workers)
         needed = math.ceil(target_img_s / per_worker)

@@ -3,8 +3,8 @@
 ``accumulator`` (rows in, statistics out), ``timing`` (host clock and CUDA events), ``recorder``
 (which hook opens and closes which phase), ``tap`` (the fetch, seen on the Trainer's profiler),
 ``optimizer`` (the optimiser step timed alone), ``report`` and ``plot`` (table, JSON, PNG),
-``verdict`` (what the report says to do), ``callback`` (the Lightning adapter), ``trainer_internals`` (its few private reaches).
-Imports nothing from the data path.
+``verdict`` (what the report says to do: rules over its figures), ``callback`` (the Lightning
+adapter), ``trainer_internals`` (its few private reaches). Imports nothing from the data path.
 """
 
 from seg_datamodule.profiling.accumulator import PHASES, StepTimeAccumulator

@@ -43,9 +43,11 @@ class StepTimeProfiler(Callback):
     ``step_time/<phase>_ms``, while training, labelled as Lightning labels its own step metrics:
     one point per optimiser step at ``x = `` the optimiser steps before it, every
     ``log_every_n_steps`` of them; with gradient accumulation a point sums the batches of its
-    optimiser step. At the end of fit, on rank 0: a table on the console and
-    ``<filename>.json`` (summary, wall time in and between steps, per-rank medians, per-step
-    rows) and ``<filename>.png`` (:func:`plot_step_split`) in ``dirpath``. An exception or
+    optimiser step. At the end of fit, on rank 0: a table on the console ending in a verdict
+    (:func:`~seg_datamodule.profiling.verdict.judge_step_time`: the loader, the optimiser, the
+    copy to the device or the time between steps, whichever costs most, else compute-bound),
+    ``<filename>.json`` (summary, wall time in and between steps, per-rank medians, the
+    verdict, per-step rows) and ``<filename>.png`` (:func:`plot_step_split`) in ``dirpath``. An exception or
     Ctrl-C during fit still writes them, from the steps done, marked ``"partial": true``. Under
     DDP the table also gives, per phase, the slowest rank and its median, so stragglers show;
     :meth:`summary` is the local rank's. With ``strategy="ddp_spawn"`` the measuring happens in

@@ -181,9 +181,11 @@ def judge_step_time(
     if math.isfinite(transfer["share"]) and transfer["share"] >= THRESHOLDS["transfer_share"]:
         pinned = loader.get("pin_memory")
         advice = (
-            "the loader already pins memory: copy with non_blocking=True, or move less (uint8 images, masks at stride 4)"
+            "the loader already pins memory: copy with non_blocking=True, or move less"
+            " (uint8 images, masks at stride 4)"
             if pinned
-            else "pin the loader's memory (pin_memory=True, the DataModule's default on CUDA) and copy with non_blocking=True"
+            else "pin the loader's memory (pin_memory=True, the DataModule's default on CUDA) and copy"
+            " with non_blocking=True"
         )
         add("transfer_bound", transfer["share"] * steps_share, {
             "figures": {"batch_to_device_share": transfer["share"], "batch_to_device_median_ms": transfer["median_ms"],
