@@ -52,6 +52,10 @@ def _images(batches_s: float, batch_size: int | None) -> str:
     return f"{batches_s:.2f} batches/s"
 
 
+def _workers(count: int) -> str:
+    return f"{count} worker" if count == 1 else f"{count} workers"
+
+
 def _loader_finding(summary: Mapping[str, Mapping[str, float]], loader: Mapping[str, Any]) -> dict[str, Any]:
     fetch, step = summary["train_dataloader_next"], summary["step"]
     workers, batch_size, cores = loader.get("num_workers"), loader.get("batch_size"), loader.get("cores")
@@ -97,12 +101,12 @@ def _loader_finding(summary: Mapping[str, Mapping[str, float]], loader: Mapping[
     elif usable is not None and needed > usable:
         reach = usable * per_worker
         sentence += (
-            f" {rate}, {needed} workers would close the gap, but only {usable} fit on {cores} cores"
-            f" (one is the training process's): {usable} workers reach about {_images(reach, batch_size)};"
+            f" {rate}, {_workers(needed)} would close the gap, but only {usable} fit on {cores} cores"
+            f" (one is the training process's): {_workers(usable)} reach about {_images(reach, batch_size)};"
             " beyond that, make each batch cheaper or use more cores."
         )
     else:
-        sentence += f" {rate}, {needed} workers ({needed - workers} more than {workers}) would close the gap."
+        sentence += f" {rate}, {_workers(needed)} ({needed - workers} more than {workers}) would close the gap."
     return {"figures": figures, "sentence": sentence}
 
 

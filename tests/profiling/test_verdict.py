@@ -68,6 +68,10 @@ def test_loader_bound_by_hand() -> None:
     # per step needs ceil(60 / 40) = 2 workers.
     serial = judge_step_time(summary, loader={"num_workers": 0, "batch_size": 8, "cores": 16})
     assert serial["figures"]["workers_needed"] == 2 and "2 workers (2 more than 0)" in serial["sentence"]
+    # 40 ms built on the training thread, 60 ms of work: one worker keeps up, and fits on 2 cores.
+    light = _summary(100.0, train_dataloader_next=40.0, forward=60.0)
+    one = judge_step_time(light, loader={"num_workers": 0, "batch_size": 8, "cores": 2})
+    assert one["figures"]["workers_needed"] == 1 and "1 worker (1 more than 0)" in one["sentence"]
     unknown = judge_step_time(summary)
     assert unknown["key"] == "loader_bound" and "batches/s" in unknown["sentence"]
 
