@@ -87,7 +87,7 @@ def _loader_finding(summary: Mapping[str, Mapping[str, float]], loader: Mapping[
     needed = max(1, math.ceil(consumption / per_worker - 1e-9)) if math.isfinite(consumption) else None
     figures["per_worker_batches_s"] = per_worker
     figures["workers_needed"] = needed
-    rate = f"at the measured {_images(per_worker, batch_size)} per worker"
+    rate = f"At the measured {_images(per_worker, batch_size)} per worker"
     usable = None if cores is None else max(cores - 1, 0)  # one core runs the training process
     figures["usable_workers"] = usable
     if needed is None:
