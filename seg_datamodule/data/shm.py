@@ -129,5 +129,8 @@ def _hand_back_unused() -> None:
     for key, entry in _REGISTRY.items():
         storage, flags = entry
         if flags is not None and torch._C._storage_Use_Count(storage._cdata) == 1:
-            flags.view(-1)[key[1]] = 0
+            # A lease received inside inference mode (Lightning's evaluation and predict loops)
+            # carries an inference tensor, which may only be written inside inference mode.
+            with torch.inference_mode(flags.is_inference()):
+                flags.view(-1)[key[1]] = 0
             entry[1] = None  # handed back; the next delivery of this slot re-arms it
