@@ -30,7 +30,7 @@ from seg_datamodule.profiling.recorder import StepRecorder, step_metrics
 from seg_datamodule.profiling.report import build_report, format_table, write_report
 from seg_datamodule.profiling.tap import attach, detach
 from seg_datamodule.profiling.timing import CudaMarks, PhaseTimer
-from seg_datamodule.profiling.trainer_internals import gather_medians, shut_down_train_workers
+from seg_datamodule.profiling.trainer_internals import gather_medians, log_step, shut_down_train_workers
 
 __all__ = ["StepTimeProfiler"]
 
@@ -311,7 +311,7 @@ class StepTimeProfiler(Callback):
             global_step=trainer.global_step,
             # Lightning logs a step's metrics at `_batches_that_stepped` before it increments
             # (logger_connector.log_metrics); the same x lines the curves up.
-            log_step=getattr(trainer.fit_loop.epoch_loop, "_batches_that_stepped", trainer.global_step),
+            log_step=log_step(trainer),
             automatic=int(pl_module.automatic_optimization),
         )
         self._drain(trainer)

@@ -59,6 +59,7 @@ import math
 from collections import deque
 from collections.abc import Mapping, Sequence
 
+from seg_datamodule.compat import verified_note
 from seg_datamodule.profiling.accumulator import (
     _BACKWARD,
     _FETCH,
@@ -166,8 +167,8 @@ class StepRecorder:
             messages["train_dataloader_next"] = (
                 f"phase 'train_dataloader_next' never fired in {steps} steps: Lightning's profiler action"
                 f" '[_TrainingEpochLoop]{FETCH_ACTION_SUFFIX}' was not seen (renamed in this Lightning"
-                " version?). The wait for batches and the transfer are in no phase and every step looks"
-                " shorter than it is."
+                f" version? {verified_note('fetch_action')}). The wait for batches and the transfer are in"
+                " no phase and every step looks shorter than it is."
             )
         if end_of_fit and self.optimizer_starts and not self.optimizer_ends:
             messages["optimizer_step"] = (

@@ -1,7 +1,8 @@
 """The profiler's few reaches into the Trainer beyond public hooks, each in one guarded place.
 
-Stopping the training loader's workers early (private Lightning and torch names) and gathering
-per-rank medians (a collective).
+Stopping the training loader's workers early and reading the step label Lightning logs at
+(private Lightning and torch names, imported only when used and warned about once when they are
+gone: see ``seg_datamodule/compat.py``), and gathering per-rank medians (a collective).
 """
 
 from __future__ import annotations
@@ -10,13 +11,27 @@ import math
 
 import torch
 from lightning.pytorch import Trainer
-from lightning.pytorch.utilities.combined_loader import _shutdown_workers_and_reset_iterator
 from lightning.pytorch.utilities.rank_zero import rank_zero_warn
-from torch.utils.data.dataloader import _MultiProcessingDataLoaderIter
 
+from seg_datamodule.compat import warn_unverified
 from seg_datamodule.profiling.accumulator import PHASES, StepTimeAccumulator
 
-__all__ = ["gather_medians", "shut_down_train_workers"]
+__all__ = ["gather_medians", "log_step", "shut_down_train_workers"]
+
+
+def log_step(trainer: Trainer) -> int:
+    """The x at which Lightning logs this step's metrics: ``epoch_loop._batches_that_stepped``.
+
+    Lightning's ``logger_connector.log_metrics`` reads that private counter before it increments;
+    without it (another Lightning) the global step stands in, with one warning, and the
+    profiler's points may sit one step off Lightning's own.
+    """
+    step = getattr(trainer.fit_loop.epoch_loop, "_batches_that_stepped", None)
+    if isinstance(step, int):
+        return step
+    warn_unverified("loop_internals", "fit_loop.epoch_loop has no int _batches_that_stepped",
+                    "step_time/* points are logged at trainer.global_step instead", warn=rank_zero_warn)
+    return trainer.global_step
 
 
 def shut_down_train_workers(trainer: Trainer) -> bool:
@@ -24,8 +39,28 @@ def shut_down_train_workers(trainer: Trainer) -> bool:
 
     What ``fit_loop.teardown`` does right after ``on_train_end`` (the combined loader's reset
     shuts persistent workers down; dropping the iterators ends the others), done early.
-    Private names of Lightning and torch, hence the guard.
+    Private names of Lightning and torch, hence the guard: when they are gone the workers keep
+    running beside the isolated timing (``loader_workers_shut_down: false`` in the report), with
+    one warning naming the releases verified.
     """
+    try:
+        from lightning.pytorch.utilities.combined_loader import _shutdown_workers_and_reset_iterator
+    except ImportError as error:
+        warn_unverified("loop_internals", f"{error}", "the loader's workers are not stopped before the isolated "
+                        "optimiser timing", warn=rank_zero_warn)
+        return False
+    try:
+        from torch.utils.data.dataloader import _MultiProcessingDataLoaderIter
+
+        _MultiProcessingDataLoaderIter._shutdown_workers
+    except (ImportError, AttributeError) as error:
+        warn_unverified("loader_iterator", f"{error}", "the loader's workers are not stopped before the isolated "
+                        "optimiser timing", warn=rank_zero_warn)
+        return False
+    if not hasattr(trainer.fit_loop, "_combined_loader"):
+        warn_unverified("loop_internals", "the fit loop has no _combined_loader", "the loader's workers are not "
+                        "stopped before the isolated optimiser timing", warn=rank_zero_warn)
+        return False
     try:
         combined = trainer.fit_loop._combined_loader
         if combined is None:
