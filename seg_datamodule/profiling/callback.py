@@ -23,6 +23,7 @@ from lightning.pytorch import LightningModule, Trainer
 from lightning.pytorch.callbacks import Callback
 from lightning.pytorch.utilities.rank_zero import rank_zero_info, rank_zero_warn
 
+from seg_datamodule.compat import warn_unverified
 from seg_datamodule.ops.checks import check_bool, check_int
 from seg_datamodule.profiling.accumulator import StepTimeAccumulator
 from seg_datamodule.profiling.optimizer import running_beside, time_optimizer_step
@@ -280,7 +281,7 @@ class StepTimeProfiler(Callback):
         self, trainer: Trainer, pl_module: LightningModule, batch: Any, batch_idx: int
     ) -> None:
         if self._recorder is not None:
-            self._recorder.batch_start()
+            self._recorder.batch_start(pl_module.automatic_optimization)
 
     def on_before_backward(self, trainer: Trainer, pl_module: LightningModule, loss: torch.Tensor) -> None:
         if self._recorder is not None:
@@ -348,6 +349,9 @@ class StepTimeProfiler(Callback):
             if phase not in self._warned:
                 self._warned.add(phase)
                 rank_zero_warn(f"StepTimeProfiler: {message}")
+        if self._recorder.hook_order_problem is not None:
+            warn_unverified("fetch_action", f"hook order: {self._recorder.hook_order_problem}",
+                            "The phases around it may be split at the wrong hooks.", warn=rank_zero_warn)
 
     # -- end of fit ----------------------------------------------------------------------------
 

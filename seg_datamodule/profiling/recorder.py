@@ -74,6 +74,11 @@ from seg_datamodule.profiling.timing import PhaseTimer, StepRecord, split_record
 
 __all__ = ["StepRecorder", "step_metrics"]
 
+# The public hooks of one automatically optimised step, in the order Lightning calls them (the
+# closure runs training_step and backward inside optimizer.step, before the step proper).
+_HOOK_ORDER = ("on_train_batch_start", "on_before_backward", "on_after_backward", "on_before_optimizer_step",
+               "optimizer step post hook")
+
 # A resolved CUDA anchor goes stale as host and device clocks drift; re-anchor this often.
 _ANCHOR_EVERY_N_STEPS = 1000
 # Rows kept waiting for their CUDA events before the oldest is read with a blocking wait.
@@ -96,6 +101,10 @@ class StepRecorder:
         self.fetches = 0
         self.optimizer_starts = 0
         self.optimizer_ends = 0
+        #: the first hook seen out of Lightning's order under automatic optimisation, or None
+        self.hook_order_problem: str | None = None
+        self._automatic = True
+        self._last_event = ""
         self._steps_since_anchor = 0
 
     # -- events, in step order ----------------------------------------------------------------
@@ -112,20 +121,33 @@ class StepRecorder:
         if self.timer.current is None:  # not a fetch nested in training_step (dataloader_iter)
             self.timer.enter(_TO_DEVICE)
 
-    def batch_start(self) -> None:
+    def _in_order(self, event: str) -> None:
+        """Note ``event``; the first that comes before one it should follow (automatic
+        optimisation: one backward, one optimiser step, in ``_HOOK_ORDER``) is kept to warn about."""
+        if self._automatic and self.hook_order_problem is None and self._last_event:
+            if _HOOK_ORDER.index(event) <= _HOOK_ORDER.index(self._last_event):
+                self.hook_order_problem = f"{event} came after {self._last_event} in one step"
+        self._last_event = event
+
+    def batch_start(self, automatic: bool = True) -> None:
+        self._automatic, self._last_event = automatic, ""
+        self._in_order("on_train_batch_start")
         self.timer.open()  # when no fetch did: a training_step taking a dataloader_iter
         self.timer.exit(_TO_DEVICE)
         self.timer.enter(_FORWARD)
 
     def before_backward(self, automatic: bool) -> None:
+        self._in_order("on_before_backward")
         if automatic:  # training_step is over; under manual optimisation it goes on after
             self.timer.exit(_FORWARD)
         self.timer.enter(_BACKWARD)
 
     def after_backward(self) -> None:
+        self._in_order("on_after_backward")
         self.timer.exit(_BACKWARD)
 
     def before_optimizer_step(self, automatic: bool) -> None:
+        self._in_order("on_before_optimizer_step")
         self.optimizer_starts += 1
         self.timer.count_optimizer_call()
         if automatic:  # no backward ran when training_step returned None
@@ -133,11 +155,13 @@ class StepRecorder:
         self.timer.enter(_OPTIMIZER)
 
     def optimizer_step_end(self) -> None:
+        self._in_order("optimizer step post hook")
         self.optimizer_ends += 1
         self.timer.exit(_OPTIMIZER)
 
     def batch_end(self, **labels: int) -> None:
         """Close the step (labels: ``batch``, ``epoch``, ``global_step``, any others kept)."""
+        self._last_event = ""
         record = self.timer.close(**labels)
         if record is None:
             return
@@ -148,6 +172,7 @@ class StepRecorder:
 
     def discard(self) -> None:
         """Drop the open step (one ``on_train_batch_start`` returning -1 leaves unclosed)."""
+        self._last_event = ""
         self.timer.discard()
 
     def reanchor(self) -> None:
