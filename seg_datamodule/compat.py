@@ -63,7 +63,7 @@ class PrivateReach:
 REACHES: dict[str, PrivateReach] = {
     "storage_use_count": PrivateReach(
         "torch", "torch._C._storage_Use_Count and UntypedStorage._new_shared",
-        "DetectionCollate's reused shared-memory slots (buffer_slots)", ("2.4.0", "2.14.1")),
+        "DetectionCollate's reused shared-memory slots (buffer_slots)", ("2.4.1", "2.14.1")),
     "fetch_action": PrivateReach(
         "lightning", "the profiler action '[_TrainingEpochLoop].train_dataloader_next' and the hook order",
         "StepTimeProfiler's phases", ("2.4.0", "2.6.6")),
@@ -73,7 +73,7 @@ REACHES: dict[str, PrivateReach] = {
         ("2.4.0", "2.6.6")),
     "loader_iterator": PrivateReach(
         "torch", "torch.utils.data.dataloader._MultiProcessingDataLoaderIter._shutdown_workers",
-        "StepTimeProfiler's isolated optimiser timing", ("2.4.0", "2.14.1")),
+        "StepTimeProfiler's isolated optimiser timing", ("2.4.1", "2.14.1")),
     "albumentations_seeding": PrivateReach(
         "albumentations", "Compose.set_random_state reaching every transform",
         "AlbumentationsTransform's per-sample seeding (forked workers would share one stream)",

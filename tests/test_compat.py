@@ -21,7 +21,7 @@ def test_warns_once_per_reach_naming_installed_and_verified_releases(monkeypatch
         assert compat.warn_unverified("storage_use_count", "it is gone", "falling back")
     message = str(caught[0].message)
     assert "torch._C._storage_Use_Count" in message and "it is gone. falling back" in message
-    assert "verified on torch 2.4.0 to 2.14.1; this is 9.9.9" in message
+    assert "verified on torch 2.4.1 to 2.14.1; this is 9.9.9" in message
     with warnings.catch_warnings():
         warnings.simplefilter("error")
         assert not compat.warn_unverified("storage_use_count", "still gone", "falling back")

@@ -99,7 +99,7 @@ def test_a_use_count_that_counts_otherwise_warns_once_and_allocates_fresh(monkey
     with pytest.warns(UserWarning, match=r"use counts \(alone, viewed, released\) were \(1, 1, 1\)") as caught:
         collate = DetectionCollate(buffer_slots=2)
     assert collate.pool is None
-    assert "verified on torch 2.4.0 to 2.14.1" in str(caught[0].message)
+    assert "verified on torch 2.4.1 to 2.14.1" in str(caught[0].message)
     import warnings
 
     with warnings.catch_warnings():

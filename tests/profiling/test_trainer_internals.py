@@ -44,7 +44,7 @@ def test_a_missing_torch_iterator_method_is_a_warning(monkeypatch: pytest.Monkey
     from torch.utils.data import dataloader
 
     monkeypatch.delattr(dataloader._MultiProcessingDataLoaderIter, "_shutdown_workers")
-    with pytest.warns(UnverifiedPrivateAPIWarning, match="verified on torch 2.4.0 to 2.14.1"):
+    with pytest.warns(UnverifiedPrivateAPIWarning, match="verified on torch 2.4.1 to 2.14.1"):
         assert trainer_internals.shut_down_train_workers(_trainer()) is False
 
 
