@@ -47,8 +47,8 @@ def pooling_available() -> bool:
     """
     problem = _use_count_problem()
     if problem is not None:
-        warn_unverified("storage_use_count", problem,
-                        "DetectionCollate allocates a fresh shared-memory segment per batch (buffer_slots has no effect)")
+        warn_unverified("storage_use_count", problem, "DetectionCollate allocates a fresh shared-memory segment "
+                        "per batch (buffer_slots has no effect).")
     return problem is None
 
 

@@ -123,9 +123,10 @@ class StepRecorder:
 
     def _in_order(self, event: str) -> None:
         """Note ``event``; the first that comes before one it should follow (automatic
-        optimisation: one backward, one optimiser step, in ``_HOOK_ORDER``) is kept to warn about."""
+        optimisation: one backward, one optimiser step, in ``_HOOK_ORDER``) is kept to warn about.
+        A repeat is not (torch 2.4 fires the post hook once per patched ``step`` of a subclass chain)."""
         if self._automatic and self.hook_order_problem is None and self._last_event:
-            if _HOOK_ORDER.index(event) <= _HOOK_ORDER.index(self._last_event):
+            if _HOOK_ORDER.index(event) < _HOOK_ORDER.index(self._last_event):
                 self.hook_order_problem = f"{event} came after {self._last_event} in one step"
         self._last_event = event
 

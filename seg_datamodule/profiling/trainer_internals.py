@@ -30,7 +30,7 @@ def log_step(trainer: Trainer) -> int:
     if isinstance(step, int):
         return step
     warn_unverified("loop_internals", "fit_loop.epoch_loop has no int _batches_that_stepped",
-                    "step_time/* points are logged at trainer.global_step instead", warn=rank_zero_warn)
+                    "The step_time/* points are logged at trainer.global_step instead.", warn=rank_zero_warn)
     return trainer.global_step
 
 
@@ -43,24 +43,15 @@ def shut_down_train_workers(trainer: Trainer) -> bool:
     running beside the isolated timing (``loader_workers_shut_down: false`` in the report), with
     one warning naming the releases verified.
     """
-    try:
-        from lightning.pytorch.utilities.combined_loader import _shutdown_workers_and_reset_iterator
-    except ImportError as error:
-        warn_unverified("loop_internals", f"{error}", "the loader's workers are not stopped before the isolated "
-                        "optimiser timing", warn=rank_zero_warn)
+    problem = _shutdown_names_problem(trainer)
+    if problem is not None:
+        key, what = problem
+        warn_unverified(key, what, "The loader's workers are not stopped before the isolated optimiser timing.",
+                        warn=rank_zero_warn)
         return False
-    try:
-        from torch.utils.data.dataloader import _MultiProcessingDataLoaderIter
+    from lightning.pytorch.utilities.combined_loader import _shutdown_workers_and_reset_iterator
+    from torch.utils.data.dataloader import _MultiProcessingDataLoaderIter
 
-        _MultiProcessingDataLoaderIter._shutdown_workers
-    except (ImportError, AttributeError) as error:
-        warn_unverified("loader_iterator", f"{error}", "the loader's workers are not stopped before the isolated "
-                        "optimiser timing", warn=rank_zero_warn)
-        return False
-    if not hasattr(trainer.fit_loop, "_combined_loader"):
-        warn_unverified("loop_internals", "the fit loop has no _combined_loader", "the loader's workers are not "
-                        "stopped before the isolated optimiser timing", warn=rank_zero_warn)
-        return False
     try:
         combined = trainer.fit_loop._combined_loader
         if combined is None:
@@ -74,6 +65,20 @@ def shut_down_train_workers(trainer: Trainer) -> bool:
         rank_zero_warn(f"StepTimeProfiler: could not stop the loader's workers before timing alone: {error!r}")
         return False
     return True
+
+
+def _shutdown_names_problem(trainer: Trainer) -> tuple[str, str] | None:
+    """(reach key, what is missing) for the first private name the early shutdown lacks, or None."""
+    from lightning.pytorch.utilities import combined_loader
+    from torch.utils.data import dataloader
+
+    if not hasattr(combined_loader, "_shutdown_workers_and_reset_iterator"):
+        return "loop_internals", "lightning's combined_loader has no _shutdown_workers_and_reset_iterator"
+    if not hasattr(getattr(dataloader, "_MultiProcessingDataLoaderIter", None), "_shutdown_workers"):
+        return "loader_iterator", "torch's _MultiProcessingDataLoaderIter has no _shutdown_workers"
+    if not hasattr(trainer.fit_loop, "_combined_loader"):
+        return "loop_internals", "the fit loop has no _combined_loader"
+    return None
 
 
 def gather_medians(trainer: Trainer, accumulator: StepTimeAccumulator) -> dict[str, list[float]]:

@@ -202,8 +202,8 @@ class AlbumentationsTransform:
             )
         problem = seeding_problem(self._runner) if self._runner is not None else None
         if problem is not None:
-            warn_unverified("albumentations_seeding", problem, "draws may repeat across DataLoader workers and "
-                            "differ between runs with the same seed")
+            warn_unverified("albumentations_seeding", problem, "Draws may repeat across DataLoader workers and "
+                            "differ between runs with the same seed.")
         self._seeded = problem is None
 
     def __repr__(self) -> str:
