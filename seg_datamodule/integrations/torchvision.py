@@ -83,7 +83,10 @@ def build_mask_rcnn(
     """A torchvision ``MaskRCNN`` with ``num_classes + 1`` outputs on a random-weight ResNet-FPN.
 
     Without pretrained weights every backbone stage trains and uses ``BatchNorm2d`` (frozen
-    batch norm suits only pretrained statistics), as ``maskrcnn_resnet50_fpn(weights=None)`` does.
+    batch norm suits only pretrained statistics), as ``maskrcnn_resnet50_fpn(weights=None)`` does,
+    and the mask head normalises each of its four convolutions with ``BatchNorm2d`` as
+    ``maskrcnn_resnet50_fpn_v2`` does: without it a random backbone starts the mask logits near
+    +-10 (mask loss ~6.5) and SGD diverges within a few steps.
 
     Args:
         num_classes: C, the classes without the background.
@@ -94,9 +97,12 @@ def build_mask_rcnn(
     """
     from torchvision.models.detection import MaskRCNN
     from torchvision.models.detection.backbone_utils import resnet_fpn_backbone
+    from torchvision.models.detection.mask_rcnn import MaskRCNNHeads
 
     body = resnet_fpn_backbone(backbone_name=backbone, weights=None, norm_layer=nn.BatchNorm2d, trainable_layers=5)
-    return MaskRCNN(body, num_classes=num_classes + 1, min_size=min_size, max_size=max_size, **kwargs)
+    mask_head = MaskRCNNHeads(body.out_channels, [256, 256, 256, 256], 1, norm_layer=nn.BatchNorm2d)
+    return MaskRCNN(body, num_classes=num_classes + 1, min_size=min_size, max_size=max_size, mask_head=mask_head,
+                    **kwargs)
 
 
 class MaskRCNNModule(L.LightningModule):
@@ -115,6 +121,9 @@ class MaskRCNNModule(L.LightningModule):
         coco_eval (bool): score validation detections with COCO mAP.
         coco_ann_file (str | None): the COCO JSON to score against; ``None`` takes the
             DataModule's ``val_ann`` at ``setup``.
+        mask_rcnn_kwargs (dict | None): further ``torchvision.models.detection.MaskRCNN``
+            arguments, e.g. ``rpn_post_nms_top_n_train`` or ``box_batch_size_per_image`` (fewer
+            proposals make a CPU step several times cheaper).
 
     Logs ``train/loss`` and ``train/{loss_classifier,loss_box_reg,loss_mask,loss_objectness,
     loss_rpn_box_reg}`` and the COCO ``val/{segm,bbox}_{AP,...}``. torchvision computes losses in
@@ -140,6 +149,7 @@ class MaskRCNNModule(L.LightningModule):
         cosine_schedule: bool = True,
         coco_eval: bool = True,
         coco_ann_file: str | None = None,
+        mask_rcnn_kwargs: dict[str, Any] | None = None,
     ) -> None:
         super().__init__()
         for name, value in (("num_classes", num_classes), ("min_size", min_size), ("max_size", max_size),
@@ -155,8 +165,11 @@ class MaskRCNNModule(L.LightningModule):
             raise ValueError(f"backbone must be a torchvision ResNet name such as 'resnet50', got {backbone!r}")
         self.save_hyperparameters()
         self.num_classes = num_classes
+        extra = dict(mask_rcnn_kwargs or {})
+        if "num_classes" in extra or "mask_head" in extra:
+            raise ValueError("mask_rcnn_kwargs must not set num_classes or mask_head (the module sets both)")
         self.model = build_mask_rcnn(num_classes, backbone, min_size, max_size, box_score_thresh=box_score_thresh,
-                                     box_detections_per_img=box_detections_per_img)
+                                     box_detections_per_img=box_detections_per_img, **extra)
         self.coco_metric: COCOMaskMAP | None = None
 
     def compute_losses(self, batch: DetectionBatch) -> tuple[Tensor, dict[str, Tensor]]:
