@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import socket
+import subprocess
+import sys
 
 import numpy as np
 import pytest
@@ -100,3 +102,14 @@ def test_to_torchvision_masks_at_stride_1_equal_the_full_grid_reference(coco_min
         np.testing.assert_array_equal(target["masks"].numpy().astype(bool), want)
         checked += len(instances)
     assert checked > 20
+
+
+def test_the_package_imports_without_ultralytics() -> None:
+    code = (
+        "import sys; sys.modules['ultralytics'] = None\n"
+        "import seg_datamodule.integrations as i\n"
+        "try:\n    i.YOLOSegModule(num_classes=2)\n"
+        "except ImportError as e:\n    print(e)\n"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300, check=True)
+    assert 'pip install "seg-datamodule[ultralytics]"' in out.stdout and "AGPL-3.0" in out.stdout
