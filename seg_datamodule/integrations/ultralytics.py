@@ -106,7 +106,7 @@ def to_ultralytics_batch(batch: DetectionBatch, semantic: bool = False) -> dict[
         torch.arange(len(batch), device=device), batch.boxes_per_image.to(device)
     )
     out = {
-        "img": batch.images.float().div_(255.0).contiguous(),
+        "img": batch.images.float().div_(255.0),  # keeps the batch's (channels-last) memory format
         "cls": batch.labels.float()[:, None],
         "bboxes": xywh,
         "masks": batch.masks.float(),
@@ -261,8 +261,9 @@ class YOLOSegModule(L.LightningModule):
 
     def setup(self, stage: str) -> None:
         """Make the COCO metric (the DataModule's ``val_ann`` is resolved by now)."""
-        if self.trainer.max_epochs:
-            self.model.args.epochs = int(self.trainer.max_epochs)
+        max_epochs = self._trainer.max_epochs if self._trainer is not None else None
+        if max_epochs is not None and max_epochs > 0:  # the one-to-one loss schedule of YOLO26 reads it
+            self.model.args.epochs = int(max_epochs)
         if self.hparams.coco_eval and self.coco_metric is None and stage in ("fit", "validate"):
             self.coco_metric = make_coco_metric(self, self.hparams.coco_ann_file, self.num_classes)
 
