@@ -133,19 +133,27 @@ class DetectionCollate:
         batch_size = len(samples)
         counts = np.array([s.num_instances for s in samples], dtype=np.int64)
         total = int(counts.sum())
+        federated = _federated_lists(samples)
 
         # 1. One allocation for every output (a reused shared-memory slot in a worker), so the
         # batch crosses to the main process as one file descriptor, not one per tensor.
         image_shape = (batch_size, height, width, 3) if self.channels_last else (batch_size, 3, height, width)
-        (images, masks, ignore, boxes, labels, ann_ids, per_image, image_ids, scales, pads, orig_sizes), lease, fresh = (
+        (images, masks, ignore, boxes, labels, ann_ids, per_image, image_ids, scales, pads, orig_sizes, *rest), lease, fresh = (
             _allocate(
                 [(image_shape, torch.uint8), ((total, hp, wp), torch.bool), ((batch_size, hp, wp), torch.bool),
                  ((total, 4), torch.float32), ((total,), torch.int64), ((total,), torch.int64),
                  ((batch_size,), torch.int64), ((batch_size,), torch.int64), ((batch_size,), torch.float32),
-                 ((batch_size, 2), torch.float32), ((batch_size, 2), torch.int64)],
+                 ((batch_size, 2), torch.float32), ((batch_size, 2), torch.int64),
+                 *(((len(values),), torch.int64) for values, _ in federated),
+                 *(((batch_size,), torch.int64) for _ in federated)],
                 shared, self.pool,
             )
         )
+        # LVIS's per-image lists ride in the same allocation (values, then per-image counts).
+        lists, lists_per_image = list(rest[: len(federated)]), list(rest[len(federated) :])
+        for (values, per), out, out_per in zip(federated, lists, lists_per_image):
+            out.numpy()[:] = values
+            out_per.numpy()[:] = per
         if not fresh:  # a reused slot: the rasteriser writes only inside cells
             # numpy's fill is a memset; torch's bool zero_() takes about twice as long here.
             masks.numpy().fill(False)
@@ -203,10 +211,28 @@ class DetectionCollate:
             mask_stride=stride,
             counts=getattr(samples, "counts", None),
         )
+        if federated:
+            batch.neg_labels, batch.not_exhaustive_labels = lists
+            batch.neg_labels_per_image, batch.not_exhaustive_labels_per_image = lists_per_image
         if lease is not None:
             # Unpickled in the main process, it hands the slot back once the batch is dropped.
             batch._lease = lease
         return batch
+
+
+def _federated_lists(samples: Sequence[Sample]) -> list[tuple[np.ndarray, np.ndarray]]:
+    """``[(neg values, per-image counts), (not-exhaustive values, counts)]``, or ``[]`` when no
+    sample carries the lists (a sample without them, such as a stand-in for a bad image, has
+    empty ones)."""
+    if all(s.neg_labels is None and s.not_exhaustive_labels is None for s in samples):
+        return []
+    out = []
+    for field in ("neg_labels", "not_exhaustive_labels"):
+        per = [np.zeros(0, np.int64) if getattr(s, field) is None else np.asarray(getattr(s, field), np.int64)
+               for s in samples]
+        values = np.concatenate(per) if per else np.zeros(0, np.int64)
+        out.append((values, np.array([len(p) for p in per], np.int64)))
+    return out
 
 
 def collate_detection(samples: Sequence[Sample], mask_stride: int = 4, channels_last: bool = True) -> DetectionBatch:

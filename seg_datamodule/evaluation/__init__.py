@@ -3,23 +3,31 @@
 :mod:`~seg_datamodule.evaluation.letterbox` (pure inverse-letterbox kernels) ->
 :mod:`~seg_datamodule.evaluation.predictions` (a batch's predictions -> COCO detections) ->
 :mod:`~seg_datamodule.evaluation.coco_eval` (``COCOeval`` against the annotation JSON), wrapped by
-:class:`~seg_datamodule.evaluation.coco_metric.COCOMaskMAP`, a ``torchmetrics.Metric``.
+:class:`~seg_datamodule.evaluation.coco_metric.COCOMaskMAP`, a ``torchmetrics.Metric``; for LVIS files
+:mod:`~seg_datamodule.evaluation.lvis_eval` (federated LVIS AP) wrapped by
+:class:`~seg_datamodule.evaluation.lvis_metric.LVISMaskMAP`.
 """
 
 from seg_datamodule.evaluation.coco_eval import STAT_NAMES, deduplicate, evaluate_detections, load_coco
 from seg_datamodule.evaluation.coco_metric import COCOMaskMAP
+from seg_datamodule.evaluation.lvis_eval import LVIS_STAT_NAMES, evaluate_lvis, load_lvis
+from seg_datamodule.evaluation.lvis_metric import LVISMaskMAP
 from seg_datamodule.evaluation.letterbox import boxes_to_canvas, boxes_to_original, masks_to_original
 from seg_datamodule.evaluation.predictions import CocoDetections, canvas_predictions_to_coco
 
 __all__ = [
     "COCOMaskMAP",
     "CocoDetections",
+    "LVISMaskMAP",
+    "LVIS_STAT_NAMES",
     "STAT_NAMES",
     "boxes_to_canvas",
     "boxes_to_original",
     "canvas_predictions_to_coco",
     "deduplicate",
     "evaluate_detections",
+    "evaluate_lvis",
     "load_coco",
+    "load_lvis",
     "masks_to_original",
 ]

@@ -35,6 +35,15 @@ class DetectionBatch:
         counts (dict[str, int] | None): where this batch's annotations went (``kept`` and the
             reasons others were dropped) and the decodes it took, when the dataset reports them
             (``SegDataset`` does); what the DataModule's accounting sums over trained batches.
+        neg_labels (Tensor[sum_K] int64 | None): per image, the sorted labels verified absent
+            (LVIS ``neg_category_ids``; a mosaic keeps those all its tiles' images verified),
+            image after image; ``None`` when the index has no such lists (a streamed one).
+        neg_labels_per_image (Tensor[B] int64 | None): ``neg_labels.split(...)`` per image.
+        not_exhaustive_labels (Tensor[sum_M] int64 | None): per image, the sorted labels whose
+            instances may not all be annotated (LVIS ``not_exhaustive_category_ids``; any tile's
+            for a mosaic). A federated loss scores the categories of ``labels`` and
+            ``neg_labels`` and ignores the others; for a COCO file both lists are empty.
+        not_exhaustive_labels_per_image (Tensor[B] int64 | None): counts per image.
     """
 
     images: torch.Tensor
@@ -50,6 +59,10 @@ class DetectionBatch:
     orig_sizes: torch.Tensor
     mask_stride: int = field(default=4)
     counts: dict[str, int] | None = None
+    neg_labels: torch.Tensor | None = None
+    neg_labels_per_image: torch.Tensor | None = None
+    not_exhaustive_labels: torch.Tensor | None = None
+    not_exhaustive_labels_per_image: torch.Tensor | None = None
 
     def __len__(self) -> int:
         return int(self.images.shape[0])
