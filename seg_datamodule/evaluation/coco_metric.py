@@ -32,7 +32,7 @@ from seg_datamodule.evaluation.coco_eval import (
     load_coco,
     resolve_backend,
 )
-from seg_datamodule.evaluation.lvis_eval import is_lvis_dataset
+from seg_datamodule.evaluation.lvis_eval import LVISFileError, is_lvis_dataset
 from seg_datamodule.evaluation.predictions import CocoDetections, canvas_predictions_to_coco
 from seg_datamodule.ops.checks import check_number
 
@@ -121,14 +121,15 @@ class COCOMaskMAP(Metric):
         """The annotation file as the backend's ``COCO`` reads it (loaded on first use).
 
         Raises:
-            ValueError: ``category_ids`` names a category the file does not have, or the file is
-                LVIS's (use :class:`~seg_datamodule.evaluation.lvis_metric.LVISMaskMAP`).
+            ValueError: ``category_ids`` names a category the file does not have.
+            LVISFileError: the file is LVIS's (a ``ValueError``; use
+                :class:`~seg_datamodule.evaluation.lvis_metric.LVISMaskMAP`).
         """
         if self._coco is None:
             coco = load_coco(self.ann_file, self.backend)
             if is_lvis_dataset(coco.dataset):
                 # COCOeval would fail on the missing iscrowd, or score LVIS non-federated.
-                raise ValueError(
+                raise LVISFileError(
                     f"{self.ann_file} is an LVIS annotation file (frequency / neg_category_ids): COCO AP "
                     "is the wrong metric there; use seg_datamodule.evaluation.LVISMaskMAP"
                 )

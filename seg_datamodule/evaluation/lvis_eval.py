@@ -31,7 +31,7 @@ from pycocotools import mask as mask_utils
 
 from seg_datamodule.evaluation.predictions import CocoDetections
 
-__all__ = ["LVIS_STAT_NAMES", "LVISGroundTruth", "evaluate_lvis", "is_lvis_dataset", "load_lvis"]
+__all__ = ["LVIS_STAT_NAMES", "LVISFileError", "LVISGroundTruth", "evaluate_lvis", "is_lvis_dataset", "load_lvis"]
 
 #: What ``LVISEval.summarize`` reports, in its order (``AR*`` at 300 detections: ``AR@300`` ...).
 LVIS_STAT_NAMES = ("AP", "AP50", "AP75", "APs", "APm", "APl", "APr", "APc", "APf", "AR", "ARs", "ARm", "ARl")
@@ -40,6 +40,10 @@ _IOU_THRS = np.linspace(0.5, 0.95, int(np.round((0.95 - 0.5) / 0.05)) + 1, endpo
 _REC_THRS = np.linspace(0.0, 1.00, int(np.round((1.00 - 0.0) / 0.01)) + 1, endpoint=True)
 _AREA_RNGS = ((0**2, 1e5**2), (0**2, 32**2), (32**2, 96**2), (96**2, 1e5**2))  # all, small, medium, large
 _FREQUENCIES = ("r", "c", "f")
+
+
+class LVISFileError(ValueError):
+    """An LVIS annotation file given where a COCO one is needed (``COCOMaskMAP`` raises it)."""
 
 
 def is_lvis_dataset(dataset: Mapping[str, Any]) -> bool:
