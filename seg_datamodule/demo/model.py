@@ -131,7 +131,10 @@ class YolactLite(L.LightningModule):
             raise ValueError(f"lr must be positive, got {lr!r}")
         if weight_decay < 0 or cls_weight < 0:
             raise ValueError(f"weight_decay and cls_weight must be >= 0, got {weight_decay!r}, {cls_weight!r}")
-        self.save_hyperparameters()
+        # val_ann is where to evaluate, not a hyperparameter; kept out of hparams because Lightning
+        # refuses a logger's hparams when a DataModule's val_ann (the same key) differs from it.
+        self.save_hyperparameters(ignore=["val_ann"])
+        self.val_ann = val_ann
         self.num_classes = num_classes
         self.num_prototypes = num_prototypes
         self.mask_stride = mask_stride
@@ -256,7 +259,7 @@ class YolactLite(L.LightningModule):
         """
         if not self.hparams.coco_eval or self.coco_metric is not None or stage not in ("fit", "validate"):
             return
-        ann_file = self.hparams.val_ann
+        ann_file = self.val_ann
         if ann_file is None:
             datamodule = getattr(self._trainer, "datamodule", None) if self._trainer is not None else None
             ann_file = getattr(datamodule, "val_ann", None)
