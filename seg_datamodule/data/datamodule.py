@@ -107,6 +107,9 @@ class COCOSegDataModule(LightningDataModule):
             share a batch follows LitData's chunk-wise shuffle and depends on ``num_workers``;
             under DDP LitData drops the tail that does not split over the ranks (counted in
             :attr:`skip_counts`). Workers are not persistent. Needs ``seg-datamodule[stream]``.
+            Nothing in the chunk set is executed: its metadata and ``index.json`` must be exactly
+            what this version writes (:func:`~seg_datamodule.io.stream.source.check_stream_source`),
+            or setup raises ``StreamFormatError`` naming the file and the field.
         stream_cache_dir: LitData's local chunk cache (default: LitData's).
         stream_max_cache_size: LitData's cache budget, e.g. ``"50GB"`` (default: LitData's).
         repeat_factor_threshold: repeat-factor sampling (LVIS uses 0.001; see
@@ -232,9 +235,10 @@ class COCOSegDataModule(LightningDataModule):
     def _build_indices(self) -> None:
         self._resolve_paths()
         if self.train_stream is not None and self.stream_meta is None:
-            from seg_datamodule.io.stream import read_stream_meta  # LitData is an optional extra
+            from seg_datamodule.io.stream import check_stream_source  # LitData is an optional extra
 
-            self.stream_meta = read_stream_meta(self.train_stream)
+            # Metadata and index.json checked before LitData reads anything (issue 29).
+            self.stream_meta = check_stream_source(self.train_stream)
         elif self.train_stream is None and self.train_index is None:
             self.train_index = CocoIndex.build(self.train_ann, self.train_images, **self.index_kwargs)
         if self.val_ann is not None and self.val_index is None:

@@ -31,6 +31,8 @@ ordinary batch.
 from __future__ import annotations
 
 import math
+import os
+from pathlib import Path
 from typing import Any, NamedTuple
 
 import lightning as L
@@ -73,6 +75,40 @@ class YolactOutput(NamedTuple):
     mask_logits: Tensor
 
 
+def _check_datamodule_agrees(val_ann: str | None, mask_stride: int, datamodule: Any) -> None:
+    """Refuse a model whose ``val_ann`` or ``mask_stride`` contradicts the DataModule's.
+
+    Args:
+        val_ann: the model's own ``val_ann`` (``None``: take the DataModule's).
+        mask_stride: the model's prototype stride.
+        datamodule: the Trainer's DataModule, or ``None`` (plain DataLoaders: nothing to check).
+
+    Raises:
+        ValueError: naming both files, or both strides.
+    """
+    dm_ann = getattr(datamodule, "val_ann", None)
+    if val_ann is not None and dm_ann is not None and not _same_file(val_ann, dm_ann):
+        raise ValueError(
+            f"YolactLite(val_ann={str(val_ann)!r}) differs from the DataModule's val_ann={str(dm_ann)!r}; "
+            "the model scores the DataModule's validation images, so leave the model's val_ann unset "
+            "(it takes the DataModule's) or give both the same file"
+        )
+    dm_stride = getattr(datamodule, "mask_stride", None)
+    if isinstance(dm_stride, int) and dm_stride != mask_stride:
+        raise ValueError(
+            f"YolactLite(mask_stride={mask_stride}) differs from the DataModule's mask_stride={dm_stride}; "
+            "the prototype grid must be the masks' grid"
+        )
+
+
+def _same_file(a: str | os.PathLike, b: str | os.PathLike) -> bool:
+    """Whether two paths name one file (resolved; by inode when both exist)."""
+    try:
+        return os.path.samefile(a, b)
+    except OSError:
+        return Path(a).resolve() == Path(b).resolve()
+
+
 def _conv(c_in: int, c_out: int, stride: int = 1) -> nn.Sequential:
     return nn.Sequential(
         nn.Conv2d(c_in, c_out, 3, stride=stride, padding=1, bias=False),
@@ -99,13 +135,17 @@ class YolactLite(L.LightningModule):
             annotation file is known.
         val_ann (str | None): the COCO JSON to evaluate against (an LVIS file is scored with
             :class:`~seg_datamodule.evaluation.LVISMaskMAP`, which also logs ``APr`` / ``APc`` /
-            ``APf``); ``None`` takes the DataModule's
-            ``val_ann`` at ``setup`` (a :class:`~seg_datamodule.data.datamodule.COCOSegDataModule`
-            has one); with neither (plain DataLoaders), no AP is logged.
+            ``APf``); ``None`` (the usual choice)
+            takes the DataModule's ``val_ann`` at ``setup`` (a
+            :class:`~seg_datamodule.data.datamodule.COCOSegDataModule` has one); with neither
+            (plain DataLoaders), no AP is logged. It is not saved as a hyperparameter: the
+            DataModule already logs ``val_ann``, and Lightning refuses a key that the model and the
+            DataModule log with different values.
 
     Raises:
         ValueError: an argument is out of range, or (at ``setup``) the annotation file has a
-            number of categories other than ``num_classes``.
+            number of categories other than ``num_classes``, ``val_ann`` names another file than
+            the DataModule's ``val_ann``, or the DataModule's ``mask_stride`` differs.
     """
 
     def __init__(
@@ -131,8 +171,8 @@ class YolactLite(L.LightningModule):
             raise ValueError(f"lr must be positive, got {lr!r}")
         if weight_decay < 0 or cls_weight < 0:
             raise ValueError(f"weight_decay and cls_weight must be >= 0, got {weight_decay!r}, {cls_weight!r}")
-        # val_ann is where to evaluate, not a hyperparameter; kept out of hparams because Lightning
-        # refuses a logger's hparams when a DataModule's val_ann (the same key) differs from it.
+        # val_ann is left out of the hyperparameters: the DataModule logs its own, and Lightning
+        # refuses a key logged by both with different values (the model's default is None).
         self.save_hyperparameters(ignore=["val_ann"])
         self.val_ann = val_ann
         self.num_classes = num_classes
@@ -257,12 +297,11 @@ class YolactLite(L.LightningModule):
         Lightning calls this after the DataModule's ``setup``, so its ``val_ann`` is resolved
         (the demo dataset's, when no files were given).
         """
+        datamodule = getattr(self._trainer, "datamodule", None) if self._trainer is not None else None
+        _check_datamodule_agrees(self.val_ann, self.mask_stride, datamodule)
         if not self.hparams.coco_eval or self.coco_metric is not None or stage not in ("fit", "validate"):
             return
-        ann_file = self.val_ann
-        if ann_file is None:
-            datamodule = getattr(self._trainer, "datamodule", None) if self._trainer is not None else None
-            ann_file = getattr(datamodule, "val_ann", None)
+        ann_file = self.val_ann if self.val_ann is not None else getattr(datamodule, "val_ann", None)
         if ann_file is None:
             return
         metric = COCOMaskMAP(ann_file)

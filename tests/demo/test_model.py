@@ -313,3 +313,76 @@ def test_coco_ap_under_ddp_spawn_on_two_cpu_processes(demo_dir, tmp_path) -> Non
     with open(tmp_path / "run" / "version_0" / "metrics.csv", newline="") as f:
         rows = [r for r in csv.DictReader(f) if r.get("val/segm_AP")]
     assert len(rows) == 1 and 0.0 <= float(rows[0]["val/segm_AP"]) <= 1.0 and 0.0 <= float(rows[0]["val/bbox_AP"]) <= 1.0
+
+
+# ------------------------------------------------------------------ the model beside the DataModule
+
+
+def _files_dm(demo_dir, tmp_path, **kwargs):
+    """A DataModule given the demo's files explicitly, as a user gives COCO's (both val_ann set)."""
+    from seg_datamodule import COCOSegDataModule
+
+    ann = demo_dir / "annotations"
+    return COCOSegDataModule(train_ann=str(ann / "instances_train2017.json"), train_images=str(demo_dir / "train2017"),
+                             val_ann=str(ann / "instances_val2017.json"), val_images=str(demo_dir / "val2017"),
+                             image_size=128, batch_size=8, num_workers=0, cache_dir=str(tmp_path / "cache"),
+                             mosaic=0.0, **kwargs)
+
+
+def _logged_trainer(tmp_path, **kwargs) -> L.Trainer:
+    from lightning.pytorch.loggers import CSVLogger
+
+    return L.Trainer(accelerator="cpu", enable_progress_bar=False, enable_model_summary=False,
+                     enable_checkpointing=False, logger=CSVLogger(str(tmp_path), name="run"), **kwargs)
+
+
+def test_val_ann_is_not_a_hyperparameter() -> None:
+    # Lightning refuses a key that the model and the DataModule log with different values; the
+    # DataModule logs val_ann, so the model must not (whatever the user passes).
+    assert "val_ann" not in YolactLite(num_classes=3, width=8).hparams
+    model = YolactLite(num_classes=3, width=8, val_ann="instances_val2017.json")
+    assert "val_ann" not in model.hparams and model.val_ann == "instances_val2017.json"
+
+
+@pytest.mark.slow
+@pytest.mark.usefixtures("one_thread")
+def test_fit_with_a_logger_and_the_datamodules_val_ann(demo_dir, tmp_path) -> None:
+    """The README's Python example's shape: val_ann on the DataModule only, a logger attached."""
+    dm = _files_dm(demo_dir, tmp_path)
+    model = YolactLite(num_classes=dm.num_classes, width=8)
+    trainer = _logged_trainer(tmp_path, max_epochs=1, limit_train_batches=2, limit_val_batches=1.0,
+                              num_sanity_val_steps=0, log_every_n_steps=1)
+    trainer.fit(model, datamodule=dm)  # crashed: "the keys ['val_ann'] are present in both ..."
+    assert model.coco_metric is not None and model.coco_metric.ann_file == dm.val_ann
+    # Both sides logged (the file holds tuples, which safe_load refuses: read it line by line).
+    lines = (tmp_path / "run" / "version_0" / "hparams.yaml").read_text().splitlines()
+    assert f"val_ann: {dm.val_ann}" in lines and "num_prototypes: 16" in lines
+
+
+def test_a_model_val_ann_that_differs_from_the_datamodules_is_refused(demo_dir, tmp_path) -> None:
+    other = tmp_path / "other_val.json"
+    other.write_text((demo_dir / "annotations" / "instances_val2017.json").read_text())
+    dm = _files_dm(demo_dir, tmp_path)
+    model = YolactLite(num_classes=dm.num_classes, width=8, val_ann=str(other))
+    with pytest.raises(ValueError, match=r"val_ann='.*other_val\.json'\) differs from the DataModule's "
+                                         r"val_ann='.*instances_val2017\.json'"):
+        _logged_trainer(tmp_path, max_steps=1).fit(model, datamodule=dm)
+
+
+@pytest.mark.slow
+@pytest.mark.usefixtures("one_thread")
+def test_the_same_file_spelled_another_way_is_accepted(demo_dir, tmp_path, monkeypatch) -> None:
+    monkeypatch.chdir(demo_dir)
+    dm = _files_dm(demo_dir, tmp_path)
+    model = YolactLite(num_classes=dm.num_classes, width=8, val_ann="annotations/../annotations/instances_val2017.json")
+    trainer = _logged_trainer(tmp_path, max_epochs=1, limit_train_batches=1, limit_val_batches=1.0,
+                              num_sanity_val_steps=0)
+    trainer.validate(model, datamodule=dm)
+    assert model.coco_metric is not None
+
+
+def test_a_mask_stride_that_differs_from_the_datamodules_is_refused(demo_dir, tmp_path) -> None:
+    dm = _files_dm(demo_dir, tmp_path, mask_stride=8)
+    model = YolactLite(num_classes=dm.num_classes, width=8, mask_stride=4)
+    with pytest.raises(ValueError, match=r"YolactLite\(mask_stride=4\) differs from the DataModule's mask_stride=8"):
+        _logged_trainer(tmp_path, max_steps=1).fit(model, datamodule=dm)
