@@ -8,12 +8,15 @@ Every ```` ```bash ```` and ```` ```python ```` block of ``README.md`` becomes o
 A step runs as a user would run it, with four kinds of change, all listed here:
 
 - **paths**: ``/data/coco/...``, ``annotations/instances_*.json`` and bare ``train2017`` /
-  ``val2017`` name coco-mini; ``s3://bucket/...`` names a local folder (no S3 server here);
+  ``val2017`` name a COCO root made of coco-mini (:func:`make_coco_root`: its files, plus a
+  test-dev image-info file and a ``test2017`` folder made from val); ``s3://bucket/...`` names a
+  local folder (no S3 server here);
 - **interpreter**: ``.venv/bin/python`` (or ``python``) is the interpreter running the tests,
   and ``seg-datamodule`` is its console script;
-- **size**: ``fit`` / ``validate`` / ``test`` runs get :data:`CLI_LIMITS` appended (a few small
-  steps on two workers), Python blocks the same limits through :data:`PY_LIMITS`; a ``fit``
-  that resumes (``--ckpt_path``) runs one epoch more than the run that wrote the checkpoint;
+- **size**: ``fit`` / ``validate`` / ``test`` / ``predict`` runs get :func:`cli_limits` appended
+  (a few small steps on two workers), Python blocks the same limits through :data:`PY_LIMITS`; a
+  ``fit`` that resumes (``--ckpt_path``) runs one epoch more than the run that wrote the
+  checkpoint;
 - **help**: a benchmark script runs with ``--help`` (the benchmarks themselves take minutes).
 
 The installation and test commands of the quick start are not run (that would install the
@@ -27,7 +30,10 @@ import shlex
 from dataclasses import dataclass, field
 from pathlib import Path
 
-__all__ = ["CLI_LIMITS", "PY_LIMITS", "Block", "Step", "parse_blocks", "steps_from_blocks"]
+__all__ = [
+    "CLI_LIMITS", "PY_LIMITS", "Block", "Step", "cli_limits", "make_coco_root", "parse_blocks",
+    "steps_from_blocks", "substitute_python", "substitute_token",
+]
 
 #: Appended to every ``fit`` / ``validate`` / ``test`` command: small, but every stage runs
 #: (training past the profiler's warm-up, validation with COCO AP, the checkpoint at the end).
@@ -37,13 +43,48 @@ CLI_LIMITS = [
     "--trainer.log_every_n_steps", "2", "--data.batch_size", "4", "--data.image_size", "256",
     "--data.num_workers", "2",
 ]
+#: The evaluation-only limits (``validate``, ``test``, ``predict``): two small batches.
+_EVAL_LIMITS = ["--data.val_batch_size", "4", "--data.image_size", "256", "--data.num_workers", "2"]
 #: The same limits for Python blocks, as (pattern, replacement) over the source.
 PY_LIMITS = [
-    (r"\bTrainer\(", "Trainer(max_epochs=1, limit_train_batches=8, limit_val_batches=2, num_sanity_val_steps=0, "),
+    (r"\bTrainer\(", "Trainer(max_epochs=1, limit_train_batches=8, limit_val_batches=2, limit_test_batches=2, "
+                     "limit_predict_batches=2, num_sanity_val_steps=0, "),
     (r"\bimage_size=\d+", "image_size=256"),
-    (r"\bbatch_size=\d+", "batch_size=4"),
+    (r"\b(val_)?batch_size=\d+", r"\1batch_size=4"),
     (r"\bnum_workers=\d+", "num_workers=2"),
 ]
+
+
+def cli_limits(subcommand: str | None, resumes: bool) -> list[str]:
+    """What a test appends to a CLI command of the README or a config (see the module docstring)."""
+    if subcommand == "fit":
+        return [*CLI_LIMITS, "--trainer.max_epochs", "2" if resumes else "1"]
+    if subcommand == "loader-bench":
+        return ["--data.batch_size", "4", "--data.image_size", "256"]
+    if subcommand in ("validate", "test", "predict"):
+        return [f"--trainer.limit_{'val' if subcommand == 'validate' else subcommand}_batches", "2", *_EVAL_LIMITS]
+    return []
+
+
+def make_coco_root(coco_mini: Path, root: Path) -> Path:
+    """A COCO 2017 root made of coco-mini: what ``/data/coco`` stands for in the README.
+
+    ``annotations/instances_{train,val}2017.json``, ``train2017/`` and ``val2017/`` are coco-mini's
+    (linked); ``test2017/`` is val2017's images and ``annotations/image_info_test-dev2017.json`` is
+    val's file without its annotations, the shape of COCO test-dev's.
+    """
+    import json
+
+    (root / "annotations").mkdir(parents=True)
+    for split in ("train", "val"):
+        (root / "annotations" / f"instances_{split}2017.json").symlink_to(
+            coco_mini / "annotations" / f"instances_{split}2017.json")
+        (root / f"{split}2017").symlink_to(coco_mini / f"{split}2017")
+    (root / "test2017").symlink_to(coco_mini / "val2017")
+    val = json.loads((coco_mini / "annotations" / "instances_val2017.json").read_text())
+    info = {k: v for k, v in val.items() if k != "annotations"}
+    (root / "annotations" / "image_info_test-dev2017.json").write_text(json.dumps(info))
+    return root
 
 _SKIP = re.compile(r"<!--\s*readme-test:\s*skip\s*\((?P<why>[^)]+)\)\s*-->")
 _FENCE = re.compile(r"^```(?P<lang>[A-Za-z]*)\s*$")
@@ -196,6 +237,7 @@ def substitute_python(source: str, coco: Path) -> str:
     source = re.sub(r'"instances_(train|val)2017\.json"',
                     lambda m: repr(str(coco / "annotations" / f"instances_{m[1]}2017.json")), source)
     source = re.sub(r'"(train|val)2017"', lambda m: repr(str(coco / f"{m[1]}2017")), source)
+    source = re.sub(r'"/data/coco/([^"]*)"', lambda m: repr(str(coco / m[1])), source)
     for pattern, replacement in PY_LIMITS:
         source = re.sub(pattern, replacement, source)
     return source

@@ -12,6 +12,7 @@ with its own model and callbacks (a config the README already ran is not run twi
 from __future__ import annotations
 
 import csv
+import json
 import os
 import re
 import shlex
@@ -23,7 +24,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from _readme import CLI_LIMITS, Step, parse_blocks, steps_from_blocks, substitute_python, substitute_token
+from _readme import Step, cli_limits, make_coco_root, parse_blocks, steps_from_blocks, substitute_python, substitute_token
 
 ROOT = Path(__file__).resolve().parents[1]
 README = (ROOT / "README.md").read_text()
@@ -96,10 +97,7 @@ class _Runner:
         prog = Path(step.argv[0]).name
         rest = step.argv[3:] if prog.startswith("python") else step.argv[1:]
         argv = [sys.executable, "-m", "seg_datamodule", *(substitute_token(t, self.coco, self.bucket) for t in rest)]
-        if step.subcommand in ("fit", "validate", "test"):
-            argv += CLI_LIMITS
-        if step.subcommand == "fit":
-            argv += ["--trainer.max_epochs", "2" if "--ckpt_path" in rest else "1"]
+        argv += cli_limits(step.subcommand, resumes="--ckpt_path" in rest)
         proc = self._exec(argv, self.work)
         log_dir = self._newest_log_dir(self.work / "runs") if step.subcommand == "fit" else None
         return Result(argv, proc.returncode, proc.stdout + proc.stderr, log_dir)
@@ -108,7 +106,8 @@ class _Runner:
 @pytest.fixture(scope="module")
 def runner(tmp_path_factory, coco_mini, demo_dir) -> _Runner:
     # The demo dataset generated once per session is found where the README's cache root puts it.
-    return _Runner(tmp_path_factory.mktemp("readme"), coco_mini, demo_dir.parent)
+    coco = make_coco_root(coco_mini, tmp_path_factory.mktemp("coco") / "coco")
+    return _Runner(tmp_path_factory.mktemp("readme"), coco, demo_dir.parent)
 
 
 def _metric_columns(log_dir: Path) -> set[str]:
@@ -168,6 +167,12 @@ def test_readme_step_runs(name, runner):
     assert result.returncode == 0, f"{shlex.join(result.argv)}\n{result.output[-4000:]}"
     if step.kind == "bench":
         assert "usage:" in result.output
+    if step.kind == "cli" and step.subcommand == "predict":  # the writer's files, as configs/predict.yaml names them
+        results = json.loads((runner.work / "runs" / "predict" / "results.json").read_text())
+        images = json.loads((runner.work / "runs" / "predict" / "results_images.json").read_text())
+        assert isinstance(results, list) and images["info"]["images_predicted"] == len(images["images"]) > 0
+    if step.kind == "cli" and step.subcommand == "test":
+        assert "test/segm_AP" in result.output, result.output[-2000:]
     if step.kind == "cli" and step.subcommand == "fit":
         assert result.log_dir is not None, result.output[-2000:]
         columns = _metric_columns(result.log_dir)
@@ -229,8 +234,6 @@ def test_every_config_runs(config, runner, coco_mini):
     work.mkdir()
     lvis = _lvis_v1(work / "lvis-data") if "/data/lvis/" in config.read_text() else None
     argv = [sys.executable, "-m", "seg_datamodule", command, "--config", str(config),
-            *_config_overrides(config, coco_mini, lvis), *CLI_LIMITS]
-    if command == "fit":
-        argv += ["--trainer.max_epochs", "1"]
+            *_config_overrides(config, runner.coco, lvis), *cli_limits(command, resumes=False)]
     proc = subprocess.run(argv, cwd=work, env=runner.env, capture_output=True, text=True, timeout=TIMEOUT)
     assert proc.returncode == 0, f"{shlex.join(argv)}\n{(proc.stdout + proc.stderr)[-4000:]}"

@@ -114,8 +114,8 @@ class DetectionCollate:
             DetectionBatch with ``masks`` bool ``(sum_N, ceil(H / s), ceil(W / s))``.
 
         Raises:
-            ValueError: no samples, images of different sizes, or a malformed sample (naming
-                its image id).
+            ValueError: no samples, images of different sizes, a malformed sample, or
+                ``hsv_gains`` on some samples but not on others (naming the image id).
         """
         if len(samples) == 0:
             raise ValueError("collate needs at least one sample, got an empty batch")
@@ -134,21 +134,30 @@ class DetectionCollate:
         counts = np.array([s.num_instances for s in samples], dtype=np.int64)
         total = int(counts.sum())
         federated = _federated_lists(samples)
+        with_gains = [s.hsv_gains is not None for s in samples]
+        if any(with_gains) and not all(with_gains):
+            odd = samples[with_gains.index(not with_gains[0])]
+            raise ValueError(f"image id {odd.image_id}: hsv_gains on some samples of the batch but not on all")
 
         # 1. One allocation for every output (a reused shared-memory slot in a worker), so the
         # batch crosses to the main process as one file descriptor, not one per tensor.
         image_shape = (batch_size, height, width, 3) if self.channels_last else (batch_size, 3, height, width)
-        (images, masks, ignore, boxes, labels, ann_ids, per_image, image_ids, scales, pads, orig_sizes, *rest), lease, fresh = (
+        # Gains (float64: the hue tables truncate, so a float32 gain could move an entry) travel
+        # in the same segment when the samples carry them.
+        gains_layout = [((batch_size, 3), torch.float64)] if with_gains[0] else []
+        (images, masks, ignore, boxes, labels, ann_ids, per_image, image_ids, scales, pads, orig_sizes,
+         *rest), lease, fresh = (
             _allocate(
                 [(image_shape, torch.uint8), ((total, hp, wp), torch.bool), ((batch_size, hp, wp), torch.bool),
                  ((total, 4), torch.float32), ((total,), torch.int64), ((total,), torch.int64),
                  ((batch_size,), torch.int64), ((batch_size,), torch.int64), ((batch_size,), torch.float32),
-                 ((batch_size, 2), torch.float32), ((batch_size, 2), torch.int64),
+                 ((batch_size, 2), torch.float32), ((batch_size, 2), torch.int64), *gains_layout,
                  *(((len(values),), torch.int64) for values, _ in federated),
                  *(((batch_size,), torch.int64) for _ in federated)],
                 shared, self.pool,
             )
         )
+        gains, rest = rest[: len(gains_layout)], rest[len(gains_layout) :]
         # LVIS's per-image lists ride in the same allocation (values, then per-image counts).
         lists, lists_per_image = list(rest[: len(federated)]), list(rest[len(federated) :])
         for (values, per), out, out_per in zip(federated, lists, lists_per_image):
@@ -196,6 +205,8 @@ class DetectionCollate:
         scales.numpy()[:] = [float(s.scale) for s in samples]
         pads.numpy()[:] = [tuple(map(float, s.pad)) for s in samples]
         orig_sizes.numpy()[:] = [s.orig_size if s.orig_size is not None else (height, width) for s in samples]
+        if gains:
+            gains[0].numpy()[:] = [s.hsv_gains for s in samples]
         batch = DetectionBatch(
             images=images,
             boxes=boxes,
@@ -210,6 +221,7 @@ class DetectionCollate:
             orig_sizes=orig_sizes,
             mask_stride=stride,
             counts=getattr(samples, "counts", None),
+            hsv_gains=gains[0] if gains else None,
         )
         if federated:
             batch.neg_labels, batch.not_exhaustive_labels = lists

@@ -3,7 +3,8 @@
 * training: a YOLO 4-image mosaic with probability ``mosaic`` (partners from the same batch by
   default, see ``mosaic_partners``), else the image alone; a random affine folded into one
   matrix per tile (one resample per pixel; polygons through the same matrices, exactly
-  clipped); a horizontal flip; then the user's albumentations pipeline;
+  clipped); a horizontal flip; then the user's albumentations pipeline; then YOLO's HSV jitter
+  (``hsv``; or only its gains, for the accelerator);
 * validation (``train=False``): the image letterboxed to ``s x s`` with ``scale``, ``pad`` and
   ``orig_size`` set so predictions map back; no instance is dropped for its size.
 
@@ -35,6 +36,7 @@ from seg_datamodule.ops.checks import check_bool, check_choice, check_int, check
 from seg_datamodule.structures import Sample
 from seg_datamodule.transforms.albu import AlbumentationsTransform
 from seg_datamodule.transforms.augment import GlobalDraw, MosaicAffine
+from seg_datamodule.transforms.hsv import HSVJitter, refuse_random_hsv
 from seg_datamodule.transforms.plan import draw_batch_partners
 from seg_datamodule.transforms.plan import TilePlan, choose_reduce, visible_tiles
 from seg_datamodule.transforms.polygons import DROP_REASONS
@@ -93,6 +95,10 @@ class SegDataset(Dataset[Sample]):
             batches still independent of ``num_workers``. ``"uniform"``: the whole dataset (four
             decodes per mosaic without a cache). ``ds[i]`` and batches of one always use
             ``"uniform"``; DataLoaders with a ``batch_size`` call :meth:`__getitems__`.
+        hsv (HSVJitter | None): YOLO's HSV gain jitter (training only), after ``transforms``;
+            with ``hsv.on_device`` each sample carries its gains (``Sample.hsv_gains``) instead,
+            for :func:`~seg_datamodule.transforms.hsv.hsv_jitter_batch_` on the accelerator.
+            Its gains are the sample generator's last draw, so they are the same either way.
 
     Raises:
         TypeError: ``index`` lacks the :class:`ImageIndex` interface, or an argument has the
@@ -118,6 +124,7 @@ class SegDataset(Dataset[Sample]):
         cache_images: int = 0,
         max_retries: int = 10,
         mosaic_partners: Literal["batch", "uniform"] = "batch",
+        hsv: HSVJitter | None = None,
     ) -> None:
         # 1. The index.
         if not isinstance(index, ImageIndex):
@@ -151,6 +158,11 @@ class SegDataset(Dataset[Sample]):
         self.geometry = geometry
         self.image_size = geometry.image_size
         self.transforms = AlbumentationsTransform(transforms)
+        if hsv is not None and not isinstance(hsv, HSVJitter):
+            raise TypeError(f"hsv must be an HSVJitter or None, got {type(hsv).__name__}")
+        if hsv is not None:
+            refuse_random_hsv(self.transforms.transforms)
+        self.hsv = hsv
         # 4. Shared state, read by (persistent) workers: the epoch and the run's epochs; counts.
         self._state = SharedEpoch(max_epochs)
         self.counter = SkipCounter(COUNT_KEYS)
@@ -169,7 +181,7 @@ class SegDataset(Dataset[Sample]):
             f"SegDataset({len(self)} images, {mode}, image_size={self.image_size}, "
             f"mosaic={self.mosaic}, mosaic_partners={self.mosaic_partners!r}, "
             f"close_mosaic={self.close_mosaic}, {self.geometry!r}, "
-            f"transforms={self.transforms.transforms!r})"
+            f"transforms={self.transforms.transforms!r}, hsv={self.hsv!r})"
         )
 
     @property
@@ -399,6 +411,7 @@ class SegDataset(Dataset[Sample]):
             # Validation crops nothing and keeps tiny instances: losses see every target there.
             min_area_ratio=self.min_area_ratio if augment else 0.0,
             min_box_size=self.min_box_size if augment else 0.0,
+            hsv=self.hsv if augment else None,
         )
         for reason, count in zip(DROP_REASONS, np.bincount(codes, minlength=len(DROP_REASONS))):
             if count:

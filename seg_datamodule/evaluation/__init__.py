@@ -3,8 +3,10 @@
 :mod:`~seg_datamodule.evaluation.letterbox` (pure inverse-letterbox kernels) ->
 :mod:`~seg_datamodule.evaluation.predictions` (a batch's predictions -> COCO detections) ->
 :mod:`~seg_datamodule.evaluation.coco_eval` (``COCOeval`` against the annotation JSON), wrapped by
-:class:`~seg_datamodule.evaluation.coco_metric.COCOMaskMAP`, a ``torchmetrics.Metric``; for LVIS files
-:mod:`~seg_datamodule.evaluation.lvis_eval` (federated LVIS AP) wrapped by
+:class:`~seg_datamodule.evaluation.coco_metric.COCOMaskMAP`, a ``torchmetrics.Metric``; and the same
+detections as a COCO results file (:mod:`~seg_datamodule.evaluation.results`), written in predict by
+:class:`~seg_datamodule.evaluation.writer.COCOResultsWriter`. For LVIS files
+:mod:`~seg_datamodule.evaluation.lvis_eval` (federated LVIS AP), wrapped by
 :class:`~seg_datamodule.evaluation.lvis_metric.LVISMaskMAP`.
 """
 
@@ -14,17 +16,22 @@ from seg_datamodule.evaluation.lvis_eval import LVIS_STAT_NAMES, evaluate_lvis, 
 from seg_datamodule.evaluation.lvis_metric import LVISMaskMAP
 from seg_datamodule.evaluation.letterbox import boxes_to_canvas, boxes_to_original, masks_to_original
 from seg_datamodule.evaluation.predictions import CocoDetections, canvas_predictions_to_coco
+from seg_datamodule.evaluation.results import batch_detections, detections_to_results
+from seg_datamodule.evaluation.writer import COCOResultsWriter
 
 __all__ = [
     "COCOMaskMAP",
+    "COCOResultsWriter",
     "CocoDetections",
     "LVISMaskMAP",
     "LVIS_STAT_NAMES",
     "STAT_NAMES",
+    "batch_detections",
     "boxes_to_canvas",
     "boxes_to_original",
     "canvas_predictions_to_coco",
     "deduplicate",
+    "detections_to_results",
     "evaluate_detections",
     "evaluate_lvis",
     "load_coco",

@@ -30,7 +30,7 @@ from seg_datamodule.profiling.recorder import StepRecorder, step_metrics
 from seg_datamodule.profiling.report import build_report, format_table, write_report
 from seg_datamodule.profiling.tap import attach, detach
 from seg_datamodule.profiling.timing import CudaMarks, PhaseTimer
-from seg_datamodule.profiling.trainer_internals import gather_medians, shut_down_train_workers
+from seg_datamodule.profiling.trainer_internals import gather_medians, loader_info, shut_down_train_workers
 
 __all__ = ["StepTimeProfiler"]
 
@@ -43,9 +43,11 @@ class StepTimeProfiler(Callback):
     ``step_time/<phase>_ms``, while training, labelled as Lightning labels its own step metrics:
     one point per optimiser step at ``x = `` the optimiser steps before it, every
     ``log_every_n_steps`` of them; with gradient accumulation a point sums the batches of its
-    optimiser step. At the end of fit, on rank 0: a table on the console and
-    ``<filename>.json`` (summary, wall time in and between steps, per-rank medians, per-step
-    rows) and ``<filename>.png`` (:func:`plot_step_split`) in ``dirpath``. An exception or
+    optimiser step. At the end of fit, on rank 0: a table on the console ending in a verdict
+    (:func:`~seg_datamodule.profiling.verdict.judge_step_time`: the loader, the optimiser, the
+    copy to the device or the time between steps, whichever costs most, else compute-bound),
+    ``<filename>.json`` (summary, wall time in and between steps, per-rank medians, the
+    verdict, per-step rows) and ``<filename>.png`` (:func:`plot_step_split`) in ``dirpath``. An exception or
     Ctrl-C during fit still writes them, from the steps done, marked ``"partial": true``. Under
     DDP the table also gives, per phase, the slowest rank and its median, so stragglers show;
     :meth:`summary` is the local rank's. With ``strategy="ddp_spawn"`` the measuring happens in
@@ -124,6 +126,9 @@ class StepTimeProfiler(Callback):
         self.isolated_context: dict[str, Any] | None = None
         #: wall time of training (``train_s``), in steps (``steps_s``) and between them
         self.wall: dict[str, float] | None = None
+        #: the train loader's ``num_workers``, ``batch_size``, ``pin_memory`` and the ``cores``
+        #: this rank has, read at the start of training for the verdict
+        self.loader_info: dict[str, Any] | None = None
         #: the files written at the end of fit (rank 0)
         self.report_paths: list[Path] = []
         self._partial: str | None = None  # what stopped the fit early, for the report
@@ -170,6 +175,7 @@ class StepTimeProfiler(Callback):
             isolated_context=self.isolated_context,
             wall=self.wall,
             stopped_by=self._partial,
+            loader=self.loader_info,
         )
 
     # -- set-up and tear-down --------------------------------------------------------------
@@ -182,6 +188,7 @@ class StepTimeProfiler(Callback):
         self.isolated_optimizer_ms = None
         self.isolated_context = None
         self.wall = None
+        self.loader_info = None
         self.report_paths = []
         self._partial = None
         self._window = []
@@ -202,6 +209,7 @@ class StepTimeProfiler(Callback):
         # trainer.log_dir is a collective under DDP: resolved here, where every rank comes, and
         # not in on_exception, where only the failing one may.
         self._dirpath = self.dirpath if self.dirpath is not None else trainer.log_dir
+        self.loader_info = loader_info(trainer)
         self._train_start_s = time.perf_counter()
         device = trainer.strategy.root_device
         marks = CudaMarks(device) if device.type == "cuda" else None
@@ -383,6 +391,7 @@ class StepTimeProfiler(Callback):
                 f" warmup_steps={self.warmup_steps}; nothing to report."
             )
             return
+        report = self.report()
         if summary:
             rank_zero_info(
                 format_table(
@@ -392,10 +401,10 @@ class StepTimeProfiler(Callback):
                     wall=self.wall,
                     stopped_by=self._partial,
                     isolated_context=self.isolated_context,
+                    verdict=report["verdict"],
                 )
             )
         if self._dirpath is not None:
-            report = self.report()
             self.report_paths = write_report(report, Path(self._dirpath), self.filename, self.save_plot)
             what = "partial report" if self._partial else "report"
             rank_zero_info(f"StepTimeProfiler: {what} written to " + ", ".join(map(str, self.report_paths)))

@@ -1,12 +1,14 @@
 """The profiler's few reaches into the Trainer beyond public hooks, each in one guarded place.
 
-Stopping the training loader's workers early (private Lightning and torch names) and gathering
-per-rank medians (a collective).
+Stopping the training loader's workers early (private Lightning and torch names), gathering
+per-rank medians (a collective), and reading what the verdict needs of the train loader.
 """
 
 from __future__ import annotations
 
 import math
+import os
+from typing import Any
 
 import torch
 from lightning.pytorch import Trainer
@@ -16,7 +18,7 @@ from torch.utils.data.dataloader import _MultiProcessingDataLoaderIter
 
 from seg_datamodule.profiling.accumulator import PHASES, StepTimeAccumulator
 
-__all__ = ["gather_medians", "shut_down_train_workers"]
+__all__ = ["available_cores", "gather_medians", "loader_info", "shut_down_train_workers"]
 
 
 def shut_down_train_workers(trainer: Trainer) -> bool:
@@ -48,3 +50,33 @@ def gather_medians(trainer: Trainer, accumulator: StepTimeAccumulator) -> dict[s
     tensor = torch.tensor(local, dtype=torch.float64, device=trainer.strategy.root_device)
     gathered = trainer.strategy.all_gather(tensor).reshape(-1, len(PHASES)).cpu()
     return {p: [float(v) for v in gathered[:, i]] for i, p in enumerate(PHASES)}
+
+
+def available_cores() -> int:
+    """CPU cores this process may run on (its affinity mask where the OS has one)."""
+    try:
+        return len(os.sched_getaffinity(0))
+    except (AttributeError, OSError):  # macOS, Windows
+        return os.cpu_count() or 1
+
+
+def loader_info(trainer: Trainer) -> dict[str, Any]:
+    """The train loader's ``num_workers``, ``batch_size`` and ``pin_memory``, and ``cores`` per rank.
+
+    Read through the public ``trainer.train_dataloader`` after Lightning set the loaders up; a
+    value is ``None`` when there is not exactly one ``DataLoader`` or it does not say. ``cores``
+    divides this process's cores among the ranks on the node (``trainer.num_devices``).
+    """
+    loaders: Any = getattr(trainer, "train_dataloader", None)
+    if isinstance(loaders, (list, tuple)) and len(loaders) == 1:
+        loaders = loaders[0]
+    elif isinstance(loaders, dict) and len(loaders) == 1:
+        loaders = next(iter(loaders.values()))
+    single = loaders if isinstance(loaders, torch.utils.data.DataLoader) else None
+    ranks_here = max(1, int(getattr(trainer, "num_devices", 1) or 1))
+    return {
+        "num_workers": None if single is None else int(single.num_workers),
+        "batch_size": None if single is None or single.batch_size is None else int(single.batch_size),
+        "pin_memory": None if single is None else bool(single.pin_memory),
+        "cores": max(1, available_cores() // ranks_here),
+    }

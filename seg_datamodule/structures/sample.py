@@ -40,6 +40,9 @@ class Sample:
             absent); ``None`` when the index has no such lists.
         not_exhaustive_labels (ndarray[M] int64 | None): sorted labels whose instances may not
             all be annotated (LVIS ``not_exhaustive_category_ids``, of any tile for a mosaic).
+        hsv_gains (ndarray[3] float64 | None): HSV jitter gains still to apply to ``image``
+            (``HSVJitter.draw``; with ``hsv_on_device`` the accelerator applies them); ``None``
+            when there are none.
     """
 
     image: np.ndarray
@@ -54,6 +57,7 @@ class Sample:
     orig_size: tuple[int, int] | None = None
     neg_labels: np.ndarray | None = None
     not_exhaustive_labels: np.ndarray | None = None
+    hsv_gains: np.ndarray | None = None
 
     @property
     def num_instances(self) -> int:
@@ -83,6 +87,8 @@ class Sample:
             )
         if self.boxes is not None and self.boxes.shape != (n, 4):
             raise ValueError(f"{where}: boxes must be ({n}, 4), got {self.boxes.shape}")
+        if self.hsv_gains is not None and np.shape(self.hsv_gains) != (3,):
+            raise ValueError(f"{where}: hsv_gains must be (3,), got {np.shape(self.hsv_gains)}")
         if self.crowd_mask is not None and self.crowd_mask.shape != self.image.shape[:2]:
             raise ValueError(
                 f"{where}: crowd_mask {self.crowd_mask.shape} does not match image {self.image.shape[:2]}"

@@ -1,10 +1,12 @@
 """Augmentation: tile plans (mosaic, letterbox), single-resample warps, polygon transport, draws.
 
 ``plan`` -> ``warp`` (pixels) and ``polygons`` (instances) are pure functions; ``augment`` and
-``albu`` are thin classes that hold parameters and draw randomness from a generator passed in.
+``albu`` are thin classes that hold parameters and draw randomness from a generator passed in;
+``hsv`` draws YOLO's HSV gains per sample and applies them to a batch on its device.
 """
 
 from seg_datamodule.transforms.albu import AlbumentationsTransform, RandomHSV, hsv_jitter, load_transforms
+from seg_datamodule.transforms.hsv import HSVJitter, hsv_jitter_batch_
 from seg_datamodule.transforms.augment import GlobalDraw, Letterbox, MosaicAffine, RandomAffine, RandomFlipLR
 from seg_datamodule.transforms.plan import TilePlan, choose_reduce, letterbox_layout, mosaic_layout, snap_for_resize
 from seg_datamodule.transforms.polygons import DROP_REASONS, drop_reasons, transform_polygons
@@ -15,6 +17,7 @@ __all__ = [
     "DROP_REASONS",
     "FILL_VALUE",
     "GlobalDraw",
+    "HSVJitter",
     "Letterbox",
     "MosaicAffine",
     "RandomAffine",
@@ -24,6 +27,7 @@ __all__ = [
     "choose_reduce",
     "drop_reasons",
     "hsv_jitter",
+    "hsv_jitter_batch_",
     "letterbox_layout",
     "load_transforms",
     "mosaic_layout",
