@@ -133,6 +133,7 @@ class DetectionCollate:
         batch_size = len(samples)
         counts = np.array([s.num_instances for s in samples], dtype=np.int64)
         total = int(counts.sum())
+        federated = _federated_lists(samples)
         with_gains = [s.hsv_gains is not None for s in samples]
         if any(with_gains) and not all(with_gains):
             odd = samples[with_gains.index(not with_gains[0])]
@@ -145,15 +146,23 @@ class DetectionCollate:
         # in the same segment when the samples carry them.
         gains_layout = [((batch_size, 3), torch.float64)] if with_gains[0] else []
         (images, masks, ignore, boxes, labels, ann_ids, per_image, image_ids, scales, pads, orig_sizes,
-         *gains), lease, fresh = (
+         *rest), lease, fresh = (
             _allocate(
                 [(image_shape, torch.uint8), ((total, hp, wp), torch.bool), ((batch_size, hp, wp), torch.bool),
                  ((total, 4), torch.float32), ((total,), torch.int64), ((total,), torch.int64),
                  ((batch_size,), torch.int64), ((batch_size,), torch.int64), ((batch_size,), torch.float32),
-                 ((batch_size, 2), torch.float32), ((batch_size, 2), torch.int64), *gains_layout],
+                 ((batch_size, 2), torch.float32), ((batch_size, 2), torch.int64), *gains_layout,
+                 *(((len(values),), torch.int64) for values, _ in federated),
+                 *(((batch_size,), torch.int64) for _ in federated)],
                 shared, self.pool,
             )
         )
+        gains, rest = rest[: len(gains_layout)], rest[len(gains_layout) :]
+        # LVIS's per-image lists ride in the same allocation (values, then per-image counts).
+        lists, lists_per_image = list(rest[: len(federated)]), list(rest[len(federated) :])
+        for (values, per), out, out_per in zip(federated, lists, lists_per_image):
+            out.numpy()[:] = values
+            out_per.numpy()[:] = per
         if not fresh:  # a reused slot: the rasteriser writes only inside cells
             # numpy's fill is a memset; torch's bool zero_() takes about twice as long here.
             masks.numpy().fill(False)
@@ -214,10 +223,28 @@ class DetectionCollate:
             counts=getattr(samples, "counts", None),
             hsv_gains=gains[0] if gains else None,
         )
+        if federated:
+            batch.neg_labels, batch.not_exhaustive_labels = lists
+            batch.neg_labels_per_image, batch.not_exhaustive_labels_per_image = lists_per_image
         if lease is not None:
             # Unpickled in the main process, it hands the slot back once the batch is dropped.
             batch._lease = lease
         return batch
+
+
+def _federated_lists(samples: Sequence[Sample]) -> list[tuple[np.ndarray, np.ndarray]]:
+    """``[(neg values, per-image counts), (not-exhaustive values, counts)]``, or ``[]`` when no
+    sample carries the lists (a sample without them, such as a stand-in for a bad image, has
+    empty ones)."""
+    if all(s.neg_labels is None and s.not_exhaustive_labels is None for s in samples):
+        return []
+    out = []
+    for field in ("neg_labels", "not_exhaustive_labels"):
+        per = [np.zeros(0, np.int64) if getattr(s, field) is None else np.asarray(getattr(s, field), np.int64)
+               for s in samples]
+        values = np.concatenate(per) if per else np.zeros(0, np.int64)
+        out.append((values, np.array([len(p) for p in per], np.int64)))
+    return out
 
 
 def collate_detection(samples: Sequence[Sample], mask_stride: int = 4, channels_last: bool = True) -> DetectionBatch:

@@ -41,13 +41,14 @@ from torch.utils.data import DataLoader
 from seg_datamodule.data.accounting import format_report
 from seg_datamodule.data.collate import DetectionCollate
 from seg_datamodule.data.dataset import COUNT_KEYS, DECODE_KEYS, SegDataset, worker_init_fn
+from seg_datamodule.data.repeat_factors import describe_repeat_factors, image_repeat_factors
 from seg_datamodule.data.predict import PredictCollate, PredictDataset
 from seg_datamodule.data.resume import ResumableDataLoader
 from seg_datamodule.data.sampler import EpochShardSampler
 from seg_datamodule.data.splits import build_predict_images, build_test_index, check_pair
 from seg_datamodule.demo.data import ensure_demo_dataset
 from seg_datamodule.io.coco import CocoIndex
-from seg_datamodule.ops.checks import check_choice, check_int
+from seg_datamodule.ops.checks import check_choice, check_int, check_number
 from seg_datamodule.transforms.albu import load_transforms
 from seg_datamodule.transforms.augment import MosaicAffine
 from seg_datamodule.transforms.hsv import HSVJitter, apply_pending_hsv, refuse_random_hsv
@@ -142,6 +143,14 @@ class COCOSegDataModule(LightningDataModule):
             or setup raises ``StreamFormatError`` naming the file and the field.
         stream_cache_dir: LitData's local chunk cache (default: LitData's).
         stream_max_cache_size: LitData's cache budget, e.g. ``"50GB"`` (default: LitData's).
+        repeat_factor_threshold: repeat-factor sampling (LVIS uses 0.001; see
+            :mod:`~seg_datamodule.data.repeat_factors`): an image whose rarest category is in a
+            fraction ``f`` of the training images appears ``max(1, sqrt(t / f))`` times per
+            epoch, fractional parts drawn per epoch from ``(seed, epoch)``; frequencies are
+            counted from ``train_ann``. ``None`` (default): off. The epoch length follows the
+            draw, so the Trainer needs ``reload_dataloaders_every_n_epochs=1`` (checked at
+            setup); the report gives the epoch length and the mean factor. Not with
+            ``train_stream``.
     """
 
     def __init__(
@@ -188,6 +197,7 @@ class COCOSegDataModule(LightningDataModule):
         train_stream: str | None = None,
         stream_cache_dir: str | None = None,
         stream_max_cache_size: str | None = None,
+        repeat_factor_threshold: float | None = None,
     ) -> None:
         super().__init__()
         # Checks the DataModule owns; the dataset and collate check their own arguments.
@@ -205,6 +215,13 @@ class COCOSegDataModule(LightningDataModule):
             raise ValueError("give train_stream or train_ann / train_images, not both")
         if (val_ann is None) != (val_images is None):
             raise ValueError("give both val_ann and val_images, or neither")
+        if repeat_factor_threshold is not None:
+            check_number("repeat_factor_threshold", repeat_factor_threshold, 0.0, 1.0)
+            if repeat_factor_threshold <= 0 or train_stream is not None:
+                raise ValueError("repeat_factor_threshold must be in (0, 1] and needs train_ann (not "
+                                 f"train_stream), got {repeat_factor_threshold!r}")
+        self.repeat_factor_threshold = repeat_factor_threshold
+        self.repeat_factors: np.ndarray | None = None
         check_pair("test", test_ann, test_images)
         if predict_ann is not None and predict_images is None:
             raise ValueError("predict_ann needs predict_images, the folder its file_name values are in")
@@ -336,6 +353,8 @@ class COCOSegDataModule(LightningDataModule):
             )
         elif max_epochs is not None:  # set up before a Trainer was attached, or a new Trainer
             self.train_dataset.set_max_epochs(max_epochs)
+        if self.repeat_factor_threshold is not None:
+            self._setup_repeat_factors(stage)
         if self.val_index is not None and self.val_dataset is None:
             self.val_dataset = SegDataset(
                 self.val_index, image_size=self.image_size, train=False, seed=self.seed,
@@ -360,6 +379,22 @@ class COCOSegDataModule(LightningDataModule):
         images = build_predict_images(self.predict_images, self.predict_ann, self.index_kwargs, self.category_ids,
                                       str(self.train_ann or self.train_stream))
         self.predict_dataset = PredictDataset(images, image_size=self.image_size, on_bad_sample=self.on_bad_sample)
+
+    def _setup_repeat_factors(self, stage: str) -> None:
+        """Per-image repeat factors of the training index; the Trainer must reload the loader."""
+        if self.repeat_factors is None:
+            assert self.train_index is not None and self.repeat_factor_threshold is not None
+            index = self.train_index
+            self.repeat_factors = image_repeat_factors(*index.category_presence(), len(index),
+                                                       index.num_classes, self.repeat_factor_threshold)
+            rank_zero_info(f"seg_datamodule: {describe_repeat_factors(self.repeat_factors, self.repeat_factor_threshold)}")
+        reload = None if self.trainer is None else self.trainer.reload_dataloaders_every_n_epochs
+        if stage == "fit" and reload not in (None, 1):
+            raise ValueError(
+                f"repeat_factor_threshold={self.repeat_factor_threshold} draws a new epoch length every "
+                "epoch, which Lightning reads only when it reloads the train loader: set "
+                f"Trainer(reload_dataloaders_every_n_epochs=1) (got {reload})"
+            )
 
     def _loader_kwargs(self) -> dict[str, Any]:
         workers = self.num_workers
@@ -400,7 +435,9 @@ class COCOSegDataModule(LightningDataModule):
                 progress=progress, **kwargs)
         else:
             sampler = EpochShardSampler(self.train_dataset, num_replicas=world_size, rank=rank, shuffle=True,
-                                        seed=self.seed)
+                                        seed=self.seed, repeat_factors=self.repeat_factors)
+            if self.trainer is not None:  # a reloaded loader: its length is the coming epoch's
+                sampler.set_epoch(int(self.trainer.current_epoch))
             loader = ResumableDataLoader(self.train_dataset, batch_size=self.batch_size, sampler=sampler,
                                          progress=progress, on_mismatch=self.on_resume_mismatch,
                                          **self._loader_kwargs())
@@ -520,7 +557,11 @@ class COCOSegDataModule(LightningDataModule):
             counts = self._counts_of("train", dataset)
             decodes = {key: counts.get(key, 0) for key in DECODE_KEYS}
             decodes["setting"] = f"mosaic_partners={dataset.mosaic_partners!r}, cache_images={dataset.cache_images}"
-        return format_report(self.skip_counts, decodes)
+        report = format_report(self.skip_counts, decodes)
+        if self.repeat_factors is not None and self.repeat_factor_threshold is not None:
+            drawn = None if self._train_loader is None else len(self._train_loader.sampler)
+            report += "\n" + describe_repeat_factors(self.repeat_factors, self.repeat_factor_threshold, drawn)
+        return report
 
     def teardown(self, stage: str) -> None:
         if stage == "fit":

@@ -231,10 +231,14 @@ class SegDataset(Dataset[Sample]):
         summed over workers; ``decodes / samples`` is the decodes per output image."""
         return {key: 0 for key in DECODE_KEYS} | self.decode_counter.counts()
 
-    def generator(self, index: int, epoch: int | None = None) -> np.random.Generator:
-        """The generator sample ``index`` of ``epoch`` (default: the current one) draws from."""
+    def generator(self, index: int, epoch: int | None = None, copy: int = 0) -> np.random.Generator:
+        """The generator sample ``index`` of ``epoch`` (default: the current one) draws from.
+
+        ``copy`` tells apart the copies of an image that repeat-factor sampling puts in one
+        epoch (copy 0 draws as an image drawn once does), so each copy is augmented differently.
+        """
         epoch = self.epoch if epoch is None else epoch
-        return np.random.default_rng([self.seed, int(epoch), int(index)])
+        return np.random.default_rng([self.seed, int(epoch), int(index), *([int(copy)] if copy else [])])
 
     def on_worker_start(self) -> None:
         """Per-worker reset (called by :func:`worker_init_fn`): an empty image cache."""
@@ -260,11 +264,12 @@ class SegDataset(Dataset[Sample]):
 
     # ------------------------------------------------------------------ samples
 
-    def __getitem__(self, item: int | tuple[int, int]) -> Sample:
+    def __getitem__(self, item: int | tuple[int, ...]) -> Sample:
         """One sample, built alone (mosaic partners uniform over the dataset).
 
         Args:
-            item: an image index, or ``(epoch, index)`` from ``EpochShardSampler``.
+            item: an image index, or ``(epoch, index)`` from ``EpochShardSampler`` (``(epoch,
+                index, copy)`` with repeat-factor sampling; see :meth:`generator`).
 
         Returns:
             Sample: ``s x s`` image, clipped polygons in output pixels, boxes from them.
@@ -274,17 +279,17 @@ class SegDataset(Dataset[Sample]):
             BadImageError: an image fails to load and ``on_bad_sample="raise"``.
             RuntimeError: more than ``max_retries`` bad images in one sample.
         """
-        epoch, index = self._key(item)
+        epoch, index, copy = self._key(item)
         self._count(self.decode_counter, "samples")
         if not self.train:
             return self._val_sample(index)
-        rng = self.generator(index, epoch)
+        rng = self.generator(index, epoch, copy)
         use_mosaic = self._use_mosaic(rng, epoch)
         ids = self.geometry.draw_indices(rng, index, len(self)) if use_mosaic else np.array([index], np.int64)
         draw = self.geometry.draw(rng, use_mosaic)
         return self._train_sample(rng, epoch, index, ids, draw, lambda i, r: (self._load(i, r), r))
 
-    def __getitems__(self, items: Sequence[int | tuple[int, int]]) -> list[Sample]:
+    def __getitems__(self, items: Sequence[int | tuple[int, ...]]) -> list[Sample]:
         """A batch of samples; what a DataLoader with a ``batch_size`` calls (in its worker).
 
         With ``mosaic_partners="batch"`` (training, two or more items) each mosaic draws its
@@ -307,15 +312,15 @@ class SegDataset(Dataset[Sample]):
         finally:
             self._tally = None
 
-    def _batch(self, keys: list[tuple[int, int]]) -> list[Sample]:
+    def _batch(self, keys: list[tuple[int, int, int]]) -> list[Sample]:
         if not self.train or self.mosaic_partners == "uniform" or len(keys) < 2:
             return [self[key] for key in keys]
         self._count(self.decode_counter, "samples", len(keys))
         # 1. Per sample: mosaic or not, drawn from its own generator as in __getitem__.
-        rngs = [self.generator(index, epoch) for epoch, index in keys]
-        mosaics = [self._use_mosaic(rng, epoch) for rng, (epoch, _) in zip(rngs, keys)]
+        rngs = [self.generator(index, epoch, copy) for epoch, index, copy in keys]
+        mosaics = [self._use_mosaic(rng, epoch) for rng, (epoch, _, _) in zip(rngs, keys)]
         # 2. Partners: positions of other batch images, from the batch's own generator.
-        indices = np.array([index for _, index in keys], np.int64)
+        indices = np.array([index for _, index, _ in keys], np.int64)
         batch_rng = np.random.default_rng([self.seed, keys[0][0], _PARTNER_STREAM, *indices.tolist()])
         partners = draw_batch_partners(batch_rng, len(keys))
         ids = [
@@ -331,7 +336,7 @@ class SegDataset(Dataset[Sample]):
                 decodes.want(int(tile_ids[k]), choose_reduce(plan.matrices[k]))
         return [
             self._train_sample(rng, epoch, index, tile_ids, draw, decodes.get)
-            for rng, (epoch, index), tile_ids, draw in zip(rngs, keys, ids, draws)
+            for rng, (epoch, index, _), tile_ids, draw in zip(rngs, keys, ids, draws)
         ]
 
     def _count(self, counter: SkipCounter, key: str, n: int = 1) -> None:
@@ -340,12 +345,15 @@ class SegDataset(Dataset[Sample]):
         if self._tally is not None:
             self._tally[key] += n
 
-    def _key(self, item: int | tuple[int, int]) -> tuple[int, int]:
-        """``(epoch, index)`` of an item; raises ``IndexError`` when out of range."""
-        epoch, index = (int(item[0]), int(item[1])) if isinstance(item, tuple) else (self.epoch, int(item))
+    def _key(self, item: int | tuple[int, ...]) -> tuple[int, int, int]:
+        """``(epoch, index, copy)`` of an item; raises ``IndexError`` when out of range."""
+        if isinstance(item, tuple):
+            epoch, index, copy = int(item[0]), int(item[1]), int(item[2]) if len(item) > 2 else 0
+        else:
+            epoch, index, copy = self.epoch, int(item), 0
         if not 0 <= index < len(self):
             raise IndexError(f"index {index} out of range for a dataset of {len(self)} images")
-        return epoch, index
+        return epoch, index, copy
 
     def _use_mosaic(self, rng: np.random.Generator, epoch: int) -> bool:
         return bool(rng.random() < self.mosaic) and self.mosaic_active(epoch)

@@ -35,6 +35,11 @@ class Sample:
         scale (float): original image pixels -> canvas pixels (letterbox); 1.0 for mosaics.
         pad (tuple[float, float]): letterbox padding (left, top) in canvas pixels.
         orig_size (tuple[int, int] | None): original image (H, W); ``None`` means the canvas size.
+        neg_labels (ndarray[K] int64 | None): sorted labels verified absent from the canvas
+            (LVIS ``neg_category_ids``; for a mosaic, those every tile's image verified
+            absent); ``None`` when the index has no such lists.
+        not_exhaustive_labels (ndarray[M] int64 | None): sorted labels whose instances may not
+            all be annotated (LVIS ``not_exhaustive_category_ids``, of any tile for a mosaic).
         hsv_gains (ndarray[3] float64 | None): HSV jitter gains still to apply to ``image``
             (``HSVJitter.draw``; with ``hsv_on_device`` the accelerator applies them); ``None``
             when there are none.
@@ -50,6 +55,8 @@ class Sample:
     scale: float = 1.0
     pad: tuple[float, float] = (0.0, 0.0)
     orig_size: tuple[int, int] | None = None
+    neg_labels: np.ndarray | None = None
+    not_exhaustive_labels: np.ndarray | None = None
     hsv_gains: np.ndarray | None = None
 
     @property

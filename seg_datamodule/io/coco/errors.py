@@ -34,11 +34,13 @@ MAX_EXAMPLES = 3
 SKIP_REASONS: dict[str, str] = {
     # Images (each counts one image entry).
     "image_bad_entry": (
-        "image entry without an integer id, a file_name, or positive integer height and width (at "
-        "most 2^30 pixels, OpenCV's decode limit)"
+        "image entry without an integer id, a file_name (or, LVIS v1, a coco_url ending in "
+        "<folder>/<file>), or positive integer height and width (at most 2^30 pixels, OpenCV's decode "
+        "limit), or with neg_category_ids / not_exhaustive_category_ids that are not category ids"
     ),
     "image_unsafe_file_name": (
-        "file_name absolute, leaving the image root through '..', with a NUL byte or not valid Unicode"
+        "file_name (or the path in coco_url) absolute, leaving the image root through '..', with a NUL "
+        "byte or not valid Unicode"
     ),
     "image_duplicate_id": "image entry whose id an earlier entry has (the first one is kept)",
     "image_missing": "image file does not exist",
