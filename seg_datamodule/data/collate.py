@@ -18,6 +18,7 @@ import torch
 from torch.utils.data import get_worker_info
 
 from seg_datamodule.ops.checks import check_bool, check_int, check_optional_bool
+from seg_datamodule.ops.occlusion import rasterize_visible
 from seg_datamodule.ops.raster import grid_size, rasterize_flat
 from seg_datamodule.data.shm import Lease, SharedBufferPool, pooling_available
 from seg_datamodule.structures import DetectionBatch, Polygons, Sample
@@ -66,6 +67,22 @@ def _allocate(
     tensors = [torch.empty((0,), dtype=dtype).set_(storage, offset // torch.empty((), dtype=dtype).element_size(), shape)
                for (shape, dtype), offset in zip(layout, offsets)]
     return tensors, lease, fresh
+
+
+def _occluders_of(sample: Sample) -> Polygons:
+    """The sample's occluders, or as many instances without rings when nothing is pasted on it."""
+    if sample.occluders is not None:
+        return sample.occluders
+    return Polygons(np.zeros((0, 2), np.float64), np.zeros(1, np.int64), np.zeros(sample.num_instances + 1, np.int64))
+
+
+def _origins_of(samples: Sequence[Sample]) -> torch.Tensor | None:
+    """Per target, its :data:`~seg_datamodule.structures.sample.ORIGINS` code; None if nothing was mixed."""
+    if all(s.origins is None for s in samples):
+        return None
+    return torch.from_numpy(np.concatenate(
+        [np.zeros(0, np.uint8)] + [np.zeros(s.num_instances, np.uint8) if s.origins is None else s.origins.astype(np.uint8)
+                                   for s in samples]))
 
 
 class DetectionCollate:
@@ -158,9 +175,14 @@ class DetectionCollate:
         if self.channels_last:
             images = images.permute(0, 3, 1, 2)
 
-        # 3. Masks: all instances of the batch in one vectorised rasterisation.
+        # 3. Masks: all instances of the batch in one vectorised rasterisation; instances under
+        # pasted objects (copy-paste) keep exactly the cells their occluders leave visible.
         polygons = Polygons.concat(s.polygons for s in samples)
-        rasterize_flat(*polygons.arrays, (height, width), stride, out=masks.numpy())
+        if any(s.occluders is not None for s in samples):
+            occluders = Polygons.concat(_occluders_of(s) for s in samples)
+            rasterize_visible(polygons.arrays, occluders.arrays, (height, width), stride, out=masks.numpy())
+        else:
+            rasterize_flat(*polygons.arrays, (height, width), stride, out=masks.numpy())
 
         # 4. Boxes: given by the augmentation, or derived from the polygons on the canvas.
         boxes_np = boxes.numpy()
@@ -202,6 +224,7 @@ class DetectionCollate:
             orig_sizes=orig_sizes,
             mask_stride=stride,
             counts=getattr(samples, "counts", None),
+            origins=_origins_of(samples),
         )
         if lease is not None:
             # Unpickled in the main process, it hands the slot back once the batch is dropped.

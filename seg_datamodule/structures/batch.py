@@ -35,6 +35,9 @@ class DetectionBatch:
         counts (dict[str, int] | None): where this batch's annotations went (``kept`` and the
             reasons others were dropped) and the decodes it took, when the dataset reports them
             (``SegDataset`` does); what the DataModule's accounting sums over trained batches.
+        origins (Tensor[sum_N] uint8 | None): per target, an index of
+            :data:`~seg_datamodule.structures.sample.ORIGINS` (own, pasted by copy-paste, mixed
+            in by MixUp); ``None`` when no sample of the batch was mixed.
     """
 
     images: torch.Tensor
@@ -50,6 +53,7 @@ class DetectionBatch:
     orig_sizes: torch.Tensor
     mask_stride: int = field(default=4)
     counts: dict[str, int] | None = None
+    origins: torch.Tensor | None = None
 
     def __len__(self) -> int:
         return int(self.images.shape[0])

@@ -14,7 +14,11 @@ import numpy as np
 
 from seg_datamodule.structures.polygons import Polygons
 
-__all__ = ["Sample"]
+__all__ = ["ORIGINS", "Sample"]
+
+#: What ``Sample.origins`` / ``DetectionBatch.origins`` codes mean: 0 an instance of the sample's
+#: own tiles, 1 a copy pasted by copy-paste, 2 an instance mixed in by MixUp.
+ORIGINS: tuple[str, ...] = ("own", "pasted", "mixup")
 
 
 @dataclass
@@ -35,6 +39,12 @@ class Sample:
         scale (float): original image pixels -> canvas pixels (letterbox); 1.0 for mosaics.
         pad (tuple[float, float]): letterbox padding (left, top) in canvas pixels.
         orig_size (tuple[int, int] | None): original image (H, W); ``None`` means the canvas size.
+        occluders (Polygons | None): N instances aligned with ``polygons``: instance ``n`` holds
+            the rings of every object pasted above instance ``n`` (none when nothing covers it),
+            so its target is its own region minus their union (see
+            :func:`~seg_datamodule.ops.occlusion.rasterize_visible`); ``None``: nothing pasted.
+        origins (ndarray[N] uint8 | None): per instance, an index of :data:`ORIGINS`;
+            ``None``: all the sample's own.
     """
 
     image: np.ndarray
@@ -47,6 +57,8 @@ class Sample:
     scale: float = 1.0
     pad: tuple[float, float] = (0.0, 0.0)
     orig_size: tuple[int, int] | None = None
+    occluders: Polygons | None = None
+    origins: np.ndarray | None = None
 
     @property
     def num_instances(self) -> int:
@@ -76,6 +88,14 @@ class Sample:
             )
         if self.boxes is not None and self.boxes.shape != (n, 4):
             raise ValueError(f"{where}: boxes must be ({n}, 4), got {self.boxes.shape}")
+        if self.occluders is not None:
+            if not isinstance(self.occluders, Polygons):
+                raise TypeError(f"{where}: occluders must be a Polygons, got {type(self.occluders).__name__}")
+            self.occluders.validate(f"{where} occluders")
+            if len(self.occluders) != n:
+                raise ValueError(f"{where}: {n} instances but occluders for {len(self.occluders)}")
+        if self.origins is not None and (self.origins.shape != (n,) or self.origins.max(initial=0) >= len(ORIGINS)):
+            raise ValueError(f"{where}: origins must be ({n},) codes below {len(ORIGINS)}, got {self.origins!r:.80}")
         if self.crowd_mask is not None and self.crowd_mask.shape != self.image.shape[:2]:
             raise ValueError(
                 f"{where}: crowd_mask {self.crowd_mask.shape} does not match image {self.image.shape[:2]}"
