@@ -48,15 +48,19 @@ from seg_datamodule.transforms.polygons import DROP_REASONS
 # Tags the batch partner generator's seed apart from the per-sample ``[seed, epoch, index]`` ones.
 _PARTNER_STREAM = 0x6D6F7361
 
-__all__ = ["COUNT_KEYS", "DECODE_KEYS", "ImageIndex", "SegDataset", "worker_init_fn"]
+__all__ = ["ADDED_KEYS", "COUNT_KEYS", "DECODE_KEYS", "ImageIndex", "SegDataset", "worker_init_fn"]
+
+#: Keys of :attr:`SegDataset.counts` that count targets added by copy-paste and MixUp.
+ADDED_KEYS: tuple[str, ...] = ("pasted", "mixed_in")
 
 #: Keys of :attr:`SegDataset.counts`. ``kept`` and the drop reasons of
 #: :data:`~seg_datamodule.transforms.polygons.DROP_REASONS` count annotations (once per sample that drew the
 #: image); ``bad_image`` counts annotations of images that failed to load; the ``image_*`` keys
 #: count the images that failed to load, by :class:`~seg_datamodule.io.images.BadImageError` reason;
-#: ``pasted`` and ``mixed_in`` count the targets copy-paste and MixUp added (copies of annotations
-#: counted in their own sample too), so ``kept`` + the drop reasons = annotations drawn + those.
-COUNT_KEYS: tuple[str, ...] = (*DROP_REASONS, "bad_image", *IMAGE_ERROR_REASONS, "pasted", "mixed_in")
+#: ``pasted`` and ``mixed_in`` (:data:`ADDED_KEYS`) count the targets copy-paste and MixUp added
+#: (copies of annotations counted in their own sample too), so ``kept`` + the drop reasons +
+#: ``bad_image`` = the annotations drawn + ``pasted`` + ``mixed_in``.
+COUNT_KEYS: tuple[str, ...] = (*DROP_REASONS, "bad_image", *IMAGE_ERROR_REASONS, *ADDED_KEYS)
 
 #: Keys of :attr:`SegDataset.decode_counts`: samples built, images decoded (cache misses) and
 #: how many of those decodes ran at reduced JPEG scale.
@@ -358,15 +362,7 @@ class SegDataset(Dataset[Sample]):
             rngs, samples = self._batch_partnered(keys)
         if not self.mixing.enabled:
             return samples
-        # Copy-paste / MixUp partners are other samples of this batch, before any mixing.
-        group = len(samples)
-        out = []
-        for b, (rng, sample) in enumerate(zip(rngs, samples)):
-            draw = self.mixing.draw(rng, group)
-            source, partner = samples[(b + draw.paste_shift) % group], samples[(b + draw.mix_shift) % group]
-            out.append(self._count_mix(self.mixing.apply(rng, sample, draw, source if draw.paste_shift else None,
-                                                         partner if draw.mix_shift else None)))
-        return out
+        return [self._count_mix(result) for result in self.mixing.mix_group(rngs, samples)]
 
     def _batch_partnered(self, keys: list[tuple[int, int]]) -> tuple[list[np.random.Generator], list[Sample]]:
         """The batch's samples before mixing, mosaic partners from the batch; and their generators."""

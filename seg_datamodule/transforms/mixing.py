@@ -12,7 +12,7 @@ costs no JPEG decode.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Literal
+from typing import Literal, Sequence
 
 import numpy as np
 
@@ -155,3 +155,23 @@ class SampleMixing:
             out = mixup_samples(out, mix_partner, draw.ratio)
             mixed_in = mix_partner.num_instances
         return MixResult(out, pasted=pasted, mixed_in=mixed_in, occluded=occluded)
+
+    def mix_group(self, rngs: Sequence[np.random.Generator], samples: Sequence[Sample]) -> list[MixResult]:
+        """Mix every sample of a group (a batch) with partners from the same group.
+
+        Args:
+            rngs: each sample's generator, after the sample's own draws.
+            samples: the group's samples before mixing (left unchanged; each is a partner of
+                others in this state).
+
+        Returns:
+            one :class:`MixResult` per sample, in order.
+        """
+        group = len(samples)
+        out = []
+        for b, (rng, sample) in enumerate(zip(rngs, samples)):
+            draw = self.draw(rng, group)
+            source = samples[(b + draw.paste_shift) % group] if draw.paste_shift else None
+            partner = samples[(b + draw.mix_shift) % group] if draw.mix_shift else None
+            out.append(self.apply(rng, sample, draw, source, partner))
+        return out
