@@ -177,8 +177,8 @@ class SegDataset(Dataset[Sample]):
             geometry = (LargeScaleJitter(image_size, tuple(lsj_scale)) if self.recipe == "lsj"
                         else MosaicAffine(image_size=image_size))
         elif not isinstance(geometry, kind):
-            raise TypeError(f"recipe={self.recipe!r} needs geometry a {kind.__name__} or None, "
-                            f"got {type(geometry).__name__}")
+            raise TypeError(f"geometry must be a {kind.__name__} or None, got {type(geometry).__name__} "
+                            f"(recipe={self.recipe!r})")
         elif geometry.image_size != image_size:
             raise ValueError(f"image_size {image_size!r} differs from geometry.image_size {geometry.image_size}")
         self.geometry = geometry

@@ -3,11 +3,17 @@ deterministic across workers, and samples that draw no mixing are those of a run
 
 from __future__ import annotations
 
+import os
+import subprocess
+import sys
+from pathlib import Path
+
 import numpy as np
 import pytest
 import torch
 from torch.utils.data import DataLoader
 
+from _recorder import read_rows
 from _reference import reference_rasterize
 import seg_datamodule.data.collate as collate_module
 from seg_datamodule.data.collate import DetectionCollate, collate_detection
@@ -187,3 +193,37 @@ def test_a_sample_built_alone_takes_its_partners_from_the_dataset() -> None:
     assert ds.decode_counts["samples"] == 1
     one = SegDataset(FlatIndex(n=1), image_size=48, copy_paste=1.0, copy_paste_mode="batch", mixup=1.0)
     assert one[0].origins is None  # no other image to take from
+
+
+# ----------------------------------------------------------------------------- YAML and the CLI
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def _run_cli(args: list[str], tmp_path: Path) -> subprocess.CompletedProcess:
+    env = dict(os.environ, RECORDER_DIR=str(tmp_path / "rec"),
+               PYTHONPATH=os.pathsep.join([str(ROOT / "tests"), str(ROOT), os.environ.get("PYTHONPATH", "")]))
+    return subprocess.run([sys.executable, "-m", "seg_datamodule", *args], cwd=tmp_path, env=env,
+                          capture_output=True, text=True, timeout=400)
+
+
+@pytest.mark.slow
+def test_the_lsj_config_trains_on_coco_mini_and_the_keys_parse(coco_mini: Path, tmp_path: Path) -> None:
+    paths = ["--data.train_ann", str(coco_mini / "annotations" / "instances_train2017.json"),
+             "--data.train_images", str(coco_mini / "train2017"), "--data.val_ann", "null", "--data.val_images", "null",
+             "--data.cache_dir", str(tmp_path / "index")]
+    small = ["--data.image_size", "128", "--data.batch_size", "4", "--data.num_workers", "0",
+             "--trainer.max_epochs", "1", "--trainer.limit_train_batches", "3", "--trainer.limit_val_batches", "0",
+             "--trainer.accelerator", "cpu", "--trainer.devices", "1", "--trainer.precision", "32",
+             "--trainer.callbacks+=_recorder.BatchRecorder", "--model.init_args.width", "8"]
+    proc = _run_cli(["fit", "--config", str(ROOT / "configs" / "coco_lsj.yaml"), *paths, *small], tmp_path)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert len(read_rows(tmp_path / "rec")) == 3
+    assert "pasted" in proc.stdout + proc.stderr  # the end-of-fit report names the pasted targets
+    printed = _run_cli(["fit", "--config", str(ROOT / "configs" / "coco.yaml"), "--data.copy_paste", "0.5",
+                        "--data.mixup", "0.15", "--data.copy_paste_mode", "batch", "--print_config"], tmp_path)
+    assert printed.returncode == 0, printed.stderr[-3000:]
+    assert "copy_paste: 0.5" in printed.stdout and "mixup: 0.15" in printed.stdout and "recipe: mosaic" in printed.stdout
+    bad = _run_cli(["fit", "--config", str(ROOT / "configs" / "coco.yaml"), "--data.recipe", "yolo", "--print_config"],
+                   tmp_path)
+    assert bad.returncode != 0 and "recipe" in bad.stderr
