@@ -4,9 +4,9 @@ One image is resized by a random factor of the ``s x s`` target (keeping its asp
 ``k = u * s / max(H, W)``, ``u`` uniform in ``lsj_scale``, Detectron2's ``ResizeScale``), then a
 fixed ``s x s`` window is cut at a random whole-pixel offset where the resized image is larger
 (``FixedSizeCrop``), padded with the mosaic fill at the right and bottom where it is smaller,
-then flipped. :class:`LargeScaleJitter` offers the interface :class:`~seg_datamodule.transforms.
-augment.MosaicAffine` gives the dataset (``draw`` / ``plan`` / ``letterbox``), so the same
-single-resample warp, exact polygon clip and drop reasons apply; it never builds a mosaic.
+then flipped. :class:`LargeScaleJitter` offers the dataset the interface of
+:class:`~seg_datamodule.transforms.augment.MosaicAffine` (``draw`` / ``plan`` / ``letterbox``), so
+the same single-resample warp, exact polygon clip and drop reasons apply; it never builds a mosaic.
 """
 
 from __future__ import annotations
