@@ -76,13 +76,14 @@ def _occluders_of(sample: Sample) -> Polygons:
     return Polygons(np.zeros((0, 2), np.float64), np.zeros(1, np.int64), np.zeros(sample.num_instances + 1, np.int64))
 
 
-def _origins_of(samples: Sequence[Sample]) -> torch.Tensor | None:
-    """Per target, its :data:`~seg_datamodule.structures.sample.ORIGINS` code; None if nothing was mixed."""
-    if all(s.origins is None for s in samples):
+def _origins_of(samples: Sequence[Sample], out: torch.Tensor | None) -> torch.Tensor | None:
+    """Per target, its :data:`~seg_datamodule.structures.sample.ORIGINS` code, written into ``out``
+    (None when no sample was mixed)."""
+    if out is None:
         return None
-    return torch.from_numpy(np.concatenate(
-        [np.zeros(0, np.uint8)] + [np.zeros(s.num_instances, np.uint8) if s.origins is None else s.origins.astype(np.uint8)
-                                   for s in samples]))
+    out.numpy()[:] = np.concatenate([np.zeros(0, np.uint8)] + [
+        np.zeros(s.num_instances, np.uint8) if s.origins is None else s.origins for s in samples])
+    return out
 
 
 class DetectionCollate:
@@ -154,15 +155,16 @@ class DetectionCollate:
         # 1. One allocation for every output (a reused shared-memory slot in a worker), so the
         # batch crosses to the main process as one file descriptor, not one per tensor.
         image_shape = (batch_size, height, width, 3) if self.channels_last else (batch_size, 3, height, width)
-        (images, masks, ignore, boxes, labels, ann_ids, per_image, image_ids, scales, pads, orig_sizes), lease, fresh = (
-            _allocate(
-                [(image_shape, torch.uint8), ((total, hp, wp), torch.bool), ((batch_size, hp, wp), torch.bool),
-                 ((total, 4), torch.float32), ((total,), torch.int64), ((total,), torch.int64),
-                 ((batch_size,), torch.int64), ((batch_size,), torch.int64), ((batch_size,), torch.float32),
-                 ((batch_size, 2), torch.float32), ((batch_size, 2), torch.int64)],
-                shared, self.pool,
-            )
+        mixed = any(s.origins is not None for s in samples)  # copy-paste / MixUp: one more field
+        tensors, lease, fresh = _allocate(
+            [(image_shape, torch.uint8), ((total, hp, wp), torch.bool), ((batch_size, hp, wp), torch.bool),
+             ((total, 4), torch.float32), ((total,), torch.int64), ((total,), torch.int64),
+             ((batch_size,), torch.int64), ((batch_size,), torch.int64), ((batch_size,), torch.float32),
+             ((batch_size, 2), torch.float32), ((batch_size, 2), torch.int64)] + [((total,), torch.uint8)] * mixed,
+            shared, self.pool,
         )
+        images, masks, ignore, boxes, labels, ann_ids, per_image, image_ids, scales, pads, orig_sizes = tensors[:11]
+        origins = tensors[11] if mixed else None
         if not fresh:  # a reused slot: the rasteriser writes only inside cells
             # numpy's fill is a memset; torch's bool zero_() takes about twice as long here.
             masks.numpy().fill(False)
@@ -224,7 +226,7 @@ class DetectionCollate:
             orig_sizes=orig_sizes,
             mask_stride=stride,
             counts=getattr(samples, "counts", None),
-            origins=_origins_of(samples),
+            origins=_origins_of(samples, origins),
         )
         if lease is not None:
             # Unpickled in the main process, it hands the slot back once the batch is dropped.
