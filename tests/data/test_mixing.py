@@ -227,3 +227,20 @@ def test_the_lsj_config_trains_on_coco_mini_and_the_keys_parse(coco_mini: Path, 
     bad = _run_cli(["fit", "--config", str(ROOT / "configs" / "coco.yaml"), "--data.recipe", "yolo", "--print_config"],
                    tmp_path)
     assert bad.returncode != 0 and "recipe" in bad.stderr
+
+
+def test_the_batch_drawing_outlines_pasted_copies() -> None:
+    from seg_datamodule.visualize import batch_grid, draw_instances
+
+    image = np.zeros((32, 32, 3), np.uint8)
+    masks = np.zeros((2, 8, 8), bool)
+    masks[0, 1:3, 1:3] = masks[1, 4:7, 4:7] = True
+    boxes = np.array([[4, 4, 12, 12], [16, 16, 28, 28]], np.float32)
+    plain = draw_instances(image, masks, boxes, mask_stride=4)
+    marked = draw_instances(image, masks, boxes, mask_stride=4, origins=np.array([0, 1], np.uint8))
+    changed = (plain != marked).any(axis=2)
+    assert changed[12:32, 12:32].any() and not changed[:12, :12].any()  # only around the pasted one
+    assert (marked[changed] > 200).all(axis=1).sum() >= 8  # a white (anti-aliased) outline
+    ds = _flat_dataset(copy_paste=1.0, copy_paste_mode="batch")
+    grid = batch_grid(collate_detection(ds.__getitems__([(0, i) for i in range(4)])), columns=2)
+    assert grid.shape == (2 * S, 2 * S, 3)
