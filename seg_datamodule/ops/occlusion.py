@@ -12,7 +12,8 @@ from __future__ import annotations
 
 import numpy as np
 
-from seg_datamodule.ops.geometry import concat_polygons, select_instances
+from seg_datamodule.ops.geometry import select_instances
+from seg_datamodule.ops.ragged import offsets_from_lengths, ragged_index
 from seg_datamodule.ops.raster import rasterize_flat
 
 __all__ = ["group_occluders", "rasterize_visible"]
@@ -87,11 +88,16 @@ def group_occluders(
         & (boxes[:, None, 1] <= occluder_boxes[None, :, 3] + margin)
         & (occluder_boxes[None, :, 1] <= boxes[:, None, 3] + margin)
     )
-    parts = []
-    for row in meets:
-        v, ro, io = select_instances(*occluders, row) if len(row) else occluders
-        # All selected rings as one instance: the union of the occluders that meet it.
-        parts.append((v, ro, np.array([0, len(ro) - 1], np.int64)))
-    if not parts:
-        return (np.zeros((0, 2), np.float64), np.zeros(1, np.int64), np.zeros(1, np.int64)), np.zeros(0, bool)
-    return concat_polygons(parts), meets.any(axis=1)
+    # 1. The (instance, occluder) pairs in instance order, and each pair's rings.
+    vertices, ring_offsets, instance_offsets = occluders
+    inst, occ = np.nonzero(meets)
+    ring_counts = np.diff(instance_offsets)[occ]
+    rings = ragged_index(instance_offsets[occ], ring_counts)
+    # 2. Gather those rings' vertices; instance n owns the rings of all its pairs.
+    ring_lengths = np.diff(ring_offsets)[rings]
+    grouped = (
+        np.asarray(vertices, np.float64).reshape(-1, 2)[ragged_index(ring_offsets[rings], ring_lengths)],
+        offsets_from_lengths(ring_lengths),
+        offsets_from_lengths(np.bincount(inst, weights=ring_counts, minlength=len(boxes)).astype(np.int64)),
+    )
+    return grouped, meets.any(axis=1)
