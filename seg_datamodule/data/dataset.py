@@ -13,7 +13,9 @@
 
 Randomness: a sample draws from ``default_rng([seed, epoch, index])`` and a batch's mosaic
 partners from ``(seed, epoch, indices)``, so batches do not depend on ``num_workers`` and
-different samples (hence workers) draw differently. Items are ``(epoch, index)`` from
+different samples (hence workers) draw differently. Copy-paste and MixUp draw from the same
+generator after everything the sample drew for itself, and take partners from the batch as they
+were before any mixing, so with both off every sample is what it was without them. Items are ``(epoch, index)`` from
 :class:`~seg_datamodule.data.sampler.EpochShardSampler`, or plain indices read with the epoch of
 :meth:`SegDataset.set_epoch` (shared memory, so persistent workers see it).
 
