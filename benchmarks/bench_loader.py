@@ -9,10 +9,19 @@ not the disk.
 
 Ours: ``CocoIndex`` -> ``SegDataset`` (4-image mosaic, random affine, flip, a YOLO-recipe
 albumentations pipeline, exact polygon clip) -> ``DetectionCollate`` (stride-4 masks), batch 32,
-``cache_images=0`` (what the DataModule picks for a dataset this size), in two configurations:
+``cache_images=0`` (what the DataModule picks for a dataset this size), in three configurations:
 ``mosaic_partners="batch"`` (the default: partners are the batch's other images, each image
-decoded once per batch) and ``"uniform"`` (partners uniform over the dataset: four decodes per
-mosaic). The decodes per output image are counted by the dataset and printed.
+decoded once per batch) with YOLO's HSV jitter in the workers (``hsv``, ``hsv_on_device=False``,
+after the albumentations steps, in Ultralytics' order), the same with the jitter moved to the
+accelerator (``hsv_on_device=True``: the workers only draw the gains; the device step's own cost
+is timed apart, below), and ``"uniform"`` partners (over the dataset: four decodes per mosaic;
+``--no-uniform`` leaves this row out). The decodes per output image are counted by the dataset
+and printed.
+
+The device step (:func:`~seg_datamodule.transforms.hsv.hsv_jitter_batch_` on one collated batch of
+``--batch-size`` images) is timed on the CPU, one thread (an upper bound of what it costs on an
+accelerator), and on CUDA when one is available (CUDA events, after a warm-up that builds its
+tables), best of ``--device-repeat``.
 
 Peer: Ultralytics' segmentation loader as it ships with ``cache=False`` (``imgsz=640,
 mosaic=1.0, mask_ratio=4, overlap_mask=False``, batch 32, its default hyper-parameters), labels
@@ -81,7 +90,7 @@ import torch
 from torch.utils.data import DataLoader, RandomSampler
 
 import seg_datamodule.data.assemble as assemble_module
-from seg_datamodule.transforms.albu import RandomHSV
+from seg_datamodule.transforms.hsv import HSVJitter, hsv_jitter_batch_
 from seg_datamodule.io.coco.index import CocoIndex
 from seg_datamodule.data.collate import DetectionCollate
 from seg_datamodule.data.dataset import SegDataset, worker_init_fn
@@ -89,10 +98,13 @@ from seg_datamodule.data.dataset import SegDataset, worker_init_fn
 DEFAULT_ROOT = Path(__file__).resolve().parents[2] / "shared" / "data" / "coco-mini"
 
 
+#: Ultralytics' default ``hsv_h, hsv_s, hsv_v``.
+YOLO_HSV = (0.015, 0.7, 0.4)
+
+
 def yolo_recipe() -> A.Compose:
-    """Ultralytics' default pixel augmentations as an albumentations pipeline."""
+    """Ultralytics' default albumentations steps (its HSV jitter runs after them: ``hsv``)."""
     return A.Compose([
-        RandomHSV(hgain=0.015, sgain=0.7, vgain=0.4, p=1.0),
         A.Blur(p=0.01),
         A.MedianBlur(p=0.01),
         A.ToGray(p=0.01),
@@ -151,11 +163,12 @@ def make_large_split(root: Path, work: Path, num_images: int, annotate_every: in
     return ann_file, folder
 
 
-def build_ours(ann_file: Path, images: Path, image_size: int, partners: str, cache_dir: Path,
-               copy_paste: float = 0.0, mixup: float = 0.0) -> SegDataset:
+def build_ours(ann_file: Path, images: Path, image_size: int, partners: str, hsv_on_device: bool,
+               cache_dir: Path, copy_paste: float = 0.0, mixup: float = 0.0) -> SegDataset:
     index = CocoIndex.build(ann_file, images, cache_dir=cache_dir)
     return SegDataset(index, image_size=image_size, mosaic=1.0, transforms=yolo_recipe(), cache_images=0,
-                      mosaic_partners=partners, seed=0, copy_paste=copy_paste, copy_paste_mode="flip", mixup=mixup)
+                      mosaic_partners=partners, seed=0, hsv=HSVJitter(YOLO_HSV, on_device=hsv_on_device),
+                      copy_paste=copy_paste, copy_paste_mode="flip", mixup=mixup)
 
 
 def measure_ours(ds: SegDataset, workers: int, batch_size: int, warmup: int, count: int) -> tuple[float, float]:
@@ -199,7 +212,8 @@ def stage_timer() -> Iterator[dict[str, float]]:
     wrap(assemble_module, "warp_tiles", "warp (one resample per tile, crowd masks)")
     wrap(assemble_module, "transform_polygons", "polygons (clip, map, clip)")
     wrap(assemble_module, "drop_reasons", "polygons (clip, map, clip)")
-    wrap(assemble_module.AlbumentationsTransform, "__call__", "albumentations (HSV, blur, ...)")
+    wrap(assemble_module.AlbumentationsTransform, "__call__", "albumentations (blur, ...)")
+    wrap(assemble_module, "hsv_jitter", "HSV jitter (cvtColor x2, LUT)")
     wrap(CocoIndex, "crowd_mask", "crowd RLE decode")
     wrap(DetectionCollate, "__call__", "collate (stride-4 masks, stack)")
     try:
@@ -321,10 +335,47 @@ def ultralytics_dataset(images: Path, batch_size: int, image_size: int, buffer: 
     return dataset
 
 
+# ----------------------------------------------------------------------------- the device step
+
+
+def device_step(ds: SegDataset, batch_size: int, repeat: int) -> None:
+    """Time ``hsv_jitter_batch_`` on one real collated batch: CPU (one thread), and CUDA if present."""
+    batch = DetectionCollate(mask_stride=4)(ds.__getitems__(list(range(batch_size))))
+    images, gains = batch.images, batch.hsv_gains
+    assert gains is not None
+    print(f"device step (hsv_jitter_batch_, {tuple(images.shape)} uint8), best of {repeat}:")
+    hsv_jitter_batch_(images.clone(), gains)  # builds the colour tables once (not timed)
+    best, best_cpu = float("inf"), float("inf")
+    for _ in range(repeat):
+        copy = images.clone()
+        start, start_cpu = time.perf_counter(), time.thread_time()
+        hsv_jitter_batch_(copy, gains)
+        best_cpu = min(best_cpu, time.thread_time() - start_cpu)
+        best = min(best, time.perf_counter() - start)
+    print(f"  cpu, 1 thread   {1e3 * best:8.2f} ms/batch wall, {1e3 * best_cpu:8.2f} ms/batch CPU time "
+          f"({1e3 * best_cpu / batch_size:.2f} ms/image)")
+    if not torch.cuda.is_available():
+        print("  cuda            not available here")
+        return
+    on_gpu, gpu_gains = images.cuda(), gains.cuda()
+    hsv_jitter_batch_(on_gpu.clone(), gpu_gains)
+    times = []
+    for _ in range(repeat):
+        copy = on_gpu.clone()
+        begin, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        begin.record()
+        hsv_jitter_batch_(copy, gpu_gains)
+        end.record()
+        torch.cuda.synchronize()
+        times.append(begin.elapsed_time(end))
+    print(f"  {torch.cuda.get_device_name()}  {min(times):8.3f} ms/batch")
+
+
 # ----------------------------------------------------------------------------- main
 
-#: Our rows: the default (partners from the batch) and the old uniform partners.
-OURS = {"ours, partners from batch": "batch", "ours, uniform partners": "uniform"}
+#: Our rows: (mosaic partners, HSV jitter on the device).
+OURS = {"ours, HSV in workers": ("batch", False), "ours, HSV on device": ("batch", True),
+        "ours, uniform partners": ("uniform", False)}
 PEER = "ultralytics cache=False"
 #: The rows with copy-paste and MixUp on, ours and the peer's (the same values on both sides).
 MIXED, PEER_MIXED = "ours, + copy-paste, mixup", "ultralytics + copy-paste, mixup"
@@ -344,7 +395,7 @@ def mixing_costs(ann_file: Path, images: Path, peer: Path | None, args: argparse
                 "both": {"copy_paste": args.copy_paste, "mixup": args.mixup}}
     ours, theirs = {}, {}
     for name, kw in settings.items():
-        ds = build_ours(ann_file, images, args.image_size, "batch", work / "index", **kw)
+        ds = build_ours(ann_file, images, args.image_size, "batch", False, work / "index", **kw)
         ds.on_worker_start()
         ours[name] = cpu_ms_per_image(ds.__getitems__, DetectionCollate(mask_stride=4), len(ds), args.batch_size)
         if peer is not None:
@@ -373,6 +424,8 @@ def main() -> None:
     parser.add_argument("--repeat", type=int, default=2)
     parser.add_argument("--no-ultralytics", action="store_true")
     parser.add_argument("--breakdown", action="store_true")
+    parser.add_argument("--no-uniform", action="store_true", help="leave out the uniform-partners row")
+    parser.add_argument("--device-repeat", type=int, default=5)
     parser.add_argument("--copy-paste", type=float, default=0.5, help="0 with --mixup 0: no mixing rows")
     parser.add_argument("--mixup", type=float, default=0.15)
     args = parser.parse_args()
@@ -383,10 +436,11 @@ def main() -> None:
     work = Path(tempfile.mkdtemp(prefix="bench_loader_"))
     try:
         ann_file, images = make_large_split(args.coco_mini, work / "split", args.images)
-        datasets = {name: build_ours(ann_file, images, args.image_size, partners, work / "index")
-                    for name, partners in OURS.items()}
+        datasets = {name: build_ours(ann_file, images, args.image_size, partners, on_device, work / "index")
+                    for name, (partners, on_device) in OURS.items()
+                    if not (args.no_uniform and partners == "uniform")}
         if mixing:
-            datasets[MIXED] = build_ours(ann_file, images, args.image_size, "batch", work / "index", **mixing)
+            datasets[MIXED] = build_ours(ann_file, images, args.image_size, "batch", False, work / "index", **mixing)
         peer: Path | None = None
         if not args.no_ultralytics:
             try:
@@ -438,6 +492,7 @@ def main() -> None:
                                              args.batch_size)
         for name, value in cpu.items():
             print(f"  {name:32s} {value:6.2f} ms/image{_ratio(name, cpu, inverse=True)}")
+        device_step(datasets["ours, HSV on device"], args.batch_size, args.device_repeat)
         if mixing:
             mixing_costs(ann_file, images, peer, args, work)
         if args.breakdown:

@@ -14,12 +14,13 @@ from seg_datamodule.data.sampler import EpochShardSampler
 from seg_datamodule.data.dataset import SegDataset
 from seg_datamodule.data.datamodule import COCOSegDataModule
 from seg_datamodule.profiling import StepTimeAccumulator, StepTimeProfiler, plot_step_split
-from seg_datamodule.evaluation import COCOMaskMAP
+from seg_datamodule.evaluation import COCOMaskMAP, COCOResultsWriter
 
 __all__ = [
     "BadAnnotationError",
     "BadImageError",
     "COCOMaskMAP",
+    "COCOResultsWriter",
     "COCOSegDataModule",
     "CocoIndex",
     "DetectionBatch",

@@ -1,9 +1,13 @@
 """LightningCLI entry point: ``python -m seg_datamodule fit --config configs/demo.yaml``.
 
+``test`` scores ``data.test_ann`` (``--ckpt_path`` a checkpoint); ``predict --config
+configs/predict.yaml --ckpt_path ... --data.predict_images folder/`` writes a COCO results file
+through :class:`~seg_datamodule.evaluation.writer.COCOResultsWriter`.
+
 ``seg-datamodule convert ANN IMAGES OUTPUT`` writes LitData chunks for ``data.train_stream``
 (:mod:`~seg_datamodule.io.stream.cli`; not a LightningCLI subcommand, it trains nothing).
 
-The DataModule is fixed (:class:`~seg_datamodule.datamodule.COCOSegDataModule`); the model is
+The DataModule is fixed (:class:`~seg_datamodule.data.datamodule.COCOSegDataModule`); the model is
 any ``LightningModule`` chosen by ``class_path``. ``data.num_classes`` (read from the annotation
 file) is linked into ``model.init_args.num_classes``, so a config never repeats it.
 """

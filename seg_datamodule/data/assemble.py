@@ -15,7 +15,8 @@ import numpy as np
 from seg_datamodule.data.loading import ImageIndex
 from seg_datamodule.io.images import BadImageError
 from seg_datamodule.structures import Polygons, Sample
-from seg_datamodule.transforms.albu import AlbumentationsTransform
+from seg_datamodule.transforms.albu import AlbumentationsTransform, hsv_jitter
+from seg_datamodule.transforms.hsv import HSVJitter
 from seg_datamodule.transforms.plan import TilePlan, choose_reduce, visible_tiles
 from seg_datamodule.transforms.polygons import drop_reasons, transform_polygons
 from seg_datamodule.transforms.warp import FILL_VALUE, warp_tiles
@@ -75,6 +76,7 @@ def assemble_sample(
     rng: np.random.Generator | None,
     min_area_ratio: float,
     min_box_size: float,
+    hsv: HSVJitter | None = None,
 ) -> tuple[Sample, np.ndarray]:
     """Warp the tiles into one canvas and carry every instance of every tile through.
 
@@ -90,6 +92,9 @@ def assemble_sample(
         rng (numpy.random.Generator | None): the sample's generator, for ``transforms``.
         min_area_ratio (float): drop an instance keeping less than this fraction of its area.
         min_box_size (float): drop an instance whose box is narrower or lower than this.
+        hsv (HSVJitter | None): YOLO's HSV jitter (training only), drawn from ``rng`` after
+            everything else and applied last, after ``transforms`` (Ultralytics' order); with
+            ``hsv.on_device`` the gains go on the sample instead, for the accelerator.
 
     Returns:
         sample (Sample): the kept instances.
@@ -141,7 +146,15 @@ def assemble_sample(
         else:
             image = transforms(rng, image)[0]
 
-    # 6. Drop what is degenerate, outside, mostly cut off or tiny.
+    # 6. YOLO's HSV jitter last (after albumentations, as Ultralytics runs it), drawn after every
+    # other draw so that setting it changes no other augmentation.
+    hsv_gains = None
+    if hsv is not None and rng is not None:
+        hsv_gains = hsv.draw(rng)
+        if not hsv.on_device:
+            image, hsv_gains = hsv_jitter(image, hsv_gains), None
+
+    # 7. Drop what is degenerate, outside, mostly cut off or tiny.
     codes, boxes = drop_reasons(polygons, area_before, area_after, min_area_ratio, min_box_size)
     keep = codes == 0
     sample = Sample(
@@ -152,6 +165,7 @@ def assemble_sample(
         annotation_ids=ann_ids[keep],
         boxes=boxes[keep].astype(np.float32),
         crowd_mask=None if crowd is None else crowd.astype(bool),
+        hsv_gains=hsv_gains,
     )
     return sample, codes
 

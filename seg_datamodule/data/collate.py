@@ -132,8 +132,8 @@ class DetectionCollate:
             DetectionBatch with ``masks`` bool ``(sum_N, ceil(H / s), ceil(W / s))``.
 
         Raises:
-            ValueError: no samples, images of different sizes, or a malformed sample (naming
-                its image id).
+            ValueError: no samples, images of different sizes, a malformed sample, or
+                ``hsv_gains`` on some samples but not on others (naming the image id).
         """
         if len(samples) == 0:
             raise ValueError("collate needs at least one sample, got an empty batch")
@@ -151,20 +151,30 @@ class DetectionCollate:
         batch_size = len(samples)
         counts = np.array([s.num_instances for s in samples], dtype=np.int64)
         total = int(counts.sum())
+        with_gains = [s.hsv_gains is not None for s in samples]
+        if any(with_gains) and not all(with_gains):
+            odd = samples[with_gains.index(not with_gains[0])]
+            raise ValueError(f"image id {odd.image_id}: hsv_gains on some samples of the batch but not on all")
 
         # 1. One allocation for every output (a reused shared-memory slot in a worker), so the
         # batch crosses to the main process as one file descriptor, not one per tensor.
         image_shape = (batch_size, height, width, 3) if self.channels_last else (batch_size, 3, height, width)
-        mixed = any(s.origins is not None for s in samples)  # copy-paste / MixUp: one more field
-        tensors, lease, fresh = _allocate(
-            [(image_shape, torch.uint8), ((total, hp, wp), torch.bool), ((batch_size, hp, wp), torch.bool),
-             ((total, 4), torch.float32), ((total,), torch.int64), ((total,), torch.int64),
-             ((batch_size,), torch.int64), ((batch_size,), torch.int64), ((batch_size,), torch.float32),
-             ((batch_size, 2), torch.float32), ((batch_size, 2), torch.int64)] + [((total,), torch.uint8)] * mixed,
-            shared, self.pool,
+        # Gains (float64: the hue tables truncate, so a float32 gain could move an entry) and the
+        # targets' origins (copy-paste / MixUp) travel in the same segment when the samples carry them.
+        mixed = any(s.origins is not None for s in samples)
+        extra_layout = [((batch_size, 3), torch.float64)] * with_gains[0] + [((total,), torch.uint8)] * mixed
+        (images, masks, ignore, boxes, labels, ann_ids, per_image, image_ids, scales, pads, orig_sizes,
+         *extra), lease, fresh = (
+            _allocate(
+                [(image_shape, torch.uint8), ((total, hp, wp), torch.bool), ((batch_size, hp, wp), torch.bool),
+                 ((total, 4), torch.float32), ((total,), torch.int64), ((total,), torch.int64),
+                 ((batch_size,), torch.int64), ((batch_size,), torch.int64), ((batch_size,), torch.float32),
+                 ((batch_size, 2), torch.float32), ((batch_size, 2), torch.int64), *extra_layout],
+                shared, self.pool,
+            )
         )
-        images, masks, ignore, boxes, labels, ann_ids, per_image, image_ids, scales, pads, orig_sizes = tensors[:11]
-        origins = tensors[11] if mixed else None
+        gains = extra[:1] if with_gains[0] else []
+        origins = extra[-1] if mixed else None
         if not fresh:  # a reused slot: the rasteriser writes only inside cells
             # numpy's fill is a memset; torch's bool zero_() takes about twice as long here.
             masks.numpy().fill(False)
@@ -212,6 +222,8 @@ class DetectionCollate:
         scales.numpy()[:] = [float(s.scale) for s in samples]
         pads.numpy()[:] = [tuple(map(float, s.pad)) for s in samples]
         orig_sizes.numpy()[:] = [s.orig_size if s.orig_size is not None else (height, width) for s in samples]
+        if gains:
+            gains[0].numpy()[:] = [s.hsv_gains for s in samples]
         batch = DetectionBatch(
             images=images,
             boxes=boxes,
@@ -226,6 +238,7 @@ class DetectionCollate:
             orig_sizes=orig_sizes,
             mask_stride=stride,
             counts=getattr(samples, "counts", None),
+            hsv_gains=gains[0] if gains else None,
             origins=_origins_of(samples, origins),
         )
         if lease is not None:

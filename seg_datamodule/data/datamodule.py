@@ -15,6 +15,11 @@ indices)``, so batches are the same for any ``num_workers``, and the train loade
 resumed from any checkpoint, mid-epoch included, continues with exactly the batches the
 uninterrupted run would have seen.
 
+Held-out data (:mod:`~seg_datamodule.data.splits`): ``test_ann`` / ``test_images`` for
+``trainer.test`` (letterboxed like validation; an image-info file without annotations works), and
+``predict_images`` (a folder, or with ``predict_ann`` a COCO JSON's images) for ``trainer.predict``
+(:mod:`~seg_datamodule.data.predict`).
+
 Without ``train_ann`` the module uses the embedded demo dataset, generated on first use (see
 :mod:`~seg_datamodule.demo.data`). With ``train_stream`` training streams LitData chunks written by
 ``seg-datamodule-convert`` (:mod:`~seg_datamodule.io.stream`) through the same dataset and collate.
@@ -30,17 +35,22 @@ import numpy as np
 import torch
 from lightning.pytorch import LightningDataModule
 from lightning.pytorch.utilities import rank_zero_info
+from lightning.pytorch.utilities.model_helpers import is_overridden
 from torch.utils.data import DataLoader
 
 from seg_datamodule.data.accounting import format_report
 from seg_datamodule.data.collate import DetectionCollate
 from seg_datamodule.data.dataset import COUNT_KEYS, DECODE_KEYS, SegDataset, worker_init_fn
+from seg_datamodule.data.predict import PredictCollate, PredictDataset
 from seg_datamodule.data.resume import ResumableDataLoader
 from seg_datamodule.data.sampler import EpochShardSampler
+from seg_datamodule.data.splits import build_predict_images, build_test_index, check_pair
 from seg_datamodule.demo.data import ensure_demo_dataset
 from seg_datamodule.io.coco import CocoIndex
 from seg_datamodule.ops.checks import check_choice, check_int
+from seg_datamodule.transforms.albu import load_transforms
 from seg_datamodule.transforms.augment import MosaicAffine
+from seg_datamodule.transforms.hsv import HSVJitter, apply_pending_hsv, refuse_random_hsv
 from seg_datamodule.transforms.lsj import LargeScaleJitter
 
 __all__ = ["AUTO_CACHE_MAX_IMAGES", "COCOSegDataModule"]
@@ -60,10 +70,23 @@ class COCOSegDataModule(LightningDataModule):
         train_images: folder of the training images (``file_name`` is relative to it).
         val_ann: COCO instances JSON for validation (optional).
         val_images: folder of the validation images.
+        test_ann: COCO JSON of a held-out split for ``trainer.test``: an instances file, or an
+            image-info file without ``annotations`` (COCO test-dev); letterboxed without
+            augmentation like validation, negatives kept. Its category ids must be the training
+            data's.
+        test_images: folder of the test images.
+        predict_images: what ``trainer.predict`` reads: a folder walked recursively for every
+            file OpenCV decodes (ids derived from the relative paths, see
+            :func:`~seg_datamodule.io.predict_source.stable_image_id`), or, with ``predict_ann``,
+            the folder that JSON's ``file_name`` values are in. Batches carry ``scales``,
+            ``pads``, ``orig_sizes`` and ``image_ids`` and no targets; a bad image is skipped
+            and counted in the batch's ``counts``, or raises, by ``on_bad_sample``.
+        predict_ann: a COCO image-info or instances JSON listing the images to predict (ids and
+            sizes from it; annotations are not read).
         image_size: output canvas side ``s`` (square ``s x s``).
         mask_stride: stride of the mask grid (4 for YOLACT's ProtoNet).
         batch_size: training images per batch (per rank).
-        val_batch_size: validation images per batch; ``None`` uses ``batch_size``.
+        val_batch_size: validation, test and predict images per batch; ``None`` uses ``batch_size``.
         num_workers: DataLoader worker processes (masks are rasterised there).
         mosaic: probability of a 4-image mosaic per training sample.
         close_mosaic: turn mosaic off for the last N epochs (needs ``trainer.max_epochs``).
@@ -78,6 +101,14 @@ class COCOSegDataModule(LightningDataModule):
             (counted as ``small_box``).
         transforms: per-sample albumentations pipeline for training (YAML ``class_path`` /
             ``init_args`` of an ``albumentations.Compose``), or a path that ``A.load`` reads.
+        hsv: YOLO's HSV gain jitter for training, ``(hgain, sgain, vgain)`` (Ultralytics'
+            ``hsv_h, hsv_s, hsv_v``: ``(0.015, 0.7, 0.4)``), applied after ``transforms``; ``None``
+            (default) leaves colours alone. A ``transforms`` pipeline holding ``RandomHSV`` is
+            then refused (it would jitter twice).
+        hsv_on_device: the workers only draw each sample's gains (from its own generator, so the
+            batches are the same) and ship them in ``DetectionBatch.hsv_gains``;
+            :meth:`on_after_batch_transfer` jitters the batch on its device, in place. False
+            (default) jitters in the workers.
         on_bad_sample: ``"raise"`` (default) fails with a message naming the file and ids;
             ``"skip"`` leaves bad annotations or images out and counts them by reason.
         drop_crowd: leave crowd regions out (otherwise they become ``ignore_masks``).
@@ -120,6 +151,9 @@ class COCOSegDataModule(LightningDataModule):
             share a batch follows LitData's chunk-wise shuffle and depends on ``num_workers``;
             under DDP LitData drops the tail that does not split over the ranks (counted in
             :attr:`skip_counts`). Workers are not persistent. Needs ``seg-datamodule[stream]``.
+            Nothing in the chunk set is executed: its metadata and ``index.json`` must be exactly
+            what this version writes (:func:`~seg_datamodule.io.stream.source.check_stream_source`),
+            or setup raises ``StreamFormatError`` naming the file and the field.
         stream_cache_dir: LitData's local chunk cache (default: LitData's).
         stream_max_cache_size: LitData's cache budget, e.g. ``"50GB"`` (default: LitData's).
     """
@@ -130,6 +164,10 @@ class COCOSegDataModule(LightningDataModule):
         train_images: str | None = None,
         val_ann: str | None = None,
         val_images: str | None = None,
+        test_ann: str | None = None,
+        test_images: str | None = None,
+        predict_images: str | None = None,
+        predict_ann: str | None = None,
         image_size: int = 640,
         mask_stride: int = 4,
         batch_size: int = 16,
@@ -151,6 +189,8 @@ class COCOSegDataModule(LightningDataModule):
         min_area_ratio: float = 0.1,
         min_box_size: float = 2.0,
         transforms: A.BaseCompose | str | None = None,
+        hsv: tuple[float, float, float] | None = None,
+        hsv_on_device: bool = False,
         on_bad_sample: Literal["raise", "skip"] = "raise",
         drop_crowd: bool = False,
         drop_empty: bool = False,
@@ -184,11 +224,16 @@ class COCOSegDataModule(LightningDataModule):
             raise ValueError("give train_stream or train_ann / train_images, not both")
         if (val_ann is None) != (val_images is None):
             raise ValueError("give both val_ann and val_images, or neither")
+        check_pair("test", test_ann, test_images)
+        if predict_ann is not None and predict_images is None:
+            raise ValueError("predict_ann needs predict_images, the folder its file_name values are in")
         self.save_hyperparameters(ignore=["transforms"])
         self.train_ann = train_ann
         self.train_images = train_images
         self.val_ann = val_ann
         self.val_images = val_images
+        self.test_ann, self.test_images = test_ann, test_images
+        self.predict_images, self.predict_ann = predict_images, predict_ann
         self.image_size = image_size
         self.mask_stride = mask_stride
         self.batch_size = batch_size
@@ -200,11 +245,14 @@ class COCOSegDataModule(LightningDataModule):
             LargeScaleJitter(image_size, tuple(lsj_scale), flip_lr) if recipe == "lsj" else
             MosaicAffine(image_size=image_size, degrees=degrees, translate=translate, scale=tuple(scale),
                          shear=shear, flip_lr=flip_lr))
+        self.hsv = None if hsv is None else HSVJitter(hsv, on_device=hsv_on_device)
+        if self.hsv is not None:
+            refuse_random_hsv(load_transforms(transforms))
         self.augment_kwargs: dict[str, Any] = dict(
             recipe=recipe, copy_paste=copy_paste, copy_paste_mode=copy_paste_mode, mixup=mixup,
             mosaic=mosaic, close_mosaic=close_mosaic, mosaic_partners=mosaic_partners,
             min_area_ratio=min_area_ratio, min_box_size=min_box_size, transforms=transforms,
-            cache_images=cache_images,
+            cache_images=cache_images, hsv=self.hsv,
         )
         self.index_kwargs: dict[str, Any] = dict(
             on_bad_sample=on_bad_sample, drop_crowd=drop_crowd, drop_empty=drop_empty,
@@ -223,6 +271,9 @@ class COCOSegDataModule(LightningDataModule):
         self._train_loader: ResumableDataLoader | None = None
         self._loader_state: dict[str, Any] | None = None
         self.val_dataset: SegDataset | None = None
+        self.test_index: CocoIndex | None = None
+        self.test_dataset: SegDataset | None = None
+        self.predict_dataset: PredictDataset | None = None
 
     # ------------------------------------------------------------------ data sources
 
@@ -238,9 +289,10 @@ class COCOSegDataModule(LightningDataModule):
     def _build_indices(self) -> None:
         self._resolve_paths()
         if self.train_stream is not None and self.stream_meta is None:
-            from seg_datamodule.io.stream import read_stream_meta  # LitData is an optional extra
+            from seg_datamodule.io.stream import check_stream_source  # LitData is an optional extra
 
-            self.stream_meta = read_stream_meta(self.train_stream)
+            # Metadata and index.json checked before LitData reads anything (issue 29).
+            self.stream_meta = check_stream_source(self.train_stream)
         elif self.train_stream is None and self.train_index is None:
             self.train_index = CocoIndex.build(self.train_ann, self.train_images, **self.index_kwargs)
         if self.val_ann is not None and self.val_index is None:
@@ -260,6 +312,12 @@ class COCOSegDataModule(LightningDataModule):
             return list(self.stream_meta["category_ids"]), list(self.stream_meta["class_names"])
         assert self.train_index is not None
         return self.train_index.category_ids.tolist(), self.train_index.class_names
+
+    @property
+    def category_ids(self) -> list[int]:
+        """COCO category id of each label ``0..C-1`` (the training data's ids, sorted)."""
+        self._build_indices()
+        return [int(c) for c in self._train_categories()[0]]
 
     @property
     def num_classes(self) -> int:
@@ -306,6 +364,25 @@ class COCOSegDataModule(LightningDataModule):
                 self.val_index, image_size=self.image_size, train=False, seed=self.seed,
                 on_bad_sample=self.on_bad_sample,
             )
+        if stage == "test":
+            self._setup_test()
+        elif stage == "predict":
+            self._setup_predict()
+
+    def _setup_test(self) -> None:
+        if self.test_ann is None or self.test_dataset is not None:
+            return
+        train = str(self.train_ann or self.train_stream)
+        self.test_index = build_test_index(self.test_ann, self.test_images, self.index_kwargs, self.category_ids, train)
+        self.test_dataset = SegDataset(self.test_index, image_size=self.image_size, train=False, seed=self.seed,
+                                       on_bad_sample=self.on_bad_sample)
+
+    def _setup_predict(self) -> None:
+        if self.predict_images is None or self.predict_dataset is not None:
+            return
+        images = build_predict_images(self.predict_images, self.predict_ann, self.index_kwargs, self.category_ids,
+                                      str(self.train_ann or self.train_stream))
+        self.predict_dataset = PredictDataset(images, image_size=self.image_size, on_bad_sample=self.on_bad_sample)
 
     def _loader_kwargs(self) -> dict[str, Any]:
         workers = self.num_workers
@@ -358,6 +435,18 @@ class COCOSegDataModule(LightningDataModule):
         self._train_loader = loader
         return loader
 
+    def on_after_batch_transfer(self, batch: Any, dataloader_idx: int) -> Any:
+        """Apply the batch's pending HSV jitter (``hsv_on_device``) on its device, then the model's hook.
+
+        Lightning runs only the DataModule's hook when both define it, so the model's own
+        ``on_after_batch_transfer`` is called from here, after the jitter.
+        """
+        batch = apply_pending_hsv(batch)
+        model = None if self.trainer is None else self.trainer.lightning_module
+        if model is not None and is_overridden("on_after_batch_transfer", model):
+            batch = model.on_after_batch_transfer(batch, dataloader_idx)
+        return batch
+
     def state_dict(self) -> dict[str, Any]:
         """The train loader's state, also kept here so a resume can apply it early enough.
 
@@ -387,6 +476,26 @@ class COCOSegDataModule(LightningDataModule):
         return DataLoader(self.val_dataset, batch_size=self.val_batch_size, shuffle=False,
                           **self._loader_kwargs())
 
+    def test_dataloader(self) -> DataLoader | list:
+        """The ``test_ann`` split, in order, letterboxed (as :meth:`val_dataloader`); ``[]`` without one."""
+        self._setup_test()
+        if self.test_dataset is None:
+            return []
+        return DataLoader(self.test_dataset, batch_size=self.val_batch_size, shuffle=False, **self._loader_kwargs())
+
+    def predict_dataloader(self) -> DataLoader:
+        """``predict_images`` in order, letterboxed, without targets (see :mod:`~seg_datamodule.data.predict`).
+
+        Raises:
+            ValueError: no ``predict_images`` was given.
+        """
+        self._setup_predict()
+        if self.predict_dataset is None:
+            raise ValueError("predict needs predict_images (a folder, or the folder of predict_ann's images)")
+        kwargs = self._loader_kwargs()
+        kwargs["collate_fn"] = PredictCollate(self.image_size, mask_stride=self.mask_stride)
+        return DataLoader(self.predict_dataset, batch_size=self.val_batch_size, shuffle=False, **kwargs)
+
     # ------------------------------------------------------------------ accounting
 
     @property
@@ -403,7 +512,8 @@ class COCOSegDataModule(LightningDataModule):
         Under DDP each rank counts its own shard.
         """
         out: dict[str, dict[str, int]] = {}
-        for name, index in (("train_index", self.train_index), ("val_index", self.val_index)):
+        for name, index in (("train_index", self.train_index), ("val_index", self.val_index),
+                            ("test_index", self.test_index)):
             if index is not None:
                 out[name] = {**index.skip_counts, **index.dropped_counts}
         if self.stream_meta is not None:  # skipped at conversion; per epoch, LitData's DDP tail
@@ -412,7 +522,7 @@ class COCOSegDataModule(LightningDataModule):
             out["train_index"] = {**self.stream_meta["skip_counts"], **self.stream_meta["dropped_counts"],
                                   "image_ddp_tail_per_epoch": stream_drop_count(
                                       self.stream_meta["num_records"], self._world()[0], self.batch_size)}
-        for name, dataset in (("train", self.train_dataset), ("val", self.val_dataset)):
+        for name, dataset in (("train", self.train_dataset), ("val", self.val_dataset), ("test", self.test_dataset)):
             if dataset is not None:
                 out[name] = {key: 0 for key in COUNT_KEYS} | {
                     k: v for k, v in self._counts_of(name, dataset).items() if k in COUNT_KEYS

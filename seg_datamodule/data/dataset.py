@@ -3,7 +3,8 @@
 * training: a YOLO 4-image mosaic with probability ``mosaic`` (partners from the same batch by
   default, see ``mosaic_partners``), else the image alone; a random affine folded into one
   matrix per tile (one resample per pixel; polygons through the same matrices, exactly
-  clipped); a horizontal flip; then the user's albumentations pipeline;
+  clipped); a horizontal flip; then the user's albumentations pipeline; then YOLO's HSV jitter
+  (``hsv``; or only its gains, for the accelerator);
 * ``recipe="lsj"``: large-scale jitter of one image instead (scale jitter, fixed-size crop,
   flip; :mod:`~seg_datamodule.transforms.lsj`);
 * then, with ``copy_paste`` / ``mixup``, copy-paste (exact occlusion) and MixUp with another
@@ -41,6 +42,7 @@ from seg_datamodule.ops.checks import check_bool, check_choice, check_int, check
 from seg_datamodule.structures import Sample
 from seg_datamodule.transforms.albu import AlbumentationsTransform
 from seg_datamodule.transforms.augment import GlobalDraw, MosaicAffine
+from seg_datamodule.transforms.hsv import HSVJitter, refuse_random_hsv
 from seg_datamodule.transforms.lsj import LargeScaleJitter, LSJDraw
 from seg_datamodule.transforms.mixing import MixResult, SampleMixing
 from seg_datamodule.transforms.plan import draw_batch_partners
@@ -119,6 +121,10 @@ class SegDataset(Dataset[Sample]):
             sample of the batch; for ``ds[i]``, of the dataset).
         mixup (float): probability of MixUp per training sample, with another sample of the batch
             (for ``ds[i]``, of the dataset).
+        hsv (HSVJitter | None): YOLO's HSV gain jitter (training only), after ``transforms``;
+            with ``hsv.on_device`` each sample carries its gains (``Sample.hsv_gains``) instead,
+            for :func:`~seg_datamodule.transforms.hsv.hsv_jitter_batch_` on the accelerator.
+            Its gains are the sample generator's last draw, so they are the same either way.
 
     Raises:
         TypeError: ``index`` lacks the :class:`ImageIndex` interface, or an argument has the
@@ -149,6 +155,7 @@ class SegDataset(Dataset[Sample]):
         copy_paste: float = 0.0,
         copy_paste_mode: Literal["flip", "batch"] = "flip",
         mixup: float = 0.0,
+        hsv: HSVJitter | None = None,
     ) -> None:
         # 1. The index.
         if not isinstance(index, ImageIndex):
@@ -187,6 +194,11 @@ class SegDataset(Dataset[Sample]):
         self.image_size = geometry.image_size
         self.transforms = AlbumentationsTransform(transforms)
         self.mixing = SampleMixing(copy_paste, copy_paste_mode, mixup, self.min_area_ratio, self.min_box_size)
+        if hsv is not None and not isinstance(hsv, HSVJitter):
+            raise TypeError(f"hsv must be an HSVJitter or None, got {type(hsv).__name__}")
+        if hsv is not None:
+            refuse_random_hsv(self.transforms.transforms)
+        self.hsv = hsv
         # 4. Shared state, read by (persistent) workers: the epoch and the run's epochs; counts.
         self._state = SharedEpoch(max_epochs)
         self.counter = SkipCounter(COUNT_KEYS)
@@ -205,7 +217,7 @@ class SegDataset(Dataset[Sample]):
             f"SegDataset({len(self)} images, {mode}, image_size={self.image_size}, "
             f"mosaic={self.mosaic}, mosaic_partners={self.mosaic_partners!r}, "
             f"close_mosaic={self.close_mosaic}, {self.geometry!r}, {self.mixing!r}, "
-            f"transforms={self.transforms.transforms!r})"
+            f"transforms={self.transforms.transforms!r}, hsv={self.hsv!r})"
         )
 
     @property
@@ -462,6 +474,7 @@ class SegDataset(Dataset[Sample]):
             # Validation crops nothing and keeps tiny instances: losses see every target there.
             min_area_ratio=self.min_area_ratio if augment else 0.0,
             min_box_size=self.min_box_size if augment else 0.0,
+            hsv=self.hsv if augment else None,
         )
         for reason, n in zip(DROP_REASONS, np.bincount(codes, minlength=len(DROP_REASONS))):
             if n and count:

@@ -23,6 +23,19 @@ probability and box-cropped mask, so ``val/bbox_AP`` measures classification alo
 ``val/segm_AP`` classification and masks: an upper bound for a YOLACT with a perfect box head,
 not a number to compare with a published detector.
 
+Test (``trainer.test``) scores the DataModule's ``test_ann`` split the same way, logged as
+``test/segm_AP``, ``test/bbox_AP``, ... when that file has annotations (an image-info file such
+as COCO test-dev has none: then only the losses are logged, over no targets).
+
+Predict (``trainer.predict``) has no ground truth to pool at. This model has no box head and was
+never taught to tell objects from background, so it cannot propose boxes; what it can do
+faithfully is classify and segment a region it is given. :meth:`YolactLite.predict_step` therefore
+pools at the batch's boxes where an image has some (a test or validation loader), and otherwise
+at one whole-image box (the letterboxed image without its pad): one detection per image, its most
+probable class with that probability as the score, and the mask of that class's object over the
+whole image. Swap in a model with a detection head for real detections; the
+:class:`~seg_datamodule.evaluation.writer.COCOResultsWriter` takes any model's output.
+
 Not included: the "rasterise in training_step" variant the step-split benchmark compares
 against; it belongs in the benchmark, which can rasterise polygons itself and hand this model an
 ordinary batch.
@@ -31,6 +44,8 @@ ordinary batch.
 from __future__ import annotations
 
 import math
+import os
+from pathlib import Path
 from typing import Any, NamedTuple
 
 import lightning as L
@@ -41,7 +56,8 @@ from lightning.pytorch.utilities import rank_zero_info
 from torchvision.ops import roi_align
 
 from seg_datamodule.demo.losses import assemble_masks, box_predictions, mask_iou, mask_loss
-from seg_datamodule.evaluation import COCOMaskMAP
+from seg_datamodule.evaluation import COCOMaskMAP, CocoDetections
+from seg_datamodule.evaluation.results import batch_detections
 from seg_datamodule.structures import DetectionBatch
 
 __all__ = ["YolactLite", "YolactOutput"]
@@ -72,6 +88,40 @@ class YolactOutput(NamedTuple):
     mask_logits: Tensor
 
 
+def _check_datamodule_agrees(val_ann: str | None, mask_stride: int, datamodule: Any) -> None:
+    """Refuse a model whose ``val_ann`` or ``mask_stride`` contradicts the DataModule's.
+
+    Args:
+        val_ann: the model's own ``val_ann`` (``None``: take the DataModule's).
+        mask_stride: the model's prototype stride.
+        datamodule: the Trainer's DataModule, or ``None`` (plain DataLoaders: nothing to check).
+
+    Raises:
+        ValueError: naming both files, or both strides.
+    """
+    dm_ann = getattr(datamodule, "val_ann", None)
+    if val_ann is not None and dm_ann is not None and not _same_file(val_ann, dm_ann):
+        raise ValueError(
+            f"YolactLite(val_ann={str(val_ann)!r}) differs from the DataModule's val_ann={str(dm_ann)!r}; "
+            "the model scores the DataModule's validation images, so leave the model's val_ann unset "
+            "(it takes the DataModule's) or give both the same file"
+        )
+    dm_stride = getattr(datamodule, "mask_stride", None)
+    if isinstance(dm_stride, int) and dm_stride != mask_stride:
+        raise ValueError(
+            f"YolactLite(mask_stride={mask_stride}) differs from the DataModule's mask_stride={dm_stride}; "
+            "the prototype grid must be the masks' grid"
+        )
+
+
+def _same_file(a: str | os.PathLike, b: str | os.PathLike) -> bool:
+    """Whether two paths name one file (resolved; by inode when both exist)."""
+    try:
+        return os.path.samefile(a, b)
+    except OSError:
+        return Path(a).resolve() == Path(b).resolve()
+
+
 def _conv(c_in: int, c_out: int, stride: int = 1) -> nn.Sequential:
     return nn.Sequential(
         nn.Conv2d(c_in, c_out, 3, stride=stride, padding=1, bias=False),
@@ -96,13 +146,17 @@ class YolactLite(L.LightningModule):
         coco_eval (bool): log COCO mask and box AP in validation (``val/segm_AP``,
             ``val/bbox_AP``, ...; see the module docstring for what they measure here), when an
             annotation file is known.
-        val_ann (str | None): the COCO JSON to evaluate against; ``None`` takes the DataModule's
-            ``val_ann`` at ``setup`` (a :class:`~seg_datamodule.data.datamodule.COCOSegDataModule`
-            has one); with neither (plain DataLoaders), no AP is logged.
+        val_ann (str | None): the COCO JSON to evaluate against; ``None`` (the usual choice)
+            takes the DataModule's ``val_ann`` at ``setup`` (a
+            :class:`~seg_datamodule.data.datamodule.COCOSegDataModule` has one); with neither
+            (plain DataLoaders), no AP is logged. It is not saved as a hyperparameter: the
+            DataModule already logs ``val_ann``, and Lightning refuses a key that the model and the
+            DataModule log with different values.
 
     Raises:
         ValueError: an argument is out of range, or (at ``setup``) the annotation file has a
-            number of categories other than ``num_classes``.
+            number of categories other than ``num_classes``, ``val_ann`` names another file than
+            the DataModule's ``val_ann``, or the DataModule's ``mask_stride`` differs.
     """
 
     def __init__(
@@ -128,12 +182,19 @@ class YolactLite(L.LightningModule):
             raise ValueError(f"lr must be positive, got {lr!r}")
         if weight_decay < 0 or cls_weight < 0:
             raise ValueError(f"weight_decay and cls_weight must be >= 0, got {weight_decay!r}, {cls_weight!r}")
-        self.save_hyperparameters()
+        # val_ann is left out of the hyperparameters: the DataModule logs its own, and Lightning
+        # refuses a key logged by both with different values (the model's default is None).
+        self.save_hyperparameters(ignore=["val_ann"])
+        self.val_ann = val_ann
         self.num_classes = num_classes
         self.num_prototypes = num_prototypes
         self.mask_stride = mask_stride
         #: Made at ``setup`` once the annotation file is known (see ``val_ann``).
         self.coco_metric: COCOMaskMAP | None = None
+        #: Made at ``setup("test")`` from the DataModule's ``test_ann`` when it has annotations.
+        self.test_metric: COCOMaskMAP | None = None
+        #: COCO category id of each label, for ``predict_step`` (the DataModule's, at ``setup``).
+        self.category_ids: list[int] | None = None
         self.register_buffer("pixel_mean", torch.tensor(_MEAN).view(1, 3, 1, 1), persistent=False)
         self.register_buffer("pixel_std", torch.tensor(_STD).view(1, 3, 1, 1), persistent=False)
 
@@ -251,12 +312,14 @@ class YolactLite(L.LightningModule):
         Lightning calls this after the DataModule's ``setup``, so its ``val_ann`` is resolved
         (the demo dataset's, when no files were given).
         """
+        datamodule = getattr(self._trainer, "datamodule", None) if self._trainer is not None else None
+        _check_datamodule_agrees(self.val_ann, self.mask_stride, datamodule)
+        if stage in ("test", "predict"):
+            self._setup_held_out(stage)
+            return
         if not self.hparams.coco_eval or self.coco_metric is not None or stage not in ("fit", "validate"):
             return
-        ann_file = self.hparams.val_ann
-        if ann_file is None:
-            datamodule = getattr(self._trainer, "datamodule", None) if self._trainer is not None else None
-            ann_file = getattr(datamodule, "val_ann", None)
+        ann_file = self.val_ann if self.val_ann is not None else getattr(datamodule, "val_ann", None)
         if ann_file is None:
             return
         metric = COCOMaskMAP(ann_file)
@@ -266,6 +329,25 @@ class YolactLite(L.LightningModule):
                 f"{self.num_classes}; COCO AP needs label k to be the file's k-th category"
             )
         self.coco_metric = metric
+
+    def _setup_held_out(self, stage: str) -> None:
+        """Test: a COCO metric on the DataModule's ``test_ann`` (if annotated); both: category ids."""
+        datamodule = getattr(self._trainer, "datamodule", None) if self._trainer is not None else None
+        if datamodule is not None and getattr(datamodule, "category_ids", None) is not None:
+            self.category_ids = [int(c) for c in datamodule.category_ids]
+        ann_file = getattr(datamodule, "test_ann", None)
+        if stage != "test" or not self.hparams.coco_eval or ann_file is None or self.test_metric is not None:
+            return
+        metric = COCOMaskMAP(ann_file)
+        if not metric.coco.dataset.get("annotations"):
+            rank_zero_info(f"{ann_file} has no annotations (an image-info file): test/ logs the losses, no COCO AP")
+            return
+        if len(metric.category_ids) != self.num_classes:
+            raise ValueError(
+                f"{ann_file} has {len(metric.category_ids)} categories but the model has num_classes="
+                f"{self.num_classes}; COCO AP needs label k to be the file's k-th category"
+            )
+        self.test_metric = metric
 
     def validation_step(self, batch: DetectionBatch, batch_idx: int) -> None:
         """Logs ``val/loss``, ``val/mask_loss``, ``val/cls_loss``, ``val/mask_iou``, ``val/cls_acc``.
@@ -306,6 +388,77 @@ class YolactLite(L.LightningModule):
                 f"epoch {self.current_epoch}: COCO val segm AP {results['segm_AP']:.4f}, "
                 f"bbox AP {results['bbox_AP']:.4f} (at the ground-truth boxes)"
             )
+
+    def test_step(self, batch: DetectionBatch, batch_idx: int) -> None:
+        """As :meth:`validation_step`, logged as ``test/...``; COCO AP in :meth:`on_test_epoch_end`."""
+        losses, out = self.compute_losses(batch)
+        for name, value in losses.items():
+            self.log(f"test/{name}", value, batch_size=len(batch))
+        if self.test_metric is not None:
+            preds = box_predictions(batch.boxes, out.class_logits, out.mask_logits, batch.boxes_per_image,
+                                    batch.mask_stride)
+            self.test_metric.update(preds, batch)
+
+    def on_test_epoch_end(self) -> None:
+        """Logs COCO ``test/{segm,bbox}_{AP,AP50,AP75,AP_small,AP_medium,AP_large}`` (all ranks' images once)."""
+        metric = self.test_metric
+        if metric is None or metric.update_count == 0:
+            return
+        results = metric.compute()
+        metric.reset()
+        names = ("AP", "AP50", "AP75", "AP_small", "AP_medium", "AP_large")
+        for name, value in results.items():
+            if name.split("_", 1)[1] in names:
+                self.log(f"test/{name}", value, sync_dist=True)
+        rank_zero_info(f"COCO test segm AP {results['segm_AP']:.4f}, bbox AP {results['bbox_AP']:.4f} "
+                       "(at the ground-truth boxes)")
+
+    def predict_boxes(self, batch: DetectionBatch) -> tuple[Tensor, Tensor]:
+        """The boxes :meth:`predict_step` pools at: each image's own boxes, or its whole-image box.
+
+        Args:
+            batch: a predict (no targets) or test / validation batch.
+
+        Returns:
+            boxes (Tensor[N, 4] float32) xyxy canvas pixels, boxes_per_image (Tensor[B] int64).
+        """
+        given = batch.boxes.float().split(batch.boxes_per_image.tolist())
+        height, width = batch.images.shape[-2:]
+        boxes = []
+        for b, own in enumerate(given):
+            if len(own):
+                boxes.append(own)
+                continue
+            # The image without its letterbox pad: pad .. pad + size * scale, inside the canvas.
+            pad, size, scale = batch.pads[b].float(), batch.orig_sizes[b].flip(0).float(), batch.scales[b].float()
+            box = torch.cat([pad, pad + size * scale]).clamp(min=0.0)
+            box = torch.minimum(box, box.new_tensor([width, height, width, height], dtype=torch.float32))
+            boxes.append(box[None])
+        per_image = torch.tensor([len(b) for b in boxes], dtype=torch.int64, device=batch.boxes.device)
+        return (torch.cat(boxes) if boxes else batch.boxes.new_zeros((0, 4))), per_image
+
+    def predict_step(self, batch: DetectionBatch, batch_idx: int, dataloader_idx: int = 0) -> CocoDetections:
+        """Detections in original-image pixels and COCO category ids, image by image.
+
+        At :meth:`predict_boxes` (see the module docstring for what these detections are): each
+        box's most probable class, its probability as the score, and the box-cropped mask mapped
+        back through the batch's letterbox (:func:`~seg_datamodule.evaluation.results.batch_detections`).
+
+        Returns:
+            :class:`~seg_datamodule.evaluation.CocoDetections` (xywh boxes, RLE masks) on the CPU.
+
+        Raises:
+            RuntimeError: no category ids (predicting without a DataModule that has ``category_ids``).
+        """
+        if self.category_ids is None:
+            raise RuntimeError("predict_step needs category_ids: predict with a COCOSegDataModule, or set "
+                               "model.category_ids to the COCO id of each label")
+        boxes, per_image = self.predict_boxes(batch)
+        if len(batch) == 0:  # every image of the batch was bad (counted in batch.counts)
+            return batch_detections([], batch, self.category_ids)
+        out = self(batch.images, boxes, per_image)
+        preds = box_predictions(boxes, out.class_logits, out.mask_logits, per_image, batch.mask_stride)
+        return batch_detections(preds, batch, self.category_ids)
 
     def configure_optimizers(self) -> Any:
         """AdamW (no decay on norms and biases), with a per-step cosine decay when enabled."""

@@ -3,22 +3,29 @@
 :mod:`~seg_datamodule.evaluation.letterbox` (pure inverse-letterbox kernels) ->
 :mod:`~seg_datamodule.evaluation.predictions` (a batch's predictions -> COCO detections) ->
 :mod:`~seg_datamodule.evaluation.coco_eval` (``COCOeval`` against the annotation JSON), wrapped by
-:class:`~seg_datamodule.evaluation.coco_metric.COCOMaskMAP`, a ``torchmetrics.Metric``.
+:class:`~seg_datamodule.evaluation.coco_metric.COCOMaskMAP`, a ``torchmetrics.Metric``; and the same
+detections as a COCO results file (:mod:`~seg_datamodule.evaluation.results`), written in predict by
+:class:`~seg_datamodule.evaluation.writer.COCOResultsWriter`.
 """
 
 from seg_datamodule.evaluation.coco_eval import STAT_NAMES, deduplicate, evaluate_detections, load_coco
 from seg_datamodule.evaluation.coco_metric import COCOMaskMAP
 from seg_datamodule.evaluation.letterbox import boxes_to_canvas, boxes_to_original, masks_to_original
 from seg_datamodule.evaluation.predictions import CocoDetections, canvas_predictions_to_coco
+from seg_datamodule.evaluation.results import batch_detections, detections_to_results
+from seg_datamodule.evaluation.writer import COCOResultsWriter
 
 __all__ = [
     "COCOMaskMAP",
+    "COCOResultsWriter",
     "CocoDetections",
     "STAT_NAMES",
+    "batch_detections",
     "boxes_to_canvas",
     "boxes_to_original",
     "canvas_predictions_to_coco",
     "deduplicate",
+    "detections_to_results",
     "evaluate_detections",
     "load_coco",
     "masks_to_original",

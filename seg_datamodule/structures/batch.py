@@ -38,6 +38,10 @@ class DetectionBatch:
         origins (Tensor[sum_N] uint8 | None): per target, an index of
             :data:`~seg_datamodule.structures.sample.ORIGINS` (own, pasted by copy-paste, mixed
             in by MixUp); ``None`` when no sample of the batch was mixed.
+        hsv_gains (Tensor[B, 3] float64 | None): HSV jitter gains still to apply to ``images``
+            (``hsv_on_device``): ``COCOSegDataModule.on_after_batch_transfer`` applies them with
+            :func:`~seg_datamodule.transforms.hsv.hsv_jitter_batch_` on the device and sets this
+            to ``None``; ``None`` when there is nothing left to apply.
     """
 
     images: torch.Tensor
@@ -54,6 +58,7 @@ class DetectionBatch:
     mask_stride: int = field(default=4)
     counts: dict[str, int] | None = None
     origins: torch.Tensor | None = None
+    hsv_gains: torch.Tensor | None = None
 
     def __len__(self) -> int:
         return int(self.images.shape[0])

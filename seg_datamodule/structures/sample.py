@@ -45,6 +45,9 @@ class Sample:
             :func:`~seg_datamodule.ops.occlusion.rasterize_visible`); ``None``: nothing pasted.
         origins (ndarray[N] uint8 | None): per instance, an index of :data:`ORIGINS`;
             ``None``: all the sample's own.
+        hsv_gains (ndarray[3] float64 | None): HSV jitter gains still to apply to ``image``
+            (``HSVJitter.draw``; with ``hsv_on_device`` the accelerator applies them); ``None``
+            when there are none.
     """
 
     image: np.ndarray
@@ -59,6 +62,7 @@ class Sample:
     orig_size: tuple[int, int] | None = None
     occluders: Polygons | None = None
     origins: np.ndarray | None = None
+    hsv_gains: np.ndarray | None = None
 
     @property
     def num_instances(self) -> int:
@@ -96,6 +100,8 @@ class Sample:
                 raise ValueError(f"{where}: {n} instances but occluders for {len(self.occluders)}")
         if self.origins is not None and (self.origins.shape != (n,) or self.origins.max(initial=0) >= len(ORIGINS)):
             raise ValueError(f"{where}: origins must be ({n},) codes below {len(ORIGINS)}, got {self.origins!r:.80}")
+        if self.hsv_gains is not None and np.shape(self.hsv_gains) != (3,):
+            raise ValueError(f"{where}: hsv_gains must be (3,), got {np.shape(self.hsv_gains)}")
         if self.crowd_mask is not None and self.crowd_mask.shape != self.image.shape[:2]:
             raise ValueError(
                 f"{where}: crowd_mask {self.crowd_mask.shape} does not match image {self.image.shape[:2]}"

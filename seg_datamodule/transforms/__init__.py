@@ -2,10 +2,12 @@
 copy-paste and MixUp.
 
 ``plan`` -> ``warp`` (pixels) and ``polygons`` (instances) are pure functions; ``augment`` and
-``albu`` are thin classes that hold parameters and draw randomness from a generator passed in.
+``albu`` are thin classes that hold parameters and draw randomness from a generator passed in;
+``hsv`` draws YOLO's HSV gains per sample and applies them to a batch on its device.
 """
 
 from seg_datamodule.transforms.albu import AlbumentationsTransform, RandomHSV, hsv_jitter, load_transforms
+from seg_datamodule.transforms.hsv import HSVJitter, hsv_jitter_batch_
 from seg_datamodule.transforms.augment import GlobalDraw, Letterbox, MosaicAffine, RandomAffine, RandomFlipLR
 from seg_datamodule.transforms.copy_paste import paste_instances, paste_mask
 from seg_datamodule.transforms.lsj import LargeScaleJitter, LSJDraw, lsj_layout
@@ -20,6 +22,7 @@ __all__ = [
     "DROP_REASONS",
     "FILL_VALUE",
     "GlobalDraw",
+    "HSVJitter",
     "LSJDraw",
     "LargeScaleJitter",
     "Letterbox",
@@ -34,6 +37,7 @@ __all__ = [
     "choose_reduce",
     "drop_reasons",
     "hsv_jitter",
+    "hsv_jitter_batch_",
     "letterbox_layout",
     "load_transforms",
     "lsj_layout",

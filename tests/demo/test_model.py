@@ -9,6 +9,8 @@ import lightning as L
 import numpy as np
 import pytest
 import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from seg_datamodule import Sample, collate_detection, polygons_from_instances
 from seg_datamodule.demo.data import DEMO_CATEGORIES, draw_scene
@@ -313,3 +315,137 @@ def test_coco_ap_under_ddp_spawn_on_two_cpu_processes(demo_dir, tmp_path) -> Non
     with open(tmp_path / "run" / "version_0" / "metrics.csv", newline="") as f:
         rows = [r for r in csv.DictReader(f) if r.get("val/segm_AP")]
     assert len(rows) == 1 and 0.0 <= float(rows[0]["val/segm_AP"]) <= 1.0 and 0.0 <= float(rows[0]["val/bbox_AP"]) <= 1.0
+
+
+# ------------------------------------------------------------------ the model beside the DataModule
+
+
+def _files_dm(demo_dir, tmp_path, **kwargs):
+    """A DataModule given the demo's files explicitly, as a user gives COCO's (both val_ann set)."""
+    from seg_datamodule import COCOSegDataModule
+
+    ann = demo_dir / "annotations"
+    return COCOSegDataModule(train_ann=str(ann / "instances_train2017.json"), train_images=str(demo_dir / "train2017"),
+                             val_ann=str(ann / "instances_val2017.json"), val_images=str(demo_dir / "val2017"),
+                             image_size=128, batch_size=8, num_workers=0, cache_dir=str(tmp_path / "cache"),
+                             mosaic=0.0, **kwargs)
+
+
+def _logged_trainer(tmp_path, **kwargs) -> L.Trainer:
+    from lightning.pytorch.loggers import CSVLogger
+
+    return L.Trainer(accelerator="cpu", enable_progress_bar=False, enable_model_summary=False,
+                     enable_checkpointing=False, logger=CSVLogger(str(tmp_path), name="run"), **kwargs)
+
+
+def test_val_ann_is_not_a_hyperparameter() -> None:
+    # Lightning refuses a key that the model and the DataModule log with different values; the
+    # DataModule logs val_ann, so the model must not (whatever the user passes).
+    assert "val_ann" not in YolactLite(num_classes=3, width=8).hparams
+    model = YolactLite(num_classes=3, width=8, val_ann="instances_val2017.json")
+    assert "val_ann" not in model.hparams and model.val_ann == "instances_val2017.json"
+
+
+@pytest.mark.slow
+@pytest.mark.usefixtures("one_thread")
+def test_fit_with_a_logger_and_the_datamodules_val_ann(demo_dir, tmp_path) -> None:
+    """The README's Python example's shape: val_ann on the DataModule only, a logger attached."""
+    dm = _files_dm(demo_dir, tmp_path)
+    model = YolactLite(num_classes=dm.num_classes, width=8)
+    trainer = _logged_trainer(tmp_path, max_epochs=1, limit_train_batches=2, limit_val_batches=1.0,
+                              num_sanity_val_steps=0, log_every_n_steps=1)
+    trainer.fit(model, datamodule=dm)  # crashed: "the keys ['val_ann'] are present in both ..."
+    assert model.coco_metric is not None and model.coco_metric.ann_file == dm.val_ann
+    # Both sides logged (the file holds tuples, which safe_load refuses: read it line by line).
+    lines = (tmp_path / "run" / "version_0" / "hparams.yaml").read_text().splitlines()
+    assert f"val_ann: {dm.val_ann}" in lines and "num_prototypes: 16" in lines
+
+
+def test_a_model_val_ann_that_differs_from_the_datamodules_is_refused(demo_dir, tmp_path) -> None:
+    other = tmp_path / "other_val.json"
+    other.write_text((demo_dir / "annotations" / "instances_val2017.json").read_text())
+    dm = _files_dm(demo_dir, tmp_path)
+    model = YolactLite(num_classes=dm.num_classes, width=8, val_ann=str(other))
+    with pytest.raises(ValueError, match=r"val_ann='.*other_val\.json'\) differs from the DataModule's "
+                                         r"val_ann='.*instances_val2017\.json'"):
+        _logged_trainer(tmp_path, max_steps=1).fit(model, datamodule=dm)
+
+
+@pytest.mark.slow
+@pytest.mark.usefixtures("one_thread")
+def test_the_same_file_spelled_another_way_is_accepted(demo_dir, tmp_path, monkeypatch) -> None:
+    monkeypatch.chdir(demo_dir)
+    dm = _files_dm(demo_dir, tmp_path)
+    model = YolactLite(num_classes=dm.num_classes, width=8, val_ann="annotations/../annotations/instances_val2017.json")
+    trainer = _logged_trainer(tmp_path, max_epochs=1, limit_train_batches=1, limit_val_batches=1.0,
+                              num_sanity_val_steps=0)
+    trainer.validate(model, datamodule=dm)
+    assert model.coco_metric is not None
+
+
+def test_a_mask_stride_that_differs_from_the_datamodules_is_refused(demo_dir, tmp_path) -> None:
+    dm = _files_dm(demo_dir, tmp_path, mask_stride=8)
+    model = YolactLite(num_classes=dm.num_classes, width=8, mask_stride=4)
+    with pytest.raises(ValueError, match=r"YolactLite\(mask_stride=4\) differs from the DataModule's mask_stride=8"):
+        _logged_trainer(tmp_path, max_steps=1).fit(model, datamodule=dm)
+@pytest.mark.slow
+def test_trainer_test_logs_the_validation_coco_numbers(coco_mini, tmp_path) -> None:
+    import json
+
+    from seg_datamodule import COCOSegDataModule
+
+    ann, images = str(coco_mini / "annotations" / "instances_val2017.json"), str(coco_mini / "val2017")
+    dm = COCOSegDataModule(train_ann=str(coco_mini / "annotations" / "instances_train2017.json"),
+                           train_images=str(coco_mini / "train2017"), val_ann=ann, val_images=images,
+                           test_ann=ann, test_images=images, image_size=160, batch_size=8, num_workers=0,
+                           cache_dir=str(tmp_path / "cache"))
+    torch.manual_seed(0)
+    model = YolactLite(num_classes=dm.num_classes, width=4, num_prototypes=4)
+    trainer = L.Trainer(accelerator="cpu", logger=False, enable_progress_bar=False, enable_model_summary=False)
+    val = trainer.validate(model, datamodule=dm, verbose=False)[0]
+    test = trainer.test(model, datamodule=dm, verbose=False)[0]
+    assert model.test_metric is not None and model.test_metric.ann_file == ann
+    keys = [k for k in val if k.startswith("val/segm_") or k.startswith("val/bbox_")]
+    assert len(keys) == 12 and val["val/bbox_AP"] > 0  # untrained: segm AP may round to 0, bbox AP not
+    for key in keys:
+        assert test[key.replace("val/", "test/")] == val[key], key
+    assert test["test/loss"] == pytest.approx(val["val/loss"])
+
+    # An image-info file (COCO test-dev's shape): losses over no targets, no COCO AP.
+    data = json.loads((coco_mini / "annotations" / "instances_val2017.json").read_text())
+    info = tmp_path / "image_info.json"
+    info.write_text(json.dumps({"images": data["images"][:4], "categories": data["categories"]}))
+    dm_info = COCOSegDataModule(train_ann=dm.train_ann, train_images=dm.train_images, test_ann=str(info),
+                                test_images=images, image_size=160, batch_size=8, num_workers=0,
+                                cache_dir=str(tmp_path / "cache"))
+    model_info = YolactLite(num_classes=dm.num_classes, width=4, num_prototypes=4)
+    test_info = trainer.test(model_info, datamodule=dm_info, verbose=False)[0]
+    assert model_info.test_metric is None and not any("AP" in k for k in test_info)
+    assert test_info["test/mask_loss"] == 0.0
+
+
+_BOX_MODEL = YolactLite(num_classes=2, width=4)  # predict_boxes reads only the batch
+
+
+@settings(max_examples=100, deadline=None)
+@given(h=st.integers(1, 5000), w=st.integers(1, 5000), canvas=st.sampled_from([64, 320, 640]))
+def test_whole_image_box_maps_back_to_the_whole_image(h, w, canvas) -> None:
+    """predict_boxes' box for an image without boxes is the letterboxed image: back in pixels, [0, 0, W, H]."""
+    from seg_datamodule.evaluation import boxes_to_original
+    from seg_datamodule.transforms.plan import letterbox_layout
+
+    _, _, scale, pad = letterbox_layout((h, w), (canvas, canvas))
+    batch = DetectionBatch(
+        images=torch.zeros((1, 3, canvas, canvas), dtype=torch.uint8), boxes=torch.zeros(0, 4),
+        labels=torch.zeros(0, dtype=torch.int64), masks=torch.zeros(0, canvas // 4, canvas // 4, dtype=torch.bool),
+        boxes_per_image=torch.zeros(1, dtype=torch.int64), image_ids=torch.tensor([1]),
+        annotation_ids=torch.zeros(0, dtype=torch.int64),
+        ignore_masks=torch.zeros(1, canvas // 4, canvas // 4, dtype=torch.bool),
+        scales=torch.tensor([scale], dtype=torch.float32), pads=torch.tensor([pad], dtype=torch.float32),
+        orig_sizes=torch.tensor([[h, w]]))
+    boxes, per_image = _BOX_MODEL.predict_boxes(batch)
+    assert per_image.tolist() == [1]
+    x1, y1, x2, y2 = boxes[0].tolist()
+    assert 0 <= x1 < x2 <= canvas and 0 <= y1 < y2 <= canvas
+    back = boxes_to_original(boxes.double(), float(batch.scales[0]), tuple(batch.pads[0].tolist()), (h, w))[0]
+    assert back.tolist() == pytest.approx([0.0, 0.0, w, h], abs=max(h, w) * 1e-5 + 1e-3)

@@ -11,7 +11,7 @@ Bad input and ``skip`` counts
     ``annotation_of_skipped_image``, so ``num_instances + num_crowd + crowd_dropped + skipped
     annotations`` is exactly the number of annotations in the JSON (``drop_crowd`` /
     ``drop_empty`` are not skips: :attr:`CocoIndex.dropped_counts`). Malformed structure that
-    cannot be skipped (not a JSON object, ``images`` / ``annotations`` / ``categories`` missing,
+    cannot be skipped (not a JSON object, ``images`` / ``categories`` missing, ``annotations`` not a list,
     a bad or duplicate category) always raises. Images found bad when read (missing, truncated,
     corrupt, wrong size) raise :class:`BadImageError`, which carries a reason key so a dataset in
     skip mode can count it in a :class:`SkipCounter` shared with its DataLoader workers;

@@ -146,6 +146,9 @@ def _tables_from_json(
             ann_file=ann_file,
             reason="not_coco",
         )
+    # An image-info file (COCO test-dev's ``image_info_test-dev2017.json``) has no
+    # ``annotations`` key at all: it indexes as images without instances.
+    data.setdefault("annotations", [])
     missing = [k for k in ("images", "annotations", "categories") if not isinstance(data.get(k), list)]
     if missing:
         raise BadAnnotationError(

@@ -27,15 +27,15 @@ import numpy as np
 from seg_datamodule.io.coco import CocoIndex, format_skip_summary
 from seg_datamodule.io.images import BadImageError
 from seg_datamodule.io.stream.records import record_from_index
+from seg_datamodule.io.stream.schema import META_FILE, SCHEMA_VERSION
+from seg_datamodule.io.stream.source import check_stream_source, read_stream_meta, split_source
 from seg_datamodule.ops.checks import check_bool, check_choice, check_int
 
 __all__ = ["FORMAT_VERSION", "META_FILE", "convert_coco", "read_stream_meta", "require_litdata", "split_source"]
 
-#: Name of the metadata JSON written beside the chunks.
-META_FILE = "seg_datamodule_stream.json"
-#: Version of the record schema and metadata; readers refuse another.
-FORMAT_VERSION = 1
-_REMOTE = ("s3://", "gs://", "r2://", "azure://", "hf://")
+#: The record schema's version (:data:`~seg_datamodule.io.stream.schema.SCHEMA_VERSION`), written to
+#: the metadata; readers refuse another.
+FORMAT_VERSION = SCHEMA_VERSION
 
 
 def require_litdata() -> Any:
@@ -47,16 +47,6 @@ def require_litdata() -> Any:
             "streaming needs LitData: pip install 'seg-datamodule[stream]' (litdata==0.2.76)"
         ) from err
     return litdata
-
-
-def split_source(source: str) -> tuple[str, bool]:
-    """``(path or url, remote)`` of a stream source: ``local:/path``, ``s3://...``, or a plain path."""
-    if not isinstance(source, (str, os.PathLike)):
-        raise TypeError(f"a stream source must be a str, got {type(source).__name__}")
-    source = os.fspath(source)
-    if source.startswith("local:"):
-        return source[len("local:"):], False
-    return source, source.startswith(_REMOTE)
 
 
 def _read_bytes(index: CocoIndex, i: int) -> bytes:
@@ -179,7 +169,7 @@ def convert_coco(
     skip_examples = index.skip_examples | read_examples
     meta: dict[str, Any] = {
         "format": "seg_datamodule.stream",
-        "version": FORMAT_VERSION,
+        "version": SCHEMA_VERSION,
         "litdata_version": getattr(litdata, "__version__", "unknown"),
         "ann_file": str(ann_file),
         "images_root": str(images_root),
@@ -203,6 +193,8 @@ def convert_coco(
     if not remote:
         meta["chunk_bytes_total"] = int(sum(p.stat().st_size for p in Path(out).iterdir() if p.name != META_FILE))
     _write_meta(meta, out, remote, storage_options)
+    # 5. What was written must pass the reader's check (one schema: a drift fails here, not in training).
+    check_stream_source(output_dir if remote else out, storage_options)
     return meta
 
 
@@ -220,29 +212,3 @@ def _write_meta(meta: dict[str, Any], out: str, remote: bool, storage_options: d
         local = Path(tmp) / META_FILE
         local.write_text(text)
         _get_fs_provider(out, storage_options).upload_file(str(local), f"{out.rstrip('/')}/{META_FILE}")
-
-
-def read_stream_meta(source: str, storage_options: dict[str, Any] | None = None) -> dict[str, Any]:
-    """The metadata beside a converted dataset's chunks (downloaded for a remote source).
-
-    Raises:
-        FileNotFoundError: no :data:`META_FILE` there (not written by :func:`convert_coco`).
-        ValueError: another format version.
-    """
-    path, remote = split_source(source)
-    if remote:
-        from litdata.streaming.fs_provider import _get_fs_provider
-
-        with tempfile.TemporaryDirectory() as tmp:
-            local = Path(tmp) / META_FILE
-            _get_fs_provider(path, storage_options).download_file(f"{path.rstrip('/')}/{META_FILE}", str(local))
-            meta = json.loads(local.read_text())
-    else:
-        file = Path(path) / META_FILE
-        if not file.is_file():
-            raise FileNotFoundError(f"{file} not found: {source} was not written by seg_datamodule's convert")
-        meta = json.loads(file.read_text())
-    if meta.get("format") != "seg_datamodule.stream" or meta.get("version") != FORMAT_VERSION:
-        raise ValueError(f"{source}: stream format {meta.get('format')!r} version {meta.get('version')!r}, "
-                         f"this package reads version {FORMAT_VERSION}")
-    return meta

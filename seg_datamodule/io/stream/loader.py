@@ -1,7 +1,12 @@
 """Training batches streamed from LitData chunks, built in the workers by the map-style machinery.
 
 * :class:`StreamRecords`: a ``litdata.StreamingDataset`` of records that tags each record with
-  the epoch being streamed (0-based, as Lightning counts).
+  the epoch being streamed (0-based, as Lightning counts). It trusts nothing in the chunk set:
+  ``index.json`` is checked against the record schema
+  (:func:`~seg_datamodule.io.stream.source.check_stream_index`) before LitData reads it, in the
+  process that builds the loader and again in every worker (each opens the chunks itself), and
+  every LitData serializer but the schema's three is replaced by one that refuses (so even an
+  ``index.json`` swapped after the check cannot select ``pickle``).
 * :class:`StreamBatchCollate`: the DataLoader ``collate_fn`` (it runs in the worker): binds the
   batch's records to a :class:`~seg_datamodule.io.stream.records.RecordWindow`, builds the
   samples with :class:`~seg_datamodule.data.dataset.SegDataset` (mosaic partners from the batch,
@@ -27,20 +32,24 @@ from typing import Any, Callable, Iterator, Sequence
 
 import numpy as np
 from litdata import StreamingDataLoader, StreamingDataset
+from litdata.streaming.serializers import _SERIALIZERS, Serializer
 
 from seg_datamodule.data.collate import DetectionCollate
 from seg_datamodule.data.dataset import SegDataset
 from seg_datamodule.io.stream.records import RecordWindow
+from seg_datamodule.io.stream.schema import RECORD_SCHEMA, StreamFormatError
+from seg_datamodule.io.stream.source import check_stream_index
 from seg_datamodule.structures import DetectionBatch
 
 __all__ = [
-    "StreamBatchCollate", "StreamRecords", "StreamTrainLoader", "stream_drop_count", "stream_train_loader",
-    "window_from_meta",
+    "RefusedSerializer", "StreamBatchCollate", "StreamRecords", "StreamTrainLoader", "schema_serializers",
+    "stream_drop_count", "stream_train_loader", "window_from_meta",
 ]
 
 
 def window_from_meta(meta: dict[str, Any], name: str = "stream") -> RecordWindow:
-    """The :class:`RecordWindow` of a converted dataset (from :func:`read_stream_meta`)."""
+    """The :class:`RecordWindow` of a converted dataset (metadata from
+    :func:`~seg_datamodule.io.stream.source.check_stream_source`)."""
     return RecordWindow(np.asarray(meta["image_ids"], np.int64), np.asarray(meta["heights"], np.int64),
                         np.asarray(meta["widths"], np.int64), name=name)
 
@@ -57,12 +66,76 @@ def stream_drop_count(num_records: int, world_size: int, batch_size: int) -> int
     return int(num_records - (num_records // batch_size // world_size) * batch_size * world_size)
 
 
-class StreamRecords(StreamingDataset):
-    """A ``StreamingDataset`` whose records carry ``"epoch"``: the 0-based epoch being streamed.
+class RefusedSerializer(Serializer):
+    """A LitData serializer that refuses to read: what every serializer outside the schema becomes.
+
+    LitData's item loader calls ``setup`` when it reads the chunk set's config, before any chunk,
+    so a ``data_format`` naming ``pickle`` (or ``numpy``, ``file``, ...) stops there.
 
     Args:
-        *args, **kwargs: as for ``litdata.StreamingDataset``.
+        name: the serializer it replaces, for the message.
     """
+
+    def __init__(self, name: str) -> None:
+        super().__init__()
+        self.name = name
+
+    def _refuse(self, what: Any = None) -> StreamFormatError:
+        return StreamFormatError(
+            f"index.json: field 'config.data_format': {what or self.name!r} is not a serializer of the record "
+            "schema; refusing to deserialize any chunk with it", path="index.json", field="config.data_format")
+
+    def setup(self, metadata: Any) -> None:
+        raise self._refuse(metadata)
+
+    def serialize(self, data: Any) -> tuple[bytes, str | None]:
+        raise self._refuse()
+
+    def deserialize(self, data: bytes) -> Any:
+        raise self._refuse()
+
+    def can_serialize(self, data: Any) -> bool:
+        return False
+
+
+def schema_serializers() -> dict[str, Serializer]:
+    """LitData's serializers with every one the record schema does not use replaced by a refusal."""
+    used = {kind if isinstance(kind, str) else "no_header_numpy" for _, kind in RECORD_SCHEMA}
+    return {name: RefusedSerializer(name) for name in _SERIALIZERS if name not in used}
+
+
+class StreamRecords(StreamingDataset):
+    """A ``StreamingDataset`` of checked records that carry ``"epoch"``: the 0-based epoch being streamed.
+
+    The source's ``index.json`` is checked before LitData reads it, here and in every worker
+    (:meth:`_create_cache`, where each worker opens its chunks); the serializers are
+    :func:`schema_serializers`.
+
+    Args:
+        input_dir: the source (a folder, ``local:/folder``, a bucket URL).
+        **kwargs: as for ``litdata.StreamingDataset`` (keywords only; not ``serializers``,
+            ``item_loader`` or ``index_path``).
+
+    Raises:
+        FileNotFoundError, StreamFormatError: see
+            :func:`~seg_datamodule.io.stream.source.check_stream_index`.
+        TypeError: ``serializers``, ``item_loader`` or ``index_path`` given.
+    """
+
+    def __init__(self, input_dir: str, **kwargs: Any) -> None:
+        given = sorted(set(kwargs) & {"serializers", "item_loader", "index_path"})
+        if given:  # each would let LitData read something other than the checked index and schema
+            raise TypeError(f"StreamRecords reads the checked record schema only: {given} cannot be given")
+        check_stream_index(input_dir, kwargs.get("storage_options"))
+        super().__init__(input_dir, serializers=schema_serializers(), **kwargs)
+
+    def _create_cache(self, worker_env: Any) -> Any:
+        # Each worker builds its own reader (and LitData downloads index.json again for a remote or
+        # `local:` source): check what it is about to read, first. A private LitData hook: the
+        # swapped-index tests in tests/io/test_stream_schema.py fail if it stops firing, and the
+        # refusing serializers hold either way.
+        check_stream_index(self.input_dir.url or self.input_dir.path, self.storage_options)
+        return super()._create_cache(worker_env)
 
     def __getitem__(self, index: Any) -> Any:
         item = super().__getitem__(index)

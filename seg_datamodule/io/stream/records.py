@@ -1,8 +1,9 @@
 """One streamed record per image: its schema with forced dtypes, and an index over a batch of them.
 
-A record is a flat dict of bytes, ints and 1-D numpy arrays, what ``litdata.optimize`` stores.
-LitData fixes a 1-D array's dtype from the first record it writes (a later record with another
-dtype reads back as garbage), so :func:`record_from_index` casts every array to
+A record is a flat dict of bytes, ints and 1-D numpy arrays, what ``litdata.optimize`` stores; its
+fields, their order and dtypes are :data:`~seg_datamodule.io.stream.schema.RECORD_SCHEMA`. LitData
+fixes a 1-D array's dtype from the first record it writes (a later record with another dtype reads
+back as garbage), so :func:`record_from_index` casts every array to
 :data:`RECORD_DTYPES` and :func:`check_record` refuses a record that does not match them.
 
 :class:`RecordWindow` is an :class:`~seg_datamodule.data.loading.ImageIndex` over the records of
@@ -20,29 +21,11 @@ import numpy as np
 from pycocotools import mask as mask_utils
 
 from seg_datamodule.io.images import BadImageError, decode_image_bytes, reduced_size
+from seg_datamodule.io.stream.schema import RECORD_DTYPES, RECORD_INTS, RECORD_SCHEMA
 from seg_datamodule.structures import Polygons
 
 __all__ = ["RECORD_DTYPES", "RECORD_INTS", "RecordWindow", "check_record", "crowd_rle", "record_from_index",
            "record_polygons"]
-
-#: The 1-D arrays of a record and their forced dtypes. ``vertices`` is ``(x0, y0, x1, y1, ...)``
-#: in original pixels; ``ring_offsets`` index vertices (not coordinates), ``instance_offsets``
-#: index rings, as in :class:`~seg_datamodule.structures.Polygons`. ``crowd_rle`` is the
-#: compressed COCO RLE (pycocotools ``counts``) of the union of the image's crowd regions, empty
-#: when it has none.
-RECORD_DTYPES: dict[str, np.dtype] = {
-    "vertices": np.dtype(np.float64),
-    "ring_offsets": np.dtype(np.int64),
-    "instance_offsets": np.dtype(np.int64),
-    "labels": np.dtype(np.int64),
-    "annotation_ids": np.dtype(np.int64),
-    "crowd_annotation_ids": np.dtype(np.int64),
-    "crowd_rle": np.dtype(np.uint8),
-}
-
-#: The int fields of a record: ``index`` is the image's position in the ``CocoIndex`` the chunks
-#: were converted from (what seeds its augmentation), the others are the JSON's.
-RECORD_INTS: tuple[str, ...] = ("index", "image_id", "height", "width")
 
 
 def crowd_rle(mask: np.ndarray | None) -> np.ndarray:
@@ -72,22 +55,23 @@ def record_from_index(index: Any, i: int, image: bytes) -> dict[str, Any]:
         dict with ``image`` (bytes), the :data:`RECORD_INTS` and the :data:`RECORD_DTYPES` arrays.
     """
     polygons = index.polygons(i)
-    record: dict[str, Any] = {
-        "index": int(i),
-        "image_id": int(index.image_ids[i]),
-        "height": int(index.heights[i]),
-        "width": int(index.widths[i]),
-        "image": bytes(image),
-        "vertices": np.asarray(polygons.vertices).reshape(-1),
-        "ring_offsets": polygons.ring_offsets,
-        "instance_offsets": polygons.instance_offsets,
-        "labels": index.labels(i),
-        "annotation_ids": index.annotation_ids(i),
-        "crowd_annotation_ids": index.crowd_annotation_ids(i),
+    values: dict[str, Any] = {
+        "index": i, "image_id": index.image_ids[i], "height": index.heights[i], "width": index.widths[i],
+        "image": image, "vertices": np.asarray(polygons.vertices).reshape(-1), "ring_offsets": polygons.ring_offsets,
+        "instance_offsets": polygons.instance_offsets, "labels": index.labels(i),
+        "annotation_ids": index.annotation_ids(i), "crowd_annotation_ids": index.crowd_annotation_ids(i),
         "crowd_rle": crowd_rle(index.crowd_mask(i)),
     }
-    for key, dtype in RECORD_DTYPES.items():
-        record[key] = np.ascontiguousarray(record[key], dtype=dtype).reshape(-1)
+    # Built in the schema's order: LitData writes the fields in dict order, and the reader's check
+    # (schema.check_index) accepts exactly that order.
+    record: dict[str, Any] = {}
+    for key, kind in RECORD_SCHEMA:
+        if not isinstance(kind, str):  # (a dtype compares equal to its name: int64 == "int")
+            record[key] = np.ascontiguousarray(values[key], dtype=kind).reshape(-1)
+        elif kind == "int":
+            record[key] = int(values[key])
+        else:
+            record[key] = bytes(values[key])
     return record
 
 

@@ -104,8 +104,9 @@ def _check_index(index: Any, data: dict[str, Any]) -> str | None:
     if index.num_images + images != len(data["images"]):
         return f"{index.num_images} images + {images} skipped != {len(data['images'])}"
     kept = index.num_instances + index.num_crowd
-    if kept + annotations != len(data["annotations"]):
-        return f"{kept} annotations + {annotations} skipped != {len(data['annotations'])}"
+    total = len(data.get("annotations", []))  # an image-info file has none
+    if kept + annotations != total:
+        return f"{kept} annotations + {annotations} skipped != {total}"
     for i in range(len(index)):  # what a training epoch reads (crowd masks decoded by pycocotools)
         index.polygons(i)
         if index.heights[i] * index.widths[i] <= 1 << 22:

@@ -178,7 +178,7 @@ def test_several_problems_are_counted_by_reason(tmp_path: Path) -> None:
         ("{not json", "not valid JSON"),
         ("[1, 2]", "top level is a list"),
         (json.dumps({"images": [], "annotations": []}), "'categories' missing"),
-        (json.dumps({"images": [], "categories": []}), "'annotations' missing"),
+        (json.dumps({"images": [], "categories": [], "annotations": {}}), "'annotations' missing or not a list"),
         (json.dumps({"annotations": [], "categories": [], "images": {}}), "'images' missing"),
         (json.dumps({"images": [], "annotations": [],
                      "categories": [{"id": 1, "name": "a"}, {"id": 1, "name": "b"}]}),
@@ -218,3 +218,17 @@ def test_many_bad_annotations_across_chunks(tmp_path: Path, monkeypatch: pytest.
         _build(_write(tmp_path, data))
 
 
+
+
+def test_image_info_file_without_annotations_indexes(tmp_path: Path) -> None:
+    # COCO test-dev's image_info_test-dev2017.json: images and categories, no "annotations" key.
+    path = tmp_path / "image_info.json"
+    path.write_text(json.dumps({
+        "images": [{"id": 7, "file_name": "a.jpg", "height": 20, "width": 30},
+                   {"id": 3, "file_name": "b.jpg", "height": 10, "width": 10}],
+        "categories": [{"id": 5, "name": "x"}, {"id": 2, "name": "y"}],
+    }))
+    index = _build(path, on_bad_sample="raise")
+    assert index.image_ids.tolist() == [7, 3] and index.num_instances == 0 and index.num_crowd == 0
+    assert index.category_ids.tolist() == [2, 5] and index.skip_counts == {}
+    assert index.labels(0).shape == (0,) and len(index.polygons(1)) == 0

@@ -1,0 +1,241 @@
+"""The README's fenced code blocks as runnable steps, for ``tests/test_readme.py``.
+
+Every ```` ```bash ```` and ```` ```python ```` block of ``README.md`` becomes one or more
+:class:`Step` s, named after the section they stand in (``train-on-coco-2017``,
+``use-it-in-your-own-code-2``). A block that cannot run in a test carries the line
+``<!-- readme-test: skip (why) -->`` just before its fence and is reported skipped by name.
+
+A step runs as a user would run it, with four kinds of change, all listed here:
+
+- **paths**: ``/data/coco/...``, ``annotations/instances_*.json`` and bare ``train2017`` /
+  ``val2017`` name a COCO root made of coco-mini (:func:`make_coco_root`: its files, plus a
+  test-dev image-info file and a ``test2017`` folder made from val); ``s3://bucket/...`` names a
+  local folder (no S3 server here);
+- **interpreter**: ``.venv/bin/python`` (or ``python``) is the interpreter running the tests,
+  and ``seg-datamodule`` is its console script;
+- **size**: ``fit`` / ``validate`` / ``test`` / ``predict`` runs get :func:`cli_limits` appended
+  (a few small steps on two workers), Python blocks the same limits through :data:`PY_LIMITS`; a
+  ``fit`` that resumes (``--ckpt_path``) runs one epoch more than the run that wrote the
+  checkpoint;
+- **help**: a benchmark script runs with ``--help`` (the benchmarks themselves take minutes).
+
+The installation and test commands of the quick start are not run (that would install the
+project or run this suite inside itself); the test checks instead that ``.ci/run`` runs them.
+"""
+
+from __future__ import annotations
+
+import re
+import shlex
+from dataclasses import dataclass, field
+from pathlib import Path
+
+__all__ = [
+    "CLI_LIMITS", "PY_LIMITS", "Block", "Step", "cli_limits", "make_coco_root", "parse_blocks",
+    "steps_from_blocks", "substitute_python", "substitute_token",
+]
+
+#: Appended to every ``fit`` / ``validate`` / ``test`` command: small, but every stage runs
+#: (training past the profiler's warm-up, validation with COCO AP, the checkpoint at the end).
+CLI_LIMITS = [
+    "--trainer.limit_train_batches", "8", "--trainer.limit_val_batches", "2",
+    "--trainer.check_val_every_n_epoch", "1", "--trainer.num_sanity_val_steps", "0",
+    "--trainer.log_every_n_steps", "2", "--data.batch_size", "4", "--data.image_size", "256",
+    "--data.num_workers", "2",
+]
+#: The evaluation-only limits (``validate``, ``test``, ``predict``): two small batches.
+_EVAL_LIMITS = ["--data.val_batch_size", "4", "--data.image_size", "256", "--data.num_workers", "2"]
+#: The same limits for Python blocks, as (pattern, replacement) over the source.
+PY_LIMITS = [
+    (r"\bTrainer\(", "Trainer(max_epochs=1, limit_train_batches=8, limit_val_batches=2, limit_test_batches=2, "
+                     "limit_predict_batches=2, num_sanity_val_steps=0, "),
+    (r"\bimage_size=\d+", "image_size=256"),
+    (r"\b(val_)?batch_size=\d+", r"\1batch_size=4"),
+    (r"\bnum_workers=\d+", "num_workers=2"),
+]
+
+
+def cli_limits(subcommand: str | None, resumes: bool) -> list[str]:
+    """What a test appends to a CLI command of the README or a config (see the module docstring)."""
+    if subcommand == "fit":
+        return [*CLI_LIMITS, "--trainer.max_epochs", "2" if resumes else "1"]
+    if subcommand in ("validate", "test", "predict"):
+        return [f"--trainer.limit_{'val' if subcommand == 'validate' else subcommand}_batches", "2", *_EVAL_LIMITS]
+    return []
+
+
+def make_coco_root(coco_mini: Path, root: Path) -> Path:
+    """A COCO 2017 root made of coco-mini: what ``/data/coco`` stands for in the README.
+
+    ``annotations/instances_{train,val}2017.json``, ``train2017/`` and ``val2017/`` are coco-mini's
+    (linked); ``test2017/`` is val2017's images and ``annotations/image_info_test-dev2017.json`` is
+    val's file without its annotations, the shape of COCO test-dev's.
+    """
+    import json
+
+    (root / "annotations").mkdir(parents=True)
+    for split in ("train", "val"):
+        (root / "annotations" / f"instances_{split}2017.json").symlink_to(
+            coco_mini / "annotations" / f"instances_{split}2017.json")
+        (root / f"{split}2017").symlink_to(coco_mini / f"{split}2017")
+    (root / "test2017").symlink_to(coco_mini / "val2017")
+    val = json.loads((coco_mini / "annotations" / "instances_val2017.json").read_text())
+    info = {k: v for k, v in val.items() if k != "annotations"}
+    (root / "annotations" / "image_info_test-dev2017.json").write_text(json.dumps(info))
+    return root
+
+_SKIP = re.compile(r"<!--\s*readme-test:\s*skip\s*\((?P<why>[^)]+)\)\s*-->")
+_FENCE = re.compile(r"^```(?P<lang>[A-Za-z]*)\s*$")
+
+
+@dataclass(frozen=True)
+class Block:
+    """One fenced block of the README.
+
+    Attributes:
+        name: the section's slug, with ``-2``, ``-3`` ... for later blocks of that section.
+        lang: ``"bash"`` or ``"python"`` (other fences are prose and not collected).
+        code: the block's text.
+        line: 1-based line of the opening fence.
+        skip: why the block is not run, from its ``readme-test: skip`` marker; ``None`` runs it.
+    """
+
+    name: str
+    lang: str
+    code: str
+    line: int
+    skip: str | None = None
+
+
+@dataclass
+class Step:
+    """One command (bash) or one whole block (python) to run.
+
+    Attributes:
+        name: the block's name, ``#k`` appended for the k-th command of a bash block.
+        kind: ``"cli"`` (``python -m seg_datamodule`` / ``seg-datamodule``), ``"bench"``,
+            ``"python"``, ``"install"`` or ``"suite"`` (checked against ``.ci/run``, not run).
+        argv: the command as the README writes it (bash), or ``[]`` (python).
+        source: the block's code (python), or ``""``.
+        subcommand: for ``cli``: ``fit``, ``validate``, ``convert``, ...
+        config: for ``cli``: the ``--config`` file it names, if any.
+    """
+
+    name: str
+    kind: str
+    argv: list[str] = field(default_factory=list)
+    source: str = ""
+    subcommand: str | None = None
+    config: str | None = None
+
+
+def _slug(heading: str) -> str:
+    return re.sub(r"[^a-z0-9]+", "-", heading.lower()).strip("-")
+
+
+def parse_blocks(text: str) -> list[Block]:
+    """The README's bash and python blocks, in order, named by section."""
+    blocks: list[Block] = []
+    lines = text.splitlines()
+    section, seen = "top", {}
+    i = 0
+    while i < len(lines):
+        line = lines[i]
+        if line.startswith("#") and not line.startswith("#!"):
+            section = _slug(line.lstrip("#"))
+        match = _FENCE.match(line)
+        if match is None:
+            i += 1
+            continue
+        end = next(j for j in range(i + 1, len(lines)) if lines[j].startswith("```"))
+        lang = match["lang"]
+        if lang in ("bash", "sh", "shell", "python", "py"):
+            seen[section] = seen.get(section, 0) + 1
+            name = section if seen[section] == 1 else f"{section}-{seen[section]}"
+            skip = _SKIP.search(lines[i - 1]) if i else None
+            blocks.append(Block(name=name, lang="python" if lang.startswith("py") else "bash",
+                                code="\n".join(lines[i + 1:end]), line=i + 1,
+                                skip=skip["why"].strip() if skip else None))
+        i = end + 1
+    return blocks
+
+
+def _commands(code: str) -> list[list[str]]:
+    """A bash block's simple commands: continuations joined, comments dropped, ``&&`` split."""
+    joined = re.sub(r"\\\n", " ", code)
+    commands: list[list[str]] = []
+    for line in joined.splitlines():
+        tokens = shlex.split(line, comments=True)
+        current: list[str] = []
+        for token in tokens:
+            if token == "&&":
+                commands.append(current)
+                current = []
+            else:
+                current.append(token)
+        if current:
+            commands.append(current)
+    return commands
+
+
+def _classify(name: str, argv: list[str]) -> Step:
+    prog = Path(argv[0]).name
+    if prog.startswith("python") and argv[1:3] == ["-m", "venv"] or prog == "pip" or argv[1:3] == ["-m", "pip"]:
+        return Step(name, "install", argv)
+    if prog.startswith("python") and argv[1:3] == ["-m", "pytest"]:
+        return Step(name, "suite", argv)
+    if prog.startswith("python") and argv[1:3] == ["-m", "seg_datamodule"] or prog == "seg-datamodule":
+        rest = argv[3:] if prog.startswith("python") else argv[1:]
+        config = rest[rest.index("--config") + 1] if "--config" in rest else None
+        return Step(name, "cli", argv, subcommand=rest[0] if rest else None, config=config)
+    if prog.startswith("python") and len(argv) >= 2 and argv[1].startswith("benchmarks/"):
+        return Step(name, "bench", argv)
+    raise ValueError(f"README block {name}: no test runs {shlex.join(argv)!r}; teach tests/_readme.py to run it "
+                     "or mark the block <!-- readme-test: skip (why) -->")
+
+
+def steps_from_blocks(blocks: list[Block]) -> list[Step]:
+    """Every step of the runnable blocks, in README order.
+
+    Raises:
+        ValueError: a command that no runner knows (so a new kind of README command cannot go
+            untested by accident).
+    """
+    steps: list[Step] = []
+    for block in blocks:
+        if block.skip is not None:
+            continue
+        if block.lang == "python":
+            steps.append(Step(block.name, "python", source=block.code))
+            continue
+        commands = _commands(block.code)
+        for k, argv in enumerate(commands, 1):
+            step = _classify(block.name if len(commands) == 1 else f"{block.name}#{k}", argv)
+            if step.kind == "bench":  # name a benchmark by its script, not its position
+                step.name = f"{block.name}:{Path(argv[1]).stem}"
+            steps.append(step)
+    return steps
+
+
+def substitute_token(token: str, coco: Path, bucket: Path) -> str:
+    """A README path token as it is run in a test (see the module docstring)."""
+    if token.startswith("/data/coco/"):
+        return str(coco / token[len("/data/coco/"):])
+    if token.startswith("annotations/instances_"):
+        return str(coco / token)
+    if token in ("train2017", "val2017"):
+        return str(coco / token)
+    if token.startswith("s3://bucket/"):
+        return str(bucket / token[len("s3://bucket/"):])
+    return token
+
+
+def substitute_python(source: str, coco: Path) -> str:
+    """A README Python block as it is run in a test: coco-mini's files and :data:`PY_LIMITS`."""
+    source = re.sub(r'"instances_(train|val)2017\.json"',
+                    lambda m: repr(str(coco / "annotations" / f"instances_{m[1]}2017.json")), source)
+    source = re.sub(r'"(train|val)2017"', lambda m: repr(str(coco / f"{m[1]}2017")), source)
+    source = re.sub(r'"/data/coco/([^"]*)"', lambda m: repr(str(coco / m[1])), source)
+    for pattern, replacement in PY_LIMITS:
+        source = re.sub(pattern, replacement, source)
+    return source
