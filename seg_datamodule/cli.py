@@ -7,6 +7,12 @@ through :class:`~seg_datamodule.evaluation.writer.COCOResultsWriter`.
 ``seg-datamodule convert ANN IMAGES OUTPUT`` writes LitData chunks for ``data.train_stream``
 (:mod:`~seg_datamodule.io.stream.cli`; not a LightningCLI subcommand, it trains nothing).
 
+``seg-datamodule loader-bench --config CONFIG [--workers 0,1,2] [--batches N] [--target-img-s R]
+[--data.KEY VALUE ...]`` runs only the train loader of the same YAML as ``fit`` at each
+``num_workers`` (:mod:`~seg_datamodule.data.probe`), printing a table and writing a CSV and a PNG.
+The DataModule is built by this LightningCLI from the config (``run=False``), as ``fit`` builds
+it, but no Trainer is.
+
 The DataModule is fixed (:class:`~seg_datamodule.data.datamodule.COCOSegDataModule`); the model is
 any ``LightningModule`` chosen by ``class_path``. ``data.num_classes`` (read from the annotation
 file) is linked into ``model.init_args.num_classes``, so a config never repeats it.
@@ -14,14 +20,18 @@ file) is linked into ``model.init_args.num_classes``, so a config never repeats 
 
 from __future__ import annotations
 
+import argparse
+import math
 import sys
+from collections.abc import Sequence
+from pathlib import Path
 
 from lightning.pytorch import LightningModule
 from lightning.pytorch.cli import ArgsType, LightningCLI
 
 from seg_datamodule.data.datamodule import COCOSegDataModule
 
-__all__ = ["SegCLI", "main"]
+__all__ = ["SegCLI", "datamodule_from_config", "loader_bench_main", "main"]
 
 
 class SegCLI(LightningCLI):
@@ -43,6 +53,9 @@ def main(args: ArgsType = None) -> SegCLI | None:
 
         convert_main(list(argv[1:]))
         return None
+    if isinstance(argv, (list, tuple)) and argv[:1] == ["loader-bench"]:
+        loader_bench_main(list(argv[1:]))
+        return None
     return SegCLI(
         LightningModule,
         COCOSegDataModule,
@@ -50,6 +63,122 @@ def main(args: ArgsType = None) -> SegCLI | None:
         save_config_kwargs={"overwrite": True},
         args=args,
     )
+
+
+class _DataOnlyCLI(SegCLI):
+    """Parses the config and instantiates its classes as ``fit`` would, but builds no Trainer."""
+
+    def instantiate_trainer(self, **kwargs):  # noqa: ANN003, ANN201 (LightningCLI's signature)
+        return None
+
+
+def datamodule_from_config(cli_args: Sequence[str]) -> COCOSegDataModule:
+    """The DataModule that ``fit`` with these arguments would train on, set up for ``"fit"``.
+
+    Args:
+        cli_args: LightningCLI arguments without a subcommand, e.g. ``["--config",
+            "configs/coco.yaml", "--data.num_workers", "4"]``.
+
+    The config's ``trainer.max_epochs`` reaches the training dataset as the Trainer's would
+    (``close_mosaic`` counts back from it).
+    """
+    # LightningCLI warns when it is given args while sys.argv holds others (ours, the subcommand's).
+    argv, sys.argv = sys.argv, sys.argv[:1]
+    try:
+        cli = _DataOnlyCLI(
+            LightningModule, COCOSegDataModule, subclass_mode_model=True, run=False, save_config_callback=None,
+            args=list(cli_args),
+        )
+    finally:
+        sys.argv = argv
+    datamodule = cli.datamodule
+    datamodule.setup("fit")
+    max_epochs = cli.config.get("trainer", {}).get("max_epochs")
+    if isinstance(max_epochs, int) and max_epochs > 0 and datamodule.train_dataset is not None:
+        datamodule.train_dataset.set_max_epochs(max_epochs)
+    return datamodule
+
+
+def _loader_bench_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="seg-datamodule loader-bench", allow_abbrev=False,
+        description="Run only the train loader of a fit config at several num_workers; print img/s, ms per batch "
+                    "on the training thread, decodes per image and peak worker memory (PSS); write a CSV and a PNG. "
+                    "Other arguments (--config, --data.KEY VALUE) are the fit command's.",
+    )
+    parser.add_argument("--workers", default=None,
+                        help="comma-separated num_workers (default: 0, 1 and powers of two up to the cores)")
+    parser.add_argument("--batches", type=int, default=20, help="batches timed per worker count (default 20)")
+    parser.add_argument("--warmup", type=int, default=2, help="batches before the timer (default 2)")
+    parser.add_argument("--target-img-s", type=float, default=None,
+                        help="say how many workers reach this many images per second")
+    parser.add_argument("--out", default="runs/loader-bench",
+                        help="folder of loader_bench.csv and loader_bench.png (default runs/loader-bench)")
+    parser.add_argument("--no-memory", action="store_true", help="do not sample PSS after every batch")
+    return parser
+
+
+def _worker_counts(text: str | None, cores: int) -> list[int]:
+    from seg_datamodule.data.probe import default_worker_counts
+
+    if text is None:
+        return default_worker_counts(cores)
+    try:
+        counts = [int(part) for part in text.split(",") if part.strip()]
+    except ValueError:
+        raise SystemExit(f"seg-datamodule loader-bench: --workers must be comma-separated ints, got {text!r}") from None
+    if not counts or min(counts) < 0:
+        raise SystemExit(f"seg-datamodule loader-bench: --workers must be ints >= 0, got {text!r}")
+    return counts
+
+
+def _format_rows(rows: Sequence) -> str:
+    def mib(value: float) -> str:
+        return "-" if not math.isfinite(value) else f"{value:.0f}"
+
+    header = (f"{'workers':>7} {'img/s':>8} {'ms/batch':>9} {'thread cpu ms':>13} {'decodes/img':>11}"
+              f" {'PSS/worker MiB':>14} {'PSS workers MiB':>15} {'PSS main MiB':>12}")
+    lines = [header, "-" * len(header)]
+    for row in rows:
+        decodes = "-" if not math.isfinite(row.decodes_per_image) else f"{row.decodes_per_image:.2f}"
+        lines.append(
+            f"{row.workers:>7} {row.img_s:>8.1f} {row.batch_ms:>9.1f} {row.train_thread_cpu_ms:>13.2f} {decodes:>11}"
+            f" {mib(row.worker_pss_peak_mib):>14} {mib(row.workers_pss_peak_mib):>15} {mib(row.main_pss_peak_mib):>12}"
+        )
+    return "\n".join(lines)
+
+
+def loader_bench_main(argv: Sequence[str] | None = None) -> list:
+    """Run ``seg-datamodule loader-bench``; returns the :class:`~seg_datamodule.data.probe.ProbeRow` list."""
+    from seg_datamodule.data.probe import plot_probe, probe_loader, workers_for_target, write_csv
+    from seg_datamodule.profiling.trainer_internals import available_cores
+
+    args, cli_args = _loader_bench_parser().parse_known_args(argv)
+    if not any(a == "--config" or a.startswith("--config=") for a in cli_args):
+        raise SystemExit("seg-datamodule loader-bench: give --config, the YAML you pass to fit")
+    cores = available_cores()
+    counts = _worker_counts(args.workers, cores)
+    datamodule = datamodule_from_config(cli_args)
+
+    def make_loader(workers: int):  # noqa: ANN202 (a DataLoader of the module's own kind)
+        datamodule.num_workers = workers  # the one setting the probe varies; the loader reads it
+        if datamodule.train_dataset is not None:  # each count starts as a fresh run: an empty cache
+            datamodule.train_dataset.on_worker_start()
+        return datamodule.train_dataloader()
+
+    print(f"train loader alone: batch {datamodule.batch_size}, image_size {datamodule.image_size},"
+          f" {args.batches} batches after {args.warmup} warm-up per worker count, {cores} cores", flush=True)
+    rows = probe_loader(make_loader, counts, args.batches, args.warmup, sample_memory=not args.no_memory)
+    print(_format_rows(rows))
+    if args.target_img_s is not None:
+        print(workers_for_target(rows, args.target_img_s, cores)[1])
+    out = Path(args.out)
+    csv_path = write_csv(rows, out / "loader_bench.csv")
+    png_path = out / "loader_bench.png"
+    plot_probe(rows, args.target_img_s, title=f"train loader: batch {datamodule.batch_size}, "
+               f"{datamodule.image_size} px, {cores} cores").savefig(png_path, dpi=100)
+    print(f"written: {csv_path}, {png_path}")
+    return rows
 
 
 if __name__ == "__main__":

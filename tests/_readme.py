@@ -59,6 +59,8 @@ def cli_limits(subcommand: str | None, resumes: bool) -> list[str]:
     """What a test appends to a CLI command of the README or a config (see the module docstring)."""
     if subcommand == "fit":
         return [*CLI_LIMITS, "--trainer.max_epochs", "2" if resumes else "1"]
+    if subcommand == "loader-bench":
+        return ["--data.batch_size", "4", "--data.image_size", "256"]
     if subcommand in ("validate", "test", "predict"):
         return [f"--trainer.limit_{'val' if subcommand == 'validate' else subcommand}_batches", "2", *_EVAL_LIMITS]
     return []

@@ -3,8 +3,8 @@
 ``accumulator`` (rows in, statistics out), ``timing`` (host clock and CUDA events), ``recorder``
 (which hook opens and closes which phase), ``tap`` (the fetch, seen on the Trainer's profiler),
 ``optimizer`` (the optimiser step timed alone), ``report`` and ``plot`` (table, JSON, PNG),
-``callback`` (the Lightning adapter), ``trainer_internals`` (its few private reaches).
-Imports nothing from the data path.
+``verdict`` (what the report says to do: rules over its figures), ``callback`` (the Lightning
+adapter), ``trainer_internals`` (its few private reaches). Imports nothing from the data path.
 """
 
 from seg_datamodule.profiling.accumulator import PHASES, StepTimeAccumulator
@@ -12,5 +12,15 @@ from seg_datamodule.profiling.callback import StepTimeProfiler
 from seg_datamodule.profiling.optimizer import time_optimizer_step
 from seg_datamodule.profiling.report import format_table
 from seg_datamodule.profiling.plot import plot_step_split
+from seg_datamodule.profiling.verdict import THRESHOLDS, judge_step_time
 
-__all__ = ["PHASES", "StepTimeAccumulator", "StepTimeProfiler", "format_table", "plot_step_split", "time_optimizer_step"]
+__all__ = [
+    "PHASES",
+    "THRESHOLDS",
+    "StepTimeAccumulator",
+    "StepTimeProfiler",
+    "format_table",
+    "judge_step_time",
+    "plot_step_split",
+    "time_optimizer_step",
+]

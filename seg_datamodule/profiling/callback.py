@@ -23,6 +23,7 @@ from lightning.pytorch import LightningModule, Trainer
 from lightning.pytorch.callbacks import Callback
 from lightning.pytorch.utilities.rank_zero import rank_zero_info, rank_zero_warn
 
+from seg_datamodule.compat import warn_unverified
 from seg_datamodule.ops.checks import check_bool, check_int
 from seg_datamodule.profiling.accumulator import StepTimeAccumulator
 from seg_datamodule.profiling.optimizer import running_beside, time_optimizer_step
@@ -30,7 +31,7 @@ from seg_datamodule.profiling.recorder import StepRecorder, step_metrics
 from seg_datamodule.profiling.report import build_report, format_table, write_report
 from seg_datamodule.profiling.tap import attach, detach
 from seg_datamodule.profiling.timing import CudaMarks, PhaseTimer
-from seg_datamodule.profiling.trainer_internals import gather_medians, shut_down_train_workers
+from seg_datamodule.profiling.trainer_internals import gather_medians, loader_info, log_step, shut_down_train_workers
 
 __all__ = ["StepTimeProfiler"]
 
@@ -43,9 +44,11 @@ class StepTimeProfiler(Callback):
     ``step_time/<phase>_ms``, while training, labelled as Lightning labels its own step metrics:
     one point per optimiser step at ``x = `` the optimiser steps before it, every
     ``log_every_n_steps`` of them; with gradient accumulation a point sums the batches of its
-    optimiser step. At the end of fit, on rank 0: a table on the console and
-    ``<filename>.json`` (summary, wall time in and between steps, per-rank medians, per-step
-    rows) and ``<filename>.png`` (:func:`plot_step_split`) in ``dirpath``. An exception or
+    optimiser step. At the end of fit, on rank 0: a table on the console ending in a verdict
+    (:func:`~seg_datamodule.profiling.verdict.judge_step_time`: the loader, the optimiser, the
+    copy to the device or the time between steps, whichever costs most, else compute-bound),
+    ``<filename>.json`` (summary, wall time in and between steps, per-rank medians, the
+    verdict, per-step rows) and ``<filename>.png`` (:func:`plot_step_split`) in ``dirpath``. An exception or
     Ctrl-C during fit still writes them, from the steps done, marked ``"partial": true``. Under
     DDP the table also gives, per phase, the slowest rank and its median, so stragglers show;
     :meth:`summary` is the local rank's. With ``strategy="ddp_spawn"`` the measuring happens in
@@ -124,6 +127,9 @@ class StepTimeProfiler(Callback):
         self.isolated_context: dict[str, Any] | None = None
         #: wall time of training (``train_s``), in steps (``steps_s``) and between them
         self.wall: dict[str, float] | None = None
+        #: the train loader's ``num_workers``, ``batch_size``, ``pin_memory`` and the ``cores``
+        #: this rank has, read at the start of training for the verdict
+        self.loader_info: dict[str, Any] | None = None
         #: the files written at the end of fit (rank 0)
         self.report_paths: list[Path] = []
         self._partial: str | None = None  # what stopped the fit early, for the report
@@ -170,6 +176,7 @@ class StepTimeProfiler(Callback):
             isolated_context=self.isolated_context,
             wall=self.wall,
             stopped_by=self._partial,
+            loader=self.loader_info,
         )
 
     # -- set-up and tear-down --------------------------------------------------------------
@@ -182,6 +189,7 @@ class StepTimeProfiler(Callback):
         self.isolated_optimizer_ms = None
         self.isolated_context = None
         self.wall = None
+        self.loader_info = None
         self.report_paths = []
         self._partial = None
         self._window = []
@@ -202,6 +210,7 @@ class StepTimeProfiler(Callback):
         # trainer.log_dir is a collective under DDP: resolved here, where every rank comes, and
         # not in on_exception, where only the failing one may.
         self._dirpath = self.dirpath if self.dirpath is not None else trainer.log_dir
+        self.loader_info = loader_info(trainer)
         self._train_start_s = time.perf_counter()
         device = trainer.strategy.root_device
         marks = CudaMarks(device) if device.type == "cuda" else None
@@ -280,7 +289,7 @@ class StepTimeProfiler(Callback):
         self, trainer: Trainer, pl_module: LightningModule, batch: Any, batch_idx: int
     ) -> None:
         if self._recorder is not None:
-            self._recorder.batch_start()
+            self._recorder.batch_start(pl_module.automatic_optimization)
 
     def on_before_backward(self, trainer: Trainer, pl_module: LightningModule, loss: torch.Tensor) -> None:
         if self._recorder is not None:
@@ -311,7 +320,7 @@ class StepTimeProfiler(Callback):
             global_step=trainer.global_step,
             # Lightning logs a step's metrics at `_batches_that_stepped` before it increments
             # (logger_connector.log_metrics); the same x lines the curves up.
-            log_step=getattr(trainer.fit_loop.epoch_loop, "_batches_that_stepped", trainer.global_step),
+            log_step=log_step(trainer),
             automatic=int(pl_module.automatic_optimization),
         )
         self._drain(trainer)
@@ -348,6 +357,9 @@ class StepTimeProfiler(Callback):
             if phase not in self._warned:
                 self._warned.add(phase)
                 rank_zero_warn(f"StepTimeProfiler: {message}")
+        if self._recorder.hook_order_problem is not None:
+            warn_unverified("fetch_action", f"hook order: {self._recorder.hook_order_problem}",
+                            "The phases around it may be split at the wrong hooks.", warn=rank_zero_warn)
 
     # -- end of fit ----------------------------------------------------------------------------
 
@@ -383,6 +395,7 @@ class StepTimeProfiler(Callback):
                 f" warmup_steps={self.warmup_steps}; nothing to report."
             )
             return
+        report = self.report()
         if summary:
             rank_zero_info(
                 format_table(
@@ -392,10 +405,10 @@ class StepTimeProfiler(Callback):
                     wall=self.wall,
                     stopped_by=self._partial,
                     isolated_context=self.isolated_context,
+                    verdict=report["verdict"],
                 )
             )
         if self._dirpath is not None:
-            report = self.report()
             self.report_paths = write_report(report, Path(self._dirpath), self.filename, self.save_plot)
             what = "partial report" if self._partial else "report"
             rank_zero_info(f"StepTimeProfiler: {what} written to " + ", ".join(map(str, self.report_paths)))

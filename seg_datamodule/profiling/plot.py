@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import os
+import textwrap
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -57,6 +58,8 @@ def plot_step_split(
     Left: one stacked bar per step (batch index on x, ms on y), one segment per phase other
     than ``step``; warm-up steps are shaded. Right: the phases' shares of the step as one
     stacked bar, plus the device's shares and its busy / idle split when the run was on CUDA.
+    Above both, the report's ``verdict`` (:func:`~seg_datamodule.profiling.verdict.judge_step_time`)
+    when it has one.
 
     Args:
         report: :meth:`StepTimeProfiler.report`, or the path of the ``step_time.json`` it wrote.
@@ -138,4 +141,10 @@ def plot_step_split(
     share_ax.set_title("share of step")
     if not bars:
         share_ax.text(0.5, 0.5, "no summary", ha="center", va="center", transform=share_ax.transAxes)
+
+    # 3. The verdict, as the table ends with it.
+    verdict = data.get("verdict")
+    if verdict:
+        text = textwrap.fill(f"verdict ({verdict['key']}): {verdict['sentence']}", width=150)
+        fig.suptitle(text, x=0.01, ha="left", fontsize="small")
     return fig

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import math
+import textwrap
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
@@ -16,6 +17,7 @@ import numpy as np
 
 from seg_datamodule.profiling.accumulator import PHASES
 from seg_datamodule.profiling.plot import plot_step_split
+from seg_datamodule.profiling.verdict import judge_step_time
 
 __all__ = ["build_report", "format_table", "write_report"]
 
@@ -47,6 +49,7 @@ def build_report(
     isolated_context: Mapping[str, Any] | None = None,
     wall: Mapping[str, float] | None = None,
     stopped_by: str | None = None,
+    loader: Mapping[str, Any] | None = None,
 ) -> dict[str, Any]:
     """What ``step_time.json`` holds, NaN written as ``null``.
 
@@ -57,7 +60,10 @@ def build_report(
     starts; ``steps_share``), so the phases' shares can be read against wall time; ``ranks``
     (``None`` on one process, else ``{"median_ms": {phase: [per rank]}, "slowest_rank": {phase:
     rank}}``); ``isolated_optimizer_ms`` and ``isolated_context`` (what ran beside that timing);
-    ``rows`` (every step).
+    ``loader`` (what the callback saw of the train loader: ``num_workers``, ``batch_size``,
+    ``pin_memory``, ``cores``); ``verdict``
+    (:func:`~seg_datamodule.profiling.verdict.judge_step_time` over the summary, the wall time,
+    the loader and the isolated context; ``None`` for an empty summary); ``rows`` (every step).
     """
     ranks = None
     if rank_medians_ms is not None:
@@ -76,6 +82,8 @@ def build_report(
             "ranks": ranks,
             "isolated_optimizer_ms": None if isolated_optimizer_ms is None else list(isolated_optimizer_ms),
             "isolated_context": None if isolated_context is None else dict(isolated_context),
+            "loader": None if loader is None else dict(loader),
+            "verdict": judge_step_time(summary, wall=wall, loader=loader, isolated_context=isolated_context),
             "rows": list(rows),
         }
     )
@@ -107,6 +115,7 @@ def format_table(
     wall: Mapping[str, float] | None = None,
     stopped_by: str | None = None,
     isolated_context: Mapping[str, Any] | None = None,
+    verdict: Mapping[str, Any] | None = None,
 ) -> str:
     """The console table of a summary, with each phase's slowest rank under DDP.
 
@@ -118,6 +127,9 @@ def format_table(
         stopped_by: the exception that ended the fit early; marks the table partial.
         isolated_context: the report's ``isolated_context``; says what ran beside the
             isolated optimiser timing.
+        verdict: the report's ``verdict``
+            (:func:`~seg_datamodule.profiling.verdict.judge_step_time`); adds it, and the other
+            findings that fired, as the last lines.
 
     Returns:
         str: the table, one line per phase.
@@ -175,4 +187,9 @@ def format_table(
             if not isolated_context.get("loader_workers_shut_down", False):
                 line += " (the loader's workers could not be stopped first)"
         lines.append(line)
+    if verdict is not None:
+        lines.append(textwrap.fill(f"verdict ({verdict['key']}): {verdict['sentence']}", 100, subsequent_indent="  "))
+        for finding in verdict.get("also", ()):
+            text = f"also ({finding['key']}): {finding['sentence']}"
+            lines.append(textwrap.fill(text, 100, initial_indent="  ", subsequent_indent="    "))
     return "\n".join(lines)
