@@ -52,6 +52,7 @@ from seg_datamodule.ops.checks import check_choice, check_int, check_number
 from seg_datamodule.transforms.albu import load_transforms
 from seg_datamodule.transforms.augment import MosaicAffine
 from seg_datamodule.transforms.hsv import HSVJitter, apply_pending_hsv, refuse_random_hsv
+from seg_datamodule.transforms.lsj import LargeScaleJitter
 
 __all__ = ["AUTO_CACHE_MAX_IMAGES", "COCOSegDataModule"]
 
@@ -120,6 +121,19 @@ class COCOSegDataModule(LightningDataModule):
         cache_images: decoded images kept per worker (LRU); 0 keeps none. ``None`` (default)
             caches a dataset of at most ``AUTO_CACHE_MAX_IMAGES`` images whole and nothing of a
             larger one (a cache far smaller than the dataset is rarely hit; ~1 MB per image).
+        recipe: ``"mosaic"`` (default): mosaic + random affine + flip; ``"lsj"``: large-scale
+            jitter of one image (scale in ``lsj_scale`` of ``image_size``, fixed-size crop, pad,
+            flip; ``mosaic``, ``close_mosaic``, ``degrees``, ``translate``, ``scale`` and
+            ``shear`` do not apply). See :mod:`~seg_datamodule.transforms.lsj`.
+        lsj_scale: LSJ's scale range ``(low, high)`` as factors of ``image_size``.
+        copy_paste: probability per training sample of pasting a random subset of another
+            canvas's instances (pixels exactly where their polygons cover pixel centres); the
+            instances below keep exactly what stays visible (dropped as ``occluded`` under
+            ``min_area_ratio``). See :mod:`~seg_datamodule.transforms.copy_paste`.
+        copy_paste_mode: ``"flip"`` (default): from the sample's own mirror image; ``"batch"``:
+            from another sample of the batch (already decoded: no extra decode).
+        mixup: probability per training sample of MixUp with another sample of the batch
+            (``r ~ Beta(32, 32)``, both sets of instances kept).
         mosaic_partners: ``"batch"`` (default): a mosaic's partners are other images of its
             batch, each decoded once per batch; ``"uniform"``: the whole dataset (four decodes
             per mosaic without a cache). See :class:`~seg_datamodule.data.dataset.SegDataset`.
@@ -171,6 +185,11 @@ class COCOSegDataModule(LightningDataModule):
         mosaic: float = 1.0,
         close_mosaic: int = 0,
         mosaic_partners: Literal["batch", "uniform"] = "batch",
+        recipe: Literal["mosaic", "lsj"] = "mosaic",
+        lsj_scale: tuple[float, float] = (0.1, 2.0),
+        copy_paste: float = 0.0,
+        copy_paste_mode: Literal["flip", "batch"] = "flip",
+        mixup: float = 0.0,
         degrees: float = 0.0,
         translate: float = 0.1,
         scale: tuple[float, float] = (0.5, 1.5),
@@ -238,12 +257,16 @@ class COCOSegDataModule(LightningDataModule):
         self.val_batch_size = val_batch_size or batch_size
         self.num_workers = num_workers
         # The random affine and flip are one object the dataset draws from (it checks them here).
-        self.geometry = MosaicAffine(image_size=image_size, degrees=degrees, translate=translate,
-                                     scale=tuple(scale), shear=shear, flip_lr=flip_lr)
+        check_choice("recipe", recipe, ("mosaic", "lsj"))
+        self.geometry: MosaicAffine | LargeScaleJitter = (
+            LargeScaleJitter(image_size, tuple(lsj_scale), flip_lr) if recipe == "lsj" else
+            MosaicAffine(image_size=image_size, degrees=degrees, translate=translate, scale=tuple(scale),
+                         shear=shear, flip_lr=flip_lr))
         self.hsv = None if hsv is None else HSVJitter(hsv, on_device=hsv_on_device)
         if self.hsv is not None:
             refuse_random_hsv(load_transforms(transforms))
         self.augment_kwargs: dict[str, Any] = dict(
+            recipe=recipe, copy_paste=copy_paste, copy_paste_mode=copy_paste_mode, mixup=mixup,
             mosaic=mosaic, close_mosaic=close_mosaic, mosaic_partners=mosaic_partners,
             min_area_ratio=min_area_ratio, min_box_size=min_box_size, transforms=transforms,
             cache_images=cache_images, hsv=self.hsv,

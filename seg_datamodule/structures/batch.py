@@ -44,6 +44,9 @@ class DetectionBatch:
             for a mosaic). A federated loss scores the categories of ``labels`` and
             ``neg_labels`` and ignores the others; for a COCO file both lists are empty.
         not_exhaustive_labels_per_image (Tensor[B] int64 | None): counts per image.
+        origins (Tensor[sum_N] uint8 | None): per target, an index of
+            :data:`~seg_datamodule.structures.sample.ORIGINS` (own, pasted by copy-paste, mixed
+            in by MixUp); ``None`` when no sample of the batch was mixed.
         hsv_gains (Tensor[B, 3] float64 | None): HSV jitter gains still to apply to ``images``
             (``hsv_on_device``): ``COCOSegDataModule.on_after_batch_transfer`` applies them with
             :func:`~seg_datamodule.transforms.hsv.hsv_jitter_batch_` on the device and sets this
@@ -67,6 +70,7 @@ class DetectionBatch:
     neg_labels_per_image: torch.Tensor | None = None
     not_exhaustive_labels: torch.Tensor | None = None
     not_exhaustive_labels_per_image: torch.Tensor | None = None
+    origins: torch.Tensor | None = None
     hsv_gains: torch.Tensor | None = None
 
     def __len__(self) -> int:
