@@ -29,6 +29,7 @@ from typing import Any, Iterable, Mapping
 import numpy as np
 from pycocotools import mask as mask_utils
 
+from seg_datamodule.evaluation.coco_eval import checked_request
 from seg_datamodule.evaluation.predictions import CocoDetections
 
 __all__ = ["LVIS_STAT_NAMES", "LVISFileError", "LVISGroundTruth", "evaluate_lvis", "is_lvis_dataset", "load_lvis"]
@@ -282,14 +283,7 @@ def evaluate_lvis(gt: LVISGroundTruth, dets: CocoDetections, iou_types: Iterable
     Raises:
         ValueError: an unknown iou type, or an image id not in the file.
     """
-    iou_types = tuple(iou_types)
-    for iou_type in iou_types:
-        if iou_type not in ("segm", "bbox"):
-            raise ValueError(f"iou_types must be among ['segm', 'bbox'], got {iou_type!r}")
-    image_ids = sorted({int(i) for i in dets.image_ids.cpu().tolist()})
-    unknown = [i for i in image_ids if i not in gt.sizes]
-    if unknown:
-        raise ValueError(f"image ids {unknown[:5]} are not in {gt.ann_file}")
+    iou_types, image_ids = checked_request(iou_types, dets, gt.sizes, str(gt.ann_file))
     out: dict[str, float] = {}
     for iou_type in iou_types:
         if not image_ids:
