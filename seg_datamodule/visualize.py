@@ -1,7 +1,7 @@
 """Look at a batch: images with their instance masks (upsampled from the stride grid) and boxes.
 
 :func:`draw_instances` is a pure function over one image's arrays; :func:`save_batch_png` lays a
-:class:`~seg_datamodule.sample.DetectionBatch` out as a grid and writes it as a PNG.
+:class:`~seg_datamodule.structures.batch.DetectionBatch` out as a grid and writes it as a PNG.
 """
 
 from __future__ import annotations

@@ -22,7 +22,7 @@ Held-out data (:mod:`~seg_datamodule.data.splits`): ``test_ann`` / ``test_images
 
 Without ``train_ann`` the module uses the embedded demo dataset, generated on first use (see
 :mod:`~seg_datamodule.demo.data`). With ``train_stream`` training streams LitData chunks written by
-``seg-datamodule-convert`` (:mod:`~seg_datamodule.io.stream`) through the same dataset and collate.
+``seg-datamodule convert`` (:mod:`~seg_datamodule.io.stream`) through the same dataset and collate.
 """
 
 from __future__ import annotations

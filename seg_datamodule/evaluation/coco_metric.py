@@ -66,7 +66,7 @@ class COCOMaskMAP(Metric):
             (logits are compared with its logit; bool masks are read as 0 / 1).
         backend (str): ``"pycocotools"``, ``"faster_coco_eval"`` (the same numbers,
             ``COCOeval``'s per-image loop in C++; ``pip install 'seg-datamodule[fast-eval]'``),
-            or ``"auto"`` (default): faster-coco-eval when installed. :attr:`backend` holds the
+            or ``"auto"`` (default): faster-coco-eval when installed. ``self.backend`` holds the
             one in use.
         **kwargs: ``torchmetrics.Metric`` options (``process_group``, ``sync_on_compute``, ...).
 

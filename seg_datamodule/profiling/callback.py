@@ -39,7 +39,7 @@ __all__ = ["StepTimeProfiler"]
 class StepTimeProfiler(Callback):
     """Split each training step's time into phases, log it, and report where the time goes.
 
-    Per step: the phases of :data:`PHASES` (see ``recorder.py`` for what each covers under
+    Per step: the phases of :data:`~seg_datamodule.profiling.accumulator.PHASES` (see ``recorder.py`` for what each covers under
     accumulation, AMP, manual optimisation and CUDA) to the Trainer's loggers as
     ``step_time/<phase>_ms``, while training, labelled as Lightning labels its own step metrics:
     one point per optimiser step at ``x = `` the optimiser steps before it, every
@@ -48,7 +48,7 @@ class StepTimeProfiler(Callback):
     (:func:`~seg_datamodule.profiling.verdict.judge_step_time`: the loader, the optimiser, the
     copy to the device or the time between steps, whichever costs most, else compute-bound),
     ``<filename>.json`` (summary, wall time in and between steps, per-rank medians, the
-    verdict, per-step rows) and ``<filename>.png`` (:func:`plot_step_split`) in ``dirpath``. An exception or
+    verdict, per-step rows) and ``<filename>.png`` (:func:`~seg_datamodule.profiling.plot.plot_step_split`) in ``dirpath``. An exception or
     Ctrl-C during fit still writes them, from the steps done, marked ``"partial": true``. Under
     DDP the table also gives, per phase, the slowest rank and its median, so stragglers show;
     :meth:`summary` is the local rank's. With ``strategy="ddp_spawn"`` the measuring happens in

@@ -275,7 +275,7 @@ class CocoIndex:
 
     @property
     def skip_counts(self) -> dict[str, int]:
-        """Reason -> count of what was skipped at build in skip mode; see :data:`SKIP_REASONS`."""
+        """Reason -> count of what was skipped at build in skip mode; see :data:`~seg_datamodule.io.coco.errors.SKIP_REASONS`."""
         return dict(self._skip_counts)
 
     @property
@@ -436,7 +436,7 @@ class CocoIndex:
         return np.ascontiguousarray(mask_utils.decode(merged), dtype=bool)
 
     def load_image(self, i: int, reduce: int = 1, *, check_size: bool = True) -> np.ndarray:
-        """Decode image ``i`` to RGB ``uint8`` (see :func:`seg_datamodule.images.decode_image`).
+        """Decode image ``i`` to RGB ``uint8`` (see :func:`~seg_datamodule.io.images.decode_image`).
 
         Args:
             i: image index.
