@@ -23,7 +23,10 @@ from seg_datamodule.ops.raster import grid_size, rasterize_flat
 from seg_datamodule.data.shm import Lease, SharedBufferPool, pooling_available
 from seg_datamodule.structures import DetectionBatch, Polygons, Sample
 
-__all__ = ["DetectionCollate", "collate_detection", "boxes_from_polygons"]
+__all__ = ["DEFAULT_BUFFER_SLOTS", "DetectionCollate", "collate_detection", "boxes_from_polygons"]
+
+#: Shared-memory segments each worker reuses unless told otherwise (see :class:`DetectionCollate`).
+DEFAULT_BUFFER_SLOTS = 4
 
 
 def boxes_from_polygons(polygons: Polygons, canvas_size: tuple[int, int]) -> np.ndarray:
@@ -109,7 +112,7 @@ class DetectionCollate:
         mask_stride: int = 4,
         shared_memory: bool | None = None,
         channels_last: bool = True,
-        buffer_slots: int = 4,
+        buffer_slots: int = DEFAULT_BUFFER_SLOTS,
     ) -> None:
         self.mask_stride = check_int("mask_stride", mask_stride, 1)
         self.shared_memory = check_optional_bool("shared_memory", shared_memory)
@@ -117,6 +120,19 @@ class DetectionCollate:
         self.buffer_slots = check_int("buffer_slots", buffer_slots, 0)
         # Created here, in the main process, so every worker inherits the same flag table.
         self.pool = SharedBufferPool(buffer_slots) if buffer_slots and pooling_available() else None
+
+    def batch_bytes(self, batch_size: int, canvas_size: tuple[int, int], instances: float) -> int:
+        """Bytes of one batch's single allocation: images, masks, ignore masks and the small arrays.
+
+        Args:
+            batch_size: B.
+            canvas_size: (H, W).
+            instances: targets per image (an expected value is enough for a budget).
+        """
+        height, width = canvas_size
+        cells = -(-height // self.mask_stride) * -(-width // self.mask_stride)
+        total = int(np.ceil(batch_size * instances))
+        return batch_size * (height * width * 3 + cells + 64) + total * (cells + 40)
 
     def __repr__(self) -> str:
         return (f"{type(self).__name__}(mask_stride={self.mask_stride}, shared_memory={self.shared_memory}, "

@@ -34,17 +34,18 @@ import albumentations as A
 import numpy as np
 import torch
 from lightning.pytorch import LightningDataModule
-from lightning.pytorch.utilities import rank_zero_info
+from lightning.pytorch.utilities import rank_zero_info, rank_zero_warn
 from lightning.pytorch.utilities.model_helpers import is_overridden
 from torch.utils.data import DataLoader
 
 from seg_datamodule.data.accounting import format_report
-from seg_datamodule.data.collate import DetectionCollate
+from seg_datamodule.data.collate import DEFAULT_BUFFER_SLOTS, DetectionCollate
 from seg_datamodule.data.dataset import COUNT_KEYS, DECODE_KEYS, SegDataset, worker_init_fn
 from seg_datamodule.data.repeat_factors import describe_repeat_factors, image_repeat_factors
 from seg_datamodule.data.predict import PredictCollate, PredictDataset
 from seg_datamodule.data.resume import ResumableDataLoader
 from seg_datamodule.data.sampler import EpochShardSampler
+from seg_datamodule.data.shm import SHM_PATH, free_shared_memory, slots_that_fit
 from seg_datamodule.data.splits import build_predict_images, build_test_index, check_pair
 from seg_datamodule.demo.data import ensure_demo_dataset
 from seg_datamodule.io.coco import CocoIndex
@@ -419,16 +420,46 @@ class COCOSegDataModule(LightningDataModule):
                 f"Trainer(reload_dataloaders_every_n_epochs=1) (got {reload})"
             )
 
-    def _loader_kwargs(self) -> dict[str, Any]:
+    def _loader_kwargs(self, dataset: Any = None, batch_size: int = 1, what: str = "the loader") -> dict[str, Any]:
         workers = self.num_workers
+        prefetch = self.loader_options["prefetch_factor"] if workers > 0 else None
         return dict(
             num_workers=workers,
-            collate_fn=DetectionCollate(mask_stride=self.mask_stride),
+            collate_fn=DetectionCollate(mask_stride=self.mask_stride,
+                                        buffer_slots=self._slots_that_fit(dataset, batch_size, prefetch, what)),
             pin_memory=self.loader_options["pin_memory"] and self._on_cuda(),
             worker_init_fn=worker_init_fn if workers > 0 else None,
             persistent_workers=self.loader_options["persistent_workers"] and workers > 0,
-            prefetch_factor=self.loader_options["prefetch_factor"] if workers > 0 else None,
+            prefetch_factor=prefetch,
         )
+
+    def _slots_that_fit(self, dataset: Any, batch_size: int, prefetch: int | None, what: str) -> int:
+        """Reused shared-memory slots per worker that ``/dev/shm`` holds, checked before any worker starts.
+
+        The batch is estimated from the index's mean instances per image (four tiles' worth for a
+        mosaic); every rank on the node counts, since they share ``/dev/shm``.
+
+        Raises:
+            SharedMemoryError: the batches in flight alone do not fit (the message says how much
+                is needed, how much is free and the fixes).
+        """
+        slots = DEFAULT_BUFFER_SLOTS
+        index = getattr(dataset, "index", None)
+        if self.num_workers == 0 or not hasattr(index, "num_instances"):
+            return slots
+        per_image = index.num_instances / max(1, len(index))
+        if getattr(dataset, "train", False) and getattr(dataset, "mosaic", 0.0) > 0:
+            per_image *= 4
+        nbytes = DetectionCollate(mask_stride=self.mask_stride, buffer_slots=0).batch_bytes(
+            batch_size, (self.image_size, self.image_size), per_image)
+        local_ranks = 1 if self.trainer is None else max(1, int(self.trainer.num_devices))
+        fit = slots_that_fit(nbytes, self.num_workers * local_ranks, slots, prefetch or 2, free_shared_memory(),
+                             what)
+        if fit < slots:
+            rank_zero_warn(f"{what}: {SHM_PATH} holds {fit} reused shared-memory slots per worker, not "
+                           f"{slots} (about {nbytes / (1 << 20):,.1f} MiB a batch); batches beyond them are "
+                           "allocated afresh (slower, still exact). More shared memory: Docker --shm-size")
+        return fit
 
     def _on_cuda(self) -> bool:
         """Pinning only pays (and only works) when batches go to a CUDA device."""
@@ -451,7 +482,8 @@ class COCOSegDataModule(LightningDataModule):
         if self.train_stream is not None:  # LitData shards over ranks and workers itself
             from seg_datamodule.io.stream import stream_train_loader
 
-            kwargs = self._loader_kwargs() | {"persistent_workers": False}  # LitData's epoch lives in workers
+            kwargs = self._loader_kwargs(self.train_dataset, self.batch_size, "the train loader") | {
+                "persistent_workers": False}  # LitData's epoch lives in workers
             loader = stream_train_loader(
                 self.train_stream, self.train_dataset, kwargs.pop("collate_fn"), batch_size=self.batch_size,
                 seed=self.seed, cache_dir=self.stream_options[0], max_cache_size=self.stream_options[1],
@@ -463,7 +495,7 @@ class COCOSegDataModule(LightningDataModule):
                 sampler.set_epoch(int(self.trainer.current_epoch))
             loader = ResumableDataLoader(self.train_dataset, batch_size=self.batch_size, sampler=sampler,
                                          progress=progress, on_mismatch=self.on_resume_mismatch,
-                                         **self._loader_kwargs())
+                                         **self._loader_kwargs(self.train_dataset, self.batch_size, "the train loader"))
         if self._train_loader is not None:  # a reloaded loader keeps counting where the last one was
             loader._delivered.update(self._train_loader.delivered_counts)
         if self._loader_state is not None:  # a checkpoint being resumed
@@ -511,14 +543,15 @@ class COCOSegDataModule(LightningDataModule):
             return []
         # Sequential; under DDP Lightning shards it with its own DistributedSampler.
         return DataLoader(self.val_dataset, batch_size=self.val_batch_size, shuffle=False,
-                          **self._loader_kwargs())
+                          **self._loader_kwargs(self.val_dataset, self.val_batch_size, "the validation loader"))
 
     def test_dataloader(self) -> DataLoader | list:
         """The ``test_ann`` split, in order, letterboxed (as :meth:`val_dataloader`); ``[]`` without one."""
         self._setup_test()
         if self.test_dataset is None:
             return []
-        return DataLoader(self.test_dataset, batch_size=self.val_batch_size, shuffle=False, **self._loader_kwargs())
+        return DataLoader(self.test_dataset, batch_size=self.val_batch_size, shuffle=False,
+                          **self._loader_kwargs(self.test_dataset, self.val_batch_size, "the test loader"))
 
     def predict_dataloader(self) -> DataLoader:
         """``predict_images`` in order, letterboxed, without targets (see :mod:`~seg_datamodule.data.predict`).

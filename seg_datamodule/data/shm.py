@@ -29,7 +29,13 @@ from torch.utils.data import get_worker_info
 
 from seg_datamodule.compat import warn_unverified
 
-__all__ = ["Lease", "SharedBufferPool", "pooling_available"]
+__all__ = [
+    "SHM_PATH", "Lease", "SharedBufferPool", "SharedMemoryError", "free_shared_memory", "pooling_available",
+    "slots_that_fit",
+]
+
+#: Where DataLoader workers' shared memory lives on Linux (a tmpfs; Docker gives it 64 MB by default).
+SHM_PATH = "/dev/shm"
 
 # The main process's segments: (pool token, slot) -> [storage, flags while delivered and not yet
 # handed back]. Batches may be unpickled by the main thread or a pin-memory thread: one lock.
@@ -70,8 +76,6 @@ def _use_count_problem() -> str | None:
         return f"use counts (alone, viewed, released) were {(alone, viewed, after)}, expected (1, 2, 1)"
     return None
 
-
-_ALIGN = 64
 
 
 class SharedBufferPool:
@@ -158,3 +162,58 @@ def _hand_back_unused() -> None:
             with torch.inference_mode(flags.is_inference()):
                 flags.view(-1)[key[1]] = 0
             entry[1] = None  # handed back; the next delivery of this slot re-arms it
+
+
+class SharedMemoryError(RuntimeError):
+    """The loader's batches cannot fit in the free shared memory (``/dev/shm``)."""
+
+
+def free_shared_memory(path: str = SHM_PATH) -> int | None:
+    """Bytes an unprivileged process may still allocate in ``path``; ``None`` where it is not a folder."""
+    try:
+        stats = os.statvfs(path)
+    except OSError:  # no /dev/shm (another OS): torch shares memory another way
+        return None
+    return int(stats.f_bavail) * int(stats.f_frsize)
+
+
+def slots_that_fit(batch_bytes: int, workers: int, slots: int, prefetch_factor: int, free_bytes: int | None,
+                   what: str = "the loader") -> int:
+    """The reused slots per worker that fit in ``free_bytes`` of shared memory, at most ``slots``.
+
+    A loader keeps ``workers * prefetch_factor`` batches queued and the training loop holds two
+    (the one it trains on and the one fetched ahead), each in shared memory however the slots go:
+    that much must fit. On top, each worker keeps up to ``slots`` segments (each 1/8 larger than
+    its batch, so batches that vary in size reuse it); fewer are kept when they would not fit
+    (fewer slots cost speed, never correctness: a worker without a free slot allocates afresh).
+
+    Args:
+        batch_bytes: estimated shared-memory bytes of one batch (images, masks, the rest).
+        workers: DataLoader worker processes (0: nothing is shared).
+        slots: reused slots per worker asked for.
+        prefetch_factor: batches each worker prepares ahead.
+        free_bytes: free shared memory (:func:`free_shared_memory`); ``None`` skips the check.
+        what: names the loader in messages.
+
+    Returns:
+        int: the slots per worker to use (0 to ``slots``).
+
+    Raises:
+        SharedMemoryError: the batches in flight alone do not fit; the message says how much is
+            needed, how much is free and the fixes.
+    """
+    if workers == 0 or free_bytes is None:
+        return slots
+    in_flight = workers * prefetch_factor + 2
+    need = in_flight * batch_bytes
+    if need > free_bytes:
+        mib = 1 << 20
+        raise SharedMemoryError(
+            f"{what} needs about {need / mib:,.0f} MiB of shared memory ({in_flight} batches in flight: "
+            f"{workers} workers x prefetch_factor {prefetch_factor} + 2 in the training loop, about "
+            f"{batch_bytes / mib:,.1f} MiB each) but {SHM_PATH} has {free_bytes / mib:,.0f} MiB free. Give it more "
+            f"(Docker: --shm-size={max(1, -(-2 * need // (1 << 30)))}g, or --ipc=host; Kubernetes: an emptyDir "
+            "with medium: Memory mounted at /dev/shm), or use fewer workers (num_workers), a smaller "
+            "prefetch_factor or a smaller batch (batch_size)")
+    per_slot = batch_bytes + batch_bytes // 8
+    return int(min(slots, free_bytes // max(1, workers * per_slot)))

@@ -109,3 +109,72 @@ def test_a_use_count_that_counts_otherwise_warns_once_and_allocates_fresh(monkey
 
 def test_this_torch_passes_the_use_count_check() -> None:
     assert shm._use_count_problem() is None and shm.pooling_available()
+
+
+# ------------------------------------------------------------------ the /dev/shm budget
+
+
+def test_the_budget_fits_fewer_slots_or_refuses_with_the_fixes() -> None:
+    mib = 1 << 20
+    # 2 workers x prefetch 2 + 2 in the loop = 6 batches of 10 MiB must fit; slots are 11.25 MiB each.
+    assert shm.slots_that_fit(10 * mib, 2, 4, 2, 1000 * mib) == 4
+    assert shm.slots_that_fit(10 * mib, 2, 4, 2, 70 * mib) == 3  # 70 // (2 x 11.25) = 3
+    assert shm.slots_that_fit(10 * mib, 2, 4, 2, 60 * mib) == 2
+    assert shm.slots_that_fit(10 * mib, 0, 4, 2, 1) == 4  # no workers: nothing shared
+    assert shm.slots_that_fit(10 * mib, 2, 4, 2, None) == 4  # no /dev/shm to read
+    with pytest.raises(shm.SharedMemoryError, match=r"the train loader needs about 60 MiB .*6 batches in flight.*"
+                                                    r"about 10\.0 MiB each.*has 59 MiB free.*--shm-size=1g.*num_workers"):
+        shm.slots_that_fit(10 * mib, 2, 4, 2, 59 * mib, "the train loader")
+
+
+def test_the_batch_estimate_is_the_collates_allocation() -> None:
+    collate = DetectionCollate(mask_stride=4, shared_memory=True, buffer_slots=0)
+    samples = [_sample(i) for i in range(6)]
+    batch = collate(samples)
+    n = sum(s.num_instances for s in samples)
+    real = batch.images.untyped_storage().nbytes()  # every output lives in this one allocation
+    estimate = collate.batch_bytes(len(samples), (48, 48), n / len(samples))
+    assert batch.masks.untyped_storage().data_ptr() == batch.images.untyped_storage().data_ptr()
+    assert real <= estimate <= real + 64 * len(samples) + 40 * n + 4096
+
+
+def test_free_shared_memory_reads_the_folder(tmp_path) -> None:
+    assert shm.free_shared_memory(str(tmp_path)) > 0
+    assert shm.free_shared_memory(str(tmp_path / "absent")) is None
+
+
+_IN_SMALL_SHM = """
+import sys
+from seg_datamodule import COCOSegDataModule
+dm = COCOSegDataModule(demo_dir=sys.argv[1], cache_dir=sys.argv[2], image_size=320, batch_size=8, num_workers=2)
+dm.setup("fit")
+batch = next(iter(dm.train_dataloader()))
+print("batch", tuple(batch.images.shape))
+"""
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("size,expect", [("4m", "needs about"), ("64m", "batch (8, 3, 320, 320)")])
+def test_a_small_dev_shm_fails_at_once_with_the_fixes_or_fits(size, expect, demo_dir, tmp_path) -> None:
+    """Docker's 64 MB default, in a private mount namespace with a small tmpfs at /dev/shm."""
+    import shutil
+    import subprocess
+    import sys
+
+    if shutil.which("unshare") is None or subprocess.run(
+            ["unshare", "-m", "--propagation", "private", "mount", "-t", "tmpfs", "-o", "size=1m", "tmpfs",
+             "/dev/shm"], capture_output=True).returncode != 0:
+        pytest.skip("unshare -m with a tmpfs mount is not permitted here")
+    script = tmp_path / "run.py"
+    script.write_text(_IN_SMALL_SHM)
+    command = (f"mount -t tmpfs -o size={size} tmpfs /dev/shm && exec {sys.executable} {script} "
+               f"{demo_dir} {tmp_path / 'cache'}")
+    proc = subprocess.run(["unshare", "-m", "--propagation", "private", "sh", "-c", command],
+                          capture_output=True, text=True, timeout=300)
+    out = proc.stdout + proc.stderr
+    assert expect in out, out[-3000:]
+    if size == "4m":
+        assert proc.returncode != 0 and "SharedMemoryError" in out and "--shm-size" in out
+        assert "unable to allocate shared memory" not in out  # refused before any worker started
+    else:
+        assert proc.returncode == 0
