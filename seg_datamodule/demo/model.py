@@ -59,6 +59,7 @@ from seg_datamodule.demo.losses import assemble_masks, box_predictions, mask_iou
 from seg_datamodule.evaluation import COCOMaskMAP, CocoDetections, LVISMaskMAP
 from seg_datamodule.evaluation.lvis_eval import LVISFileError
 from seg_datamodule.evaluation.results import batch_detections
+from seg_datamodule.ops.checks import check_bool, check_int, check_number
 from seg_datamodule.structures import DetectionBatch
 
 __all__ = ["YolactLite", "YolactOutput"]
@@ -157,6 +158,7 @@ class YolactLite(L.LightningModule):
             DataModule log with different values.
 
     Raises:
+        TypeError: an argument of the wrong type (``"4"`` for an int, a bool for a number).
         ValueError: an argument is out of range, or (at ``setup``) the annotation file has a
             number of categories other than ``num_classes``, ``val_ann`` names another file than
             the DataModule's ``val_ann``, or the DataModule's ``mask_stride`` differs.
@@ -176,15 +178,17 @@ class YolactLite(L.LightningModule):
         val_ann: str | None = None,
     ) -> None:
         super().__init__()
+        # The package's one argument checker: TypeError for a wrong type, ValueError for a bad value.
         for name, value in (("num_classes", num_classes), ("num_prototypes", num_prototypes), ("width", width)):
-            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-                raise ValueError(f"{name} must be a positive int, got {value!r}")
-        if mask_stride not in (2, 4, 8):
+            check_int(name, value, 1)
+        if check_int("mask_stride", mask_stride, 2) not in (2, 4, 8):
             raise ValueError(f"mask_stride must be 2, 4 or 8, got {mask_stride!r}")
-        if not lr > 0:
-            raise ValueError(f"lr must be positive, got {lr!r}")
-        if weight_decay < 0 or cls_weight < 0:
-            raise ValueError(f"weight_decay and cls_weight must be >= 0, got {weight_decay!r}, {cls_weight!r}")
+        if check_number("lr", lr, 0.0) == 0.0:
+            raise ValueError(f"lr must be > 0, got {lr!r}")
+        check_number("weight_decay", weight_decay, 0.0)
+        check_number("cls_weight", cls_weight, 0.0)
+        check_bool("cosine_schedule", cosine_schedule)
+        check_bool("coco_eval", coco_eval)
         # val_ann is left out of the hyperparameters: the DataModule logs its own, and Lightning
         # refuses a key logged by both with different values (the model's default is None).
         self.save_hyperparameters(ignore=["val_ann"])

@@ -190,8 +190,17 @@ def test_arguments_are_checked() -> None:
         YolactLite(num_classes=0)
     with pytest.raises(ValueError, match="mask_stride"):
         YolactLite(num_classes=2, mask_stride=3)
-    with pytest.raises(ValueError, match="lr"):
+    with pytest.raises(ValueError, match="lr must be > 0"):
         YolactLite(num_classes=2, lr=0.0)
+    # The same words as every entry point (ops.checks): a wrong type is a TypeError.
+    with pytest.raises(TypeError, match="num_classes must be an int >= 1, got '3'"):
+        YolactLite(num_classes="3")
+    with pytest.raises(TypeError, match="mask_stride must be an int >= 2, got True"):
+        YolactLite(num_classes=2, mask_stride=True)
+    with pytest.raises(ValueError, match=r"weight_decay must be a finite number >= 0, got -1\.0"):
+        YolactLite(num_classes=2, weight_decay=-1.0)
+    with pytest.raises(TypeError, match="coco_eval must be a bool"):
+        YolactLite(num_classes=2, coco_eval="yes")
     model = YolactLite(num_classes=2, width=8)
     batch = collate_detection([_square_sample((64, 64), 1, (8, 8, 40, 48))], mask_stride=8)
     with pytest.raises(ValueError, match="mask_stride=8"):

@@ -33,6 +33,7 @@ from seg_datamodule.io.coco.parse import build_tables
 from seg_datamodule.io.coco.reading import count_image_errors, find_bad_images, load_checked_image
 from seg_datamodule.io.coco.tables import TABLE_KEYS, crowd_rles, image_polygons, select_images, without_crowd
 from seg_datamodule.io.images import BadImageError
+from seg_datamodule.ops.checks import check_choice
 from seg_datamodule.ops.rle import mask_to_rings, rle_counts_from_string  # their home is ops.rle
 from seg_datamodule.structures import Polygons
 
@@ -125,15 +126,14 @@ class CocoIndex:
             the index.
 
         Raises:
-            ValueError: ``on_bad_sample`` is neither ``"raise"`` nor ``"skip"``.
+            TypeError, ValueError: ``on_bad_sample`` is not a str, or neither ``"raise"`` nor ``"skip"``.
             TypeError: a flag is not a bool.
             FileNotFoundError: ``ann_file`` does not exist.
             BadAnnotationError: a problem in the JSON (always for structural problems; in
                 ``"raise"`` mode for every problem).
             BadImageError: ``verify_images`` in ``"raise"`` mode found a bad image.
         """
-        if on_bad_sample not in ("raise", "skip"):
-            raise ValueError(f"on_bad_sample must be 'raise' or 'skip', got {on_bad_sample!r}")
+        check_choice("on_bad_sample", on_bad_sample, ("raise", "skip"))
         for name, value in (("drop_crowd", drop_crowd), ("drop_empty", drop_empty),
                             ("verify_images", verify_images), ("use_cache", use_cache)):
             if not isinstance(value, bool):

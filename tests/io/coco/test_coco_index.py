@@ -142,8 +142,11 @@ def test_polygons_returns_fresh_arrays(tmp_path: Path) -> None:
 
 def test_build_arguments_are_checked(tmp_path: Path) -> None:
     path = _write(tmp_path, _base())
-    with pytest.raises(ValueError, match="on_bad_sample must be 'raise' or 'skip', got 'ignore'"):
+    # The same words as every other entry point (ops.checks): the choices, then what was given.
+    with pytest.raises(ValueError, match=r"on_bad_sample must be one of \['raise', 'skip'\], got 'ignore'"):
         _build(path, on_bad_sample="ignore")
+    with pytest.raises(TypeError, match=r"on_bad_sample must be one of \['raise', 'skip'\], got True"):
+        _build(path, on_bad_sample=True)
     with pytest.raises(TypeError, match="drop_crowd must be a bool"):
         _build(path, drop_crowd=1)
     with pytest.raises(FileNotFoundError, match="nope.json"):
