@@ -36,6 +36,7 @@ from litdata.streaming.serializers import _SERIALIZERS, Serializer
 
 from seg_datamodule.data.collate import DetectionCollate
 from seg_datamodule.data.dataset import SegDataset
+from seg_datamodule.io.stream.endpoint import s3_storage_options
 from seg_datamodule.io.stream.records import RecordWindow
 from seg_datamodule.io.stream.schema import RECORD_SCHEMA, StreamFormatError
 from seg_datamodule.io.stream.source import check_stream_index
@@ -113,7 +114,8 @@ class StreamRecords(StreamingDataset):
 
     Args:
         input_dir: the source (a folder, ``local:/folder``, a bucket URL).
-        **kwargs: as for ``litdata.StreamingDataset`` (keywords only; not ``serializers``,
+        **kwargs: as for ``litdata.StreamingDataset`` (``storage_options`` completed by
+            :func:`~seg_datamodule.io.stream.endpoint.s3_storage_options`) (keywords only; not ``serializers``,
             ``item_loader`` or ``index_path``).
 
     Raises:
@@ -126,7 +128,8 @@ class StreamRecords(StreamingDataset):
         given = sorted(set(kwargs) & {"serializers", "item_loader", "index_path"})
         if given:  # each would let LitData read something other than the checked index and schema
             raise TypeError(f"StreamRecords reads the checked record schema only: {given} cannot be given")
-        check_stream_index(input_dir, kwargs.get("storage_options"))
+        kwargs["storage_options"] = s3_storage_options(input_dir, kwargs.get("storage_options"))
+        check_stream_index(input_dir, kwargs["storage_options"])
         super().__init__(input_dir, serializers=schema_serializers(), **kwargs)
 
     def _create_cache(self, worker_env: Any) -> Any:
@@ -134,7 +137,10 @@ class StreamRecords(StreamingDataset):
         # `local:` source): check what it is about to read, first. A private LitData hook: the
         # swapped-index tests in tests/io/test_stream_schema.py fail if it stops firing, and the
         # refusing serializers hold either way.
-        check_stream_index(self.input_dir.url or self.input_dir.path, self.storage_options)
+        source = self.input_dir.url or self.input_dir.path
+        # Again in the worker: a spawned worker starts without the http:// switch of the parent.
+        self.storage_options = s3_storage_options(source, self.storage_options)
+        check_stream_index(source, self.storage_options)
         return super()._create_cache(worker_env)
 
     def __getitem__(self, index: Any) -> Any:
