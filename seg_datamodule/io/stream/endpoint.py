@@ -16,6 +16,8 @@ two additions:
   ``litdata.streaming.downloader._OBSTORE_CLIENT_OPTIONS``, which lack ``allow_http``; obstore then
   refuses every ``http://`` URL ("builder error") and ``AWS_ALLOW_HTTP`` cannot help (explicit
   client options win). This is the one place the package edits that private dict.
+* :func:`register_checked_downloader`: a chunk deleted from the bucket fails at once with
+  :class:`MissingChunkError` instead of a 120 s wait (see :func:`_checked_s3_downloader`).
 
 Nothing here is imported by ``import seg_datamodule``; LitData is imported only by
 :func:`allow_plain_http`.
@@ -29,7 +31,7 @@ from typing import Any, Mapping
 
 __all__ = [
     "CONNECT_TIMEOUT_S", "LITDATA_PINNED", "READ_TIMEOUT_S", "S3_ATTEMPTS", "allow_plain_http", "bounded_client_config",
-    "endpoint_of", "s3_storage_options",
+    "MissingChunkError", "endpoint_of", "register_checked_downloader", "s3_storage_options",
 ]
 
 # The LitData release whose private names (``_OBSTORE_CLIENT_OPTIONS``) and client defaults this
@@ -123,6 +125,59 @@ def s3_storage_options(source: str, storage_options: Mapping[str, Any] | None = 
     if endpoint and not options.get("endpoint_url"):
         options["endpoint_url"] = endpoint
     options["config"] = bounded_client_config(options.get("config"))
+    register_checked_downloader()
     if endpoint and endpoint.lower().startswith("http://"):
         allow_plain_http()
     return options
+
+
+class MissingChunkError(OSError):
+    """A chunk named by ``index.json`` is not on the server (deleted under a running job)."""
+
+
+def _checked_s3_downloader() -> type:
+    """LitData's ``S3Downloader`` that fails on a missing object instead of waiting for it.
+
+    LitData 0.2.76's ``S3Downloader.download_file`` runs under ``suppress(Timeout,
+    FileNotFoundError)`` (obstore's not-found error is a ``FileNotFoundError``), so a chunk deleted
+    from the bucket left the reader waiting ``MAX_WAIT_TIME`` (120 s) and then failing with a
+    message that blames a hung download. Here, when the download returned without the file, the
+    object is asked for (a HEAD): a 404 raises
+    :class:`MissingChunkError` naming the URL and the endpoint, which LitData's prefetch thread
+    hands to the reader at once.
+    """
+    from litdata.streaming.downloader import S3Downloader
+
+    class CheckedS3Downloader(S3Downloader):
+        def download_file(self, remote_filepath: str, local_filepath: str) -> None:
+            super().download_file(remote_filepath, local_filepath)
+            if os.path.exists(local_filepath):
+                return
+            # Not there: another process holds the lock (the object exists), or the GET was a 404.
+            bucket, _, key = remote_filepath[len("s3://"):].partition("/")
+            try:
+                self._client.client.head_object(Bucket=bucket, Key=key)
+            except Exception as err:
+                status = getattr(err, "response", {}).get("ResponseMetadata", {}).get("HTTPStatusCode")
+                if status == 404:
+                    raise MissingChunkError(
+                        f"{remote_filepath}: the chunk is not on {self._client.client.meta.endpoint_url} any more "
+                        "(deleted or overwritten under a running job?); its index.json still lists it") from err
+                raise
+
+    return CheckedS3Downloader
+
+
+_REGISTERED: list[type] = []
+
+
+def register_checked_downloader() -> None:
+    """Make LitData use :func:`_checked_s3_downloader`'s class for ``s3://`` in this process (public
+    ``litdata.streaming.downloader.register_downloader``; idempotent)."""
+    from litdata.streaming.downloader import _DOWNLOADERS, register_downloader
+
+    if _REGISTERED and _DOWNLOADERS.get("s3://") is _REGISTERED[0]:
+        return
+    if not _REGISTERED:
+        _REGISTERED.append(_checked_s3_downloader())
+    register_downloader("s3://", _REGISTERED[0], overwrite=True)
