@@ -55,7 +55,20 @@ def demo_chunks(demo_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> tup
     return out, meta
 
 
+def test_plain_http_switch_warns_when_litdata_lost_the_private_name(monkeypatch: pytest.MonkeyPatch) -> None:
+    from litdata.streaming import downloader
+
+    from seg_datamodule.io.stream.endpoint import allow_plain_http
+
+    monkeypatch.delattr(downloader, "_OBSTORE_CLIENT_OPTIONS")
+    with pytest.warns(RuntimeWarning, match="_OBSTORE_CLIENT_OPTIONS"):
+        assert allow_plain_http() is False
+
+
 def test_endpoint_precedence_and_bounded_config(monkeypatch: pytest.MonkeyPatch) -> None:
+    from litdata.streaming import downloader
+
+    monkeypatch.setattr(downloader, "_OBSTORE_CLIENT_OPTIONS", {})  # the http:// switch lands here
     monkeypatch.setenv("AWS_ENDPOINT_URL", "http://general:9000")
     assert endpoint_of() == "http://general:9000"
     monkeypatch.setenv("AWS_ENDPOINT_URL_S3", "http://s3only:9000")
@@ -64,6 +77,7 @@ def test_endpoint_precedence_and_bounded_config(monkeypatch: pytest.MonkeyPatch)
     options = s3_storage_options("s3://b/p", {"config": {"connect_timeout": 1}})
     assert options["endpoint_url"] == "http://s3only:9000"
     assert options["config"].connect_timeout == 1 and options["config"].retries["max_attempts"] == 4
+    assert downloader._OBSTORE_CLIENT_OPTIONS == {"allow_http": "true"}
     assert s3_storage_options("/a/folder", {"x": 1}) == {"x": 1}  # not s3: untouched
 
 
@@ -118,6 +132,10 @@ def test_faults_fail_in_seconds_naming_the_url(
         assert isinstance(err, kinds[name]), (name, err)
         assert "s3://" in str(err) and s3.endpoint in str(err), (name, err)
         assert seconds < BOUND_S, (name, seconds)
+    assert "the bucket does not exist" in str(cases["missing bucket"][0])
+    assert "no such object" in str(cases["missing prefix"][0])
+    assert "credentials were refused" in str(cases["bad credentials"][0])
+    assert "cannot be reached" in str(cases["endpoint down"][0])
 
 
 def test_a_chunk_deleted_under_a_running_job_fails_in_seconds(
@@ -140,6 +158,7 @@ def test_a_chunk_deleted_under_a_running_job_fails_in_seconds(
     assert MissingChunkError.__mro__[1] is OSError
 
 
+@pytest.mark.slow
 def test_a_server_restart_mid_epoch_is_survived_with_every_image_once(
     s3: LoopbackS3, demo_chunks: tuple[Path, dict], tmp_path: Path
 ) -> None:

@@ -75,16 +75,30 @@ def read_source_json(source: str, name: str, storage_options: dict[str, Any] | N
     options = s3_storage_options(where, storage_options)
     with tempfile.TemporaryDirectory() as tmp:
         local = Path(tmp) / name
+        provider = _get_fs_provider(where, options)
         try:
-            _get_fs_provider(where, options).download_file(where, str(local))
+            provider.download_file(where, str(local))
         except Exception as err:  # boto3 / google raise their own types; classified by remote_error
             raise remote_error(where, err, options, f"{source} was not written by seg_datamodule's convert, "
-                                                    "or the storage options are wrong") from err
+                                                    "or the storage options are wrong",
+                               bucket_missing=_bucket_missing(provider, where)) from err
         return parse_json(local.read_bytes(), where), where
 
 
+def _bucket_missing(provider: Any, url: str) -> bool:
+    """Whether an ``s3://`` URL's bucket answers 404 (a HEAD on an object cannot tell bucket from key)."""
+    client = getattr(getattr(provider, "client", None), "client", None)
+    if not url.startswith("s3://") or client is None:
+        return False
+    try:
+        client.head_bucket(Bucket=url[len("s3://"):].split("/", 1)[0])
+    except Exception as err:
+        return (getattr(err, "response", None) or {}).get("ResponseMetadata", {}).get("HTTPStatusCode") == 404
+    return False
+
+
 def remote_error(url: str, err: BaseException, storage_options: dict[str, Any] | None = None,
-                 hint: str = "") -> OSError:
+                 hint: str = "", bucket_missing: bool = False) -> OSError:
     """An error naming ``url``, the endpoint and what failed, typed by what failed.
 
     Returns:
@@ -99,10 +113,10 @@ def remote_error(url: str, err: BaseException, storage_options: dict[str, Any] |
     status = response.get("ResponseMetadata", {}).get("HTTPStatusCode")
     text = f"{type(err).__name__}: {err}"
     kind: type[OSError]
-    if code in ("NoSuchBucket",):
+    if bucket_missing or code == "NoSuchBucket":
         kind, what = FileNotFoundError, "the bucket does not exist"
     elif code in ("NoSuchKey", "404", "NotFound") or status == 404 or "NotFound" in type(err).__name__:
-        kind, what = FileNotFoundError, "no such object (missing prefix, or deleted)"
+        kind, what = FileNotFoundError, "no such object (a missing prefix, or deleted)"
     elif code in ("InvalidAccessKeyId", "SignatureDoesNotMatch", "AccessDenied", "403", "ExpiredToken") \
             or status == 403 or "Unauthenticated" in type(err).__name__ or "PermissionDenied" in type(err).__name__:
         kind, what = PermissionError, "the credentials were refused"
