@@ -415,7 +415,7 @@ class COCOSegDataModule(LightningDataModule):
                                          progress=progress, on_mismatch=self.on_resume_mismatch,
                                          **self._loader_kwargs())
         if self._train_loader is not None:  # a reloaded loader keeps counting where the last one was
-            loader._delivered.update(self._train_loader.delivered_counts)
+            loader.counts.total.update(self._train_loader.delivered_counts)
         if self._loader_state is not None:  # a checkpoint being resumed
             loader.load_state_dict(self._loader_state)
             self._loader_state = None
