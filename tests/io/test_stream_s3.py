@@ -7,6 +7,10 @@ own budget is 1,000 boto3 attempts and a 120 s chunk wait).
 
 from __future__ import annotations
 
+import collections
+import os
+import subprocess
+import sys
 import threading
 import time
 from pathlib import Path
@@ -17,6 +21,7 @@ import torch
 
 pytest.importorskip("litdata")
 
+from _recorder import read_counts, read_steps  # noqa: E402
 from _s3_server import LoopbackS3  # noqa: E402
 
 from seg_datamodule.data.collate import DetectionCollate  # noqa: E402
@@ -177,3 +182,46 @@ def test_a_server_restart_mid_epoch_is_survived_with_every_image_once(
     for a, b in zip(got, want):
         for name in _FIELDS:
             assert torch.equal(getattr(a, name), getattr(b, name)), name
+
+
+HERE = Path(__file__).resolve().parent
+
+
+def _run(out: Path, stream: str, *args: str) -> subprocess.CompletedProcess:
+    """``_stream_run.py`` in its own process; it reaches the server through ``AWS_ENDPOINT_URL``."""
+    env = dict(os.environ, PYTHONPATH=str(HERE.parents[1]))
+    return subprocess.run([sys.executable, str(HERE / "_stream_run.py"), str(out), stream, *args], env=env,
+                          capture_output=True, text=True, timeout=600)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize(("devices", "kill_at"), [(1, 7), (2, 3)])
+def test_sigkill_then_resume_from_s3_gives_each_rank_its_batches_and_counts(
+    s3: LoopbackS3, demo_chunks: tuple[Path, dict], tmp_path: Path, devices: int, kill_at: int
+) -> None:
+    """Single process (12 batches an epoch) and DDP on two CPU processes (6 per rank, both ranks
+    killed at step 3): the resumed run trains each rank on bit-identical batches to the end of the
+    next epoch, and reports per rank and in total the counts of the uninterrupted run (a state
+    holding only rank 0's counts gave rank 1 rank 0's)."""
+    url = s3.upload(demo_chunks[0], f"resume{devices}")
+    ddp = ("--devices", str(devices))
+    straight = _run(tmp_path / "straight" / "run", url, *ddp)
+    assert straight.returncode == 0, straight.stderr[-3000:]
+    killed = _run(tmp_path / "killed" / "run", url, *ddp, "--kill-at", str(kill_at))
+    assert killed.returncode == -9, killed.stderr[-3000:]
+    resumed = _run(tmp_path / "killed" / "resumed", url, *ddp, "--ckpt", str(tmp_path / "killed" / "ckpt" / "last.ckpt"))
+    assert resumed.returncode == 0, resumed.stderr[-3000:]
+    key = ("epoch", "batch_idx", "image_ids", "images", "masks", "ignore")
+    totals: list[collections.Counter] = [collections.Counter(), collections.Counter()]
+    for rank in range(devices):
+        want, got = read_steps(tmp_path / "straight" / "run", rank), read_steps(tmp_path / "killed" / "resumed", rank)
+        assert min(got) == kill_at and max(got) == max(want)
+        for step in got:
+            assert [got[step][k] for k in key] == [want[step][k] for k in key], (rank, step)
+        counts = [read_counts(tmp_path / run, rank)["train"] for run in ("straight/run", "killed/resumed")]
+        assert counts[1] == counts[0], rank
+        for total, c in zip(totals, counts):
+            total.update(c)
+    assert totals[0] == totals[1] and totals[0]["kept"] > 0
+    if devices == 2:  # the ranks' counts differ, so a rank restoring the other's would show
+        assert read_counts(tmp_path / "straight/run", 0)["train"] != read_counts(tmp_path / "straight/run", 1)["train"]
