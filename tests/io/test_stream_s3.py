@@ -172,12 +172,20 @@ def test_a_server_restart_mid_epoch_is_survived_with_every_image_once(
     dataset = SegDataset(window_from_meta(demo_chunks[1]), image_size=96, seed=3)
     loader = stream_train_loader(url, dataset, DetectionCollate(), batch_size=4, num_workers=0, seed=3,
                                  cache_dir=str(tmp_path / "c1"), max_cache_size="100KB")
-    got = []
+    got, restarted = [], threading.Event()
+
+    def restart() -> None:
+        s3.restart()
+        restarted.set()
+
+    timer = threading.Timer(1.0, restart)
     for k, batch in enumerate(loader):
         got.append(batch)
         if k == 2:  # down for a second, then back on the same port (objects kept)
             s3.stop()
-            threading.Timer(1.0, s3.restart).start()
+            timer.start()
+    timer.join()
+    assert restarted.is_set(), "the server did not come back"
     assert len(got) == len(want)
     for a, b in zip(got, want):
         for name in _FIELDS:
