@@ -26,7 +26,12 @@ from _s3_server import LoopbackS3  # noqa: E402
 
 from seg_datamodule.data.collate import DetectionCollate  # noqa: E402
 from seg_datamodule.data.dataset import SegDataset  # noqa: E402
-from seg_datamodule.io.stream import check_stream_source, convert_coco, stream_train_loader, window_from_meta  # noqa: E402
+from seg_datamodule.io.stream import (  # noqa: E402
+    check_stream_source,
+    convert_coco,
+    stream_train_loader,
+    window_from_meta,
+)
 from seg_datamodule.io.stream.cli import convert_main  # noqa: E402
 from seg_datamodule.io.stream.endpoint import MissingChunkError, endpoint_of, s3_storage_options  # noqa: E402
 
@@ -217,7 +222,8 @@ def test_sigkill_then_resume_from_s3_gives_each_rank_its_batches_and_counts(
     assert straight.returncode == 0, straight.stderr[-3000:]
     killed = _run(tmp_path / "killed" / "run", url, *ddp, "--kill-at", str(kill_at))
     assert killed.returncode == -9, killed.stderr[-3000:]
-    resumed = _run(tmp_path / "killed" / "resumed", url, *ddp, "--ckpt", str(tmp_path / "killed" / "ckpt" / "last.ckpt"))
+    resumed = _run(tmp_path / "killed" / "resumed", url, *ddp, "--ckpt",
+                   str(tmp_path / "killed" / "ckpt" / "last.ckpt"))
     assert resumed.returncode == 0, resumed.stderr[-3000:]
     key = ("epoch", "batch_idx", "image_ids", "images", "masks", "ignore")
     totals: list[collections.Counter] = [collections.Counter(), collections.Counter()]
