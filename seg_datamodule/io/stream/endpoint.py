@@ -135,6 +135,11 @@ class MissingChunkError(OSError):
     """A chunk named by ``index.json`` is not on the server (deleted under a running job)."""
 
 
+def _status(err: BaseException) -> int | None:
+    """The HTTP status of a botocore ``ClientError`` (``None`` for anything else)."""
+    return (getattr(err, "response", None) or {}).get("ResponseMetadata", {}).get("HTTPStatusCode")
+
+
 def _checked_s3_downloader() -> type:
     """LitData's ``S3Downloader`` that fails on a missing object instead of waiting for it.
 
@@ -150,7 +155,12 @@ def _checked_s3_downloader() -> type:
 
     class CheckedS3Downloader(S3Downloader):
         def download_file(self, remote_filepath: str, local_filepath: str) -> None:
-            super().download_file(remote_filepath, local_filepath)
+            try:  # boto3's path (a forked worker after obstore started) raises its 404 as a ClientError
+                super().download_file(remote_filepath, local_filepath)
+            except Exception as err:
+                if _status(err) == 404:
+                    raise self._missing(remote_filepath) from err
+                raise
             if os.path.exists(local_filepath):
                 return
             # Not there: another process holds the lock (the object exists), or the GET was a 404.
@@ -158,12 +168,14 @@ def _checked_s3_downloader() -> type:
             try:
                 self._client.client.head_object(Bucket=bucket, Key=key)
             except Exception as err:
-                status = getattr(err, "response", {}).get("ResponseMetadata", {}).get("HTTPStatusCode")
-                if status == 404:
-                    raise MissingChunkError(
-                        f"{remote_filepath}: the chunk is not on {self._client.client.meta.endpoint_url} any more "
-                        "(deleted or overwritten under a running job?); its index.json still lists it") from err
+                if _status(err) == 404:
+                    raise self._missing(remote_filepath) from err
                 raise
+
+        def _missing(self, remote_filepath: str) -> MissingChunkError:
+            return MissingChunkError(
+                f"{remote_filepath}: the chunk is not on {self._client.client.meta.endpoint_url} any more "
+                "(deleted or overwritten under a running job?); its index.json still lists it")
 
     return CheckedS3Downloader
 
