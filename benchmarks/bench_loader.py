@@ -53,8 +53,17 @@ shared: the spread of the runs is printed). OpenCV is set to one thread in the m
 (Ultralytics does this on import), and ``--breakdown`` splits our single-thread CPU time into
 stages (CPU time, so other load on the machine inflates it less than wall time).
 
+Copy-paste and MixUp (issue 21): with ``--copy-paste 0.5 --mixup 0.15`` (the defaults; 0 and 0
+leave them out) a second pair of rows runs ours (``copy_paste_mode="flip"``, MixUp with another
+sample of the batch) beside Ultralytics given the same ``copy_paste``, ``copy_paste_mode: flip``
+and ``mixup`` values, and the single-thread CPU section prints each augmentation's extra cost per
+image on both sides (each alone, then both, minus the plain recipe). What differs: Ultralytics'
+``copy_paste`` is the fraction of the (non-overlapping) flipped instances pasted in every image,
+ours the probability per image of pasting a random subset; its MixUp builds a whole second
+mosaic for the partner (decodes included), ours blends in another sample of the batch.
+
 Run: ``python benchmarks/bench_loader.py [--coco-mini PATH] [--images 2048] [--workers 0 2]
-[--breakdown]``.
+[--copy-paste 0.5] [--mixup 0.15] [--breakdown]``.
 """
 
 from __future__ import annotations
@@ -155,10 +164,11 @@ def make_large_split(root: Path, work: Path, num_images: int, annotate_every: in
 
 
 def build_ours(ann_file: Path, images: Path, image_size: int, partners: str, hsv_on_device: bool,
-               cache_dir: Path) -> SegDataset:
+               cache_dir: Path, copy_paste: float = 0.0, mixup: float = 0.0) -> SegDataset:
     index = CocoIndex.build(ann_file, images, cache_dir=cache_dir)
     return SegDataset(index, image_size=image_size, mosaic=1.0, transforms=yolo_recipe(), cache_images=0,
-                      mosaic_partners=partners, seed=0, hsv=HSVJitter(YOLO_HSV, on_device=hsv_on_device))
+                      mosaic_partners=partners, seed=0, hsv=HSVJitter(YOLO_HSV, on_device=hsv_on_device),
+                      copy_paste=copy_paste, copy_paste_mode="flip", mixup=mixup)
 
 
 def measure_ours(ds: SegDataset, workers: int, batch_size: int, warmup: int, count: int) -> tuple[float, float]:
@@ -252,10 +262,10 @@ def prepare_ultralytics(ann_file: Path, images: Path, work: Path) -> Path:
 
 
 def measure_ultralytics(images: Path, workers: int, batch_size: int, image_size: int, warmup: int,
-                        count: int, buffer: bool = True) -> float:
+                        count: int, buffer: bool = True, mixing: dict[str, float] | None = None) -> float:
     from ultralytics.data.build import build_dataloader
 
-    dataset = ultralytics_dataset(images, batch_size, image_size, buffer)
+    dataset = ultralytics_dataset(images, batch_size, image_size, buffer, mixing)
     loader = build_dataloader(dataset, batch=batch_size, workers=workers, shuffle=True, pin_memory=False,
                               device="cpu")
 
@@ -298,8 +308,9 @@ def _ultralytics_mosaics(transform: Any) -> Iterator[Any]:
         yield from _ultralytics_mosaics(transform.pre_transform)
 
 
-def ultralytics_dataset(images: Path, batch_size: int, image_size: int, buffer: bool = True) -> Any:
-    """Ultralytics' training dataset.
+def ultralytics_dataset(images: Path, batch_size: int, image_size: int, buffer: bool = True,
+                        mixing: dict[str, float] | None = None) -> Any:
+    """Ultralytics' training dataset (``mixing``: its ``copy_paste`` / ``mixup`` values, flip mode).
 
     With ``buffer=False`` it works as ours does without a cache: mosaic partners drawn uniformly
     from the whole dataset (``Mosaic.buffer_enabled = False``; by default Ultralytics draws them
@@ -309,8 +320,12 @@ def ultralytics_dataset(images: Path, batch_size: int, image_size: int, buffer: 
     from ultralytics.cfg import get_cfg
     from ultralytics.data.build import build_yolo_dataset
 
-    cfg = get_cfg(overrides={"imgsz": image_size, "mosaic": 1.0, "mask_ratio": 4, "overlap_mask": False,
-                             "task": "segment", "cache": False})
+    overrides = {"imgsz": image_size, "mosaic": 1.0, "mask_ratio": 4, "overlap_mask": False,
+                 "task": "segment", "cache": False}
+    if mixing:
+        overrides |= {"copy_paste": mixing.get("copy_paste", 0.0), "mixup": mixing.get("mixup", 0.0),
+                      "copy_paste_mode": "flip"}
+    cfg = get_cfg(overrides=overrides)
     data = {"names": {i: str(i) for i in range(80)}, "nc": 80, "channels": 3}
     dataset = build_yolo_dataset(cfg, str(images), batch=batch_size, data=data, mode="train", stride=32)
     if not buffer:
@@ -362,13 +377,39 @@ def device_step(ds: SegDataset, batch_size: int, repeat: int) -> None:
 OURS = {"ours, HSV in workers": ("batch", False), "ours, HSV on device": ("batch", True),
         "ours, uniform partners": ("uniform", False)}
 PEER = "ultralytics cache=False"
+#: The rows with copy-paste and MixUp on, ours and the peer's (the same values on both sides).
+MIXED, PEER_MIXED = "ours, + copy-paste, mixup", "ultralytics + copy-paste, mixup"
 
 
 def _ratio(name: str, row: dict[str, float], inverse: bool = False) -> str:
-    if not name.startswith("ours") or PEER not in row:
+    peer = PEER_MIXED if name == MIXED else PEER
+    if not name.startswith("ours") or peer not in row:
         return ""
-    ratio = row[PEER] / row[name] if inverse else row[name] / row[PEER]
+    ratio = row[peer] / row[name] if inverse else row[name] / row[peer]
     return f"  ({ratio:.2f}x Ultralytics)"
+
+
+def mixing_costs(ann_file: Path, images: Path, peer: Path | None, args: argparse.Namespace, work: Path) -> None:
+    """Extra single-thread CPU ms per image of copy-paste, MixUp and both, ours and Ultralytics'."""
+    settings = {"plain": {}, "copy_paste": {"copy_paste": args.copy_paste}, "mixup": {"mixup": args.mixup},
+                "both": {"copy_paste": args.copy_paste, "mixup": args.mixup}}
+    ours, theirs = {}, {}
+    for name, kw in settings.items():
+        ds = build_ours(ann_file, images, args.image_size, "batch", False, work / "index", **kw)
+        ds.on_worker_start()
+        ours[name] = cpu_ms_per_image(ds.__getitems__, DetectionCollate(mask_stride=4), len(ds), args.batch_size)
+        if peer is not None:
+            with contextlib.redirect_stdout(io.StringIO()), contextlib.redirect_stderr(io.StringIO()):
+                udata = ultralytics_dataset(peer, args.batch_size, args.image_size, mixing=kw)
+                theirs[name] = cpu_ms_per_image(lambda idx: [udata[i] for i in idx], udata.collate_fn, len(udata),
+                                                args.batch_size)
+    print(f"extra single-thread CPU time per image (copy_paste={args.copy_paste}, mixup={args.mixup}; "
+          "the setting minus plain, best of 5 batches each):")
+    for name in ("copy_paste", "mixup", "both"):
+        line = f"  {name:12s} ours {ours[name] - ours['plain']:+6.2f} ms/image (of {ours[name]:.2f})"
+        if theirs:
+            line += f"   ultralytics {theirs[name] - theirs['plain']:+6.2f} ms/image (of {theirs[name]:.2f})"
+        print(line)
 
 
 def main() -> None:
@@ -385,7 +426,10 @@ def main() -> None:
     parser.add_argument("--breakdown", action="store_true")
     parser.add_argument("--no-uniform", action="store_true", help="leave out the uniform-partners row")
     parser.add_argument("--device-repeat", type=int, default=5)
+    parser.add_argument("--copy-paste", type=float, default=0.5, help="0 with --mixup 0: no mixing rows")
+    parser.add_argument("--mixup", type=float, default=0.15)
     args = parser.parse_args()
+    mixing = {"copy_paste": args.copy_paste, "mixup": args.mixup} if args.copy_paste or args.mixup else None
 
     cv2.setNumThreads(0)
     torch.set_num_threads(1)
@@ -395,6 +439,8 @@ def main() -> None:
         datasets = {name: build_ours(ann_file, images, args.image_size, partners, on_device, work / "index")
                     for name, (partners, on_device) in OURS.items()
                     if not (args.no_uniform and partners == "uniform")}
+        if mixing:
+            datasets[MIXED] = build_ours(ann_file, images, args.image_size, "batch", False, work / "index", **mixing)
         peer: Path | None = None
         if not args.no_ultralytics:
             try:
@@ -422,11 +468,15 @@ def main() -> None:
                     with contextlib.redirect_stdout(io.StringIO()), contextlib.redirect_stderr(io.StringIO()):
                         runs[PEER].append(measure_ultralytics(peer, workers, args.batch_size, args.image_size,
                                                               args.warmup, args.batches))
+                        if mixing:
+                            runs[PEER_MIXED].append(measure_ultralytics(
+                                peer, workers, args.batch_size, args.image_size, args.warmup, args.batches,
+                                mixing=mixing))
             row = {name: max(values) for name, values in runs.items()}
             for name, value in row.items():
                 spread = ", ".join(f"{v:.0f}" for v in runs[name])
                 extra = f"  {decodes[name]:.2f} decodes/image" if name in decodes else ""
-                print(f"  workers={workers}  {name:28s} {value:7.1f} img/s{_ratio(name, row)}{extra}   "
+                print(f"  workers={workers}  {name:32s} {value:7.1f} img/s{_ratio(name, row)}{extra}   "
                       f"[runs: {spread}]")
             sys.stdout.flush()
 
@@ -441,8 +491,10 @@ def main() -> None:
                 cpu[PEER] = cpu_ms_per_image(lambda idx: [udata[i] for i in idx], udata.collate_fn, len(udata),
                                              args.batch_size)
         for name, value in cpu.items():
-            print(f"  {name:28s} {value:6.2f} ms/image{_ratio(name, cpu, inverse=True)}")
+            print(f"  {name:32s} {value:6.2f} ms/image{_ratio(name, cpu, inverse=True)}")
         device_step(datasets["ours, HSV on device"], args.batch_size, args.device_repeat)
+        if mixing:
+            mixing_costs(ann_file, images, peer, args, work)
         if args.breakdown:
             for ds in datasets.values():
                 breakdown(ds, args.batch_size, args.batches)

@@ -1,7 +1,7 @@
 """Look at a batch: images with their instance masks (upsampled from the stride grid) and boxes.
 
 :func:`draw_instances` is a pure function over one image's arrays; :func:`save_batch_png` lays a
-:class:`~seg_datamodule.sample.DetectionBatch` out as a grid and writes it as a PNG.
+:class:`~seg_datamodule.structures.batch.DetectionBatch` out as a grid and writes it as a PNG.
 """
 
 from __future__ import annotations
@@ -31,8 +31,12 @@ def draw_instances(
     mask_stride: int = 4,
     ignore_mask: np.ndarray | None = None,
     alpha: float = 0.45,
+    origins: np.ndarray | None = None,
 ) -> np.ndarray:
     """Overlay masks (nearest-upsampled from the stride grid), boxes and labels on one image.
+
+    Copies pasted by copy-paste get a white outline around their mask and a ``P`` before their
+    label; instances mixed in by MixUp an ``M``.
 
     Args:
         image (ndarray[H, W, 3] uint8): RGB image.
@@ -42,6 +46,8 @@ def draw_instances(
         mask_stride (int): stride of the mask grid.
         ignore_mask (ndarray[Hp, Wp] bool | None): crowd regions, hatched in grey.
         alpha (float): mask opacity.
+        origins (ndarray[N] uint8 | None): per instance, an index of
+            :data:`~seg_datamodule.structures.sample.ORIGINS` (``DetectionBatch.origins``).
 
     Returns:
         ndarray[H, W, 3] uint8: a new RGB image.
@@ -71,6 +77,11 @@ def draw_instances(
         hatch = big & (((yy + xx) // 6) % 2 == 0)
         out[hatch] = 0.5 * out[hatch] + 0.5 * 128
     out = np.ascontiguousarray(out.clip(0, 255).astype(np.uint8))
+    origins = np.zeros(len(masks), np.uint8) if origins is None else np.asarray(origins)
+    for mask in np.asarray(masks)[origins == 1]:
+        contours, _ = cv2.findContours(up(np.asarray(mask, bool)).astype(np.uint8), cv2.RETR_EXTERNAL,
+                                       cv2.CHAIN_APPROX_SIMPLE)
+        cv2.drawContours(out, contours, -1, (255, 255, 255), 2, cv2.LINE_AA)
 
     # 2. Boxes and labels.
     for k, (box, colour) in enumerate(zip(np.asarray(boxes, np.float64), colours)):
@@ -78,7 +89,8 @@ def draw_instances(
         c = tuple(int(v) for v in colour)
         cv2.rectangle(out, (x0, y0), (max(x1 - 1, x0), max(y1 - 1, y0)), c, 1, cv2.LINE_AA)
         if labels is not None:
-            cv2.putText(out, str(int(labels[k])), (x0 + 2, max(y0 + 10, 10)),
+            tag = ("", "P", "M")[int(origins[k])] if origins[k] < 3 else "?"
+            cv2.putText(out, f"{tag}{int(labels[k])}", (x0 + 2, max(y0 + 10, 10)),
                         cv2.FONT_HERSHEY_SIMPLEX, 0.35, c, 1, cv2.LINE_AA)
     return out
 
@@ -111,6 +123,7 @@ def batch_grid(batch: DetectionBatch, max_images: int = 16, columns: int = 4) ->
             batch.labels[sl].cpu().numpy(),
             mask_stride=batch.mask_stride,
             ignore_mask=batch.ignore_masks[i].cpu().numpy(),
+            origins=None if batch.origins is None else batch.origins[sl].cpu().numpy(),
         )
         r, c = divmod(i, columns)
         grid[r * h : (r + 1) * h, c * w : (c + 1) * w] = drawn

@@ -11,6 +11,11 @@ import numpy as np
 import pytest
 import torch
 
+# albumentations asks PyPI for a newer release at import (and warns, an error here, on any older
+# one): tests make no network calls beyond 127.0.0.1. Set before any test module imports it;
+# subprocesses the tests start inherit it.
+os.environ.setdefault("NO_ALBUMENTATIONS_UPDATE", "1")
+
 # Tests live in folders that mirror the package; their shared helpers (_reference, _recorder) here.
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
@@ -25,6 +30,14 @@ def _seed_everything() -> None:
     random.seed(0)
     np.random.seed(0)
     torch.manual_seed(0)
+
+
+@pytest.fixture(autouse=True)
+def _fresh_unverified_warnings(monkeypatch: pytest.MonkeyPatch) -> None:
+    """compat.warn_unverified warns once per process: each test starts with none warned."""
+    from seg_datamodule import compat
+
+    monkeypatch.setattr(compat, "_warned", set())
 
 
 @pytest.fixture(scope="session")

@@ -48,7 +48,10 @@ def _ci_commands() -> list[str]:
     """``.ci/run``'s commands, normalised (``--clear`` dropped: CI reuses no folder anyway)."""
     out = []
     for line in (ROOT / ".ci" / "run").read_text().splitlines():
-        tokens = shlex.split(line, comments=True)
+        try:
+            tokens = shlex.split(line, comments=True)
+        except ValueError:  # a line inside a multi-line string: not a command of its own
+            continue
         if tokens:
             out.append(" ".join(t for t in tokens if t != "--clear"))
     return out
@@ -141,6 +144,15 @@ def test_readme_install_and_test_commands_are_what_ci_runs():
             assert command in ci, f".ci/run does not run the README's {command!r}"
 
 
+def test_every_readme_install_command_is_run_by_ci():
+    """Install steps are not run by a test: CI runs each of them, as written, on a fresh machine."""
+    ci = _ci_commands()
+    for step in STEPS:
+        if step.kind == "install":
+            command = " ".join(t for t in step.argv if t != "--clear")
+            assert command in ci, f"README block {step.name}: .ci/run does not run {command!r}"
+
+
 def test_every_readme_command_has_a_runner():
     # steps_from_blocks raised at import if not; this names the kinds that are run.
     assert {s.kind for s in STEPS} <= {"cli", "bench", "python", "install", "suite"}
@@ -194,11 +206,30 @@ def _config_command(config: Path) -> str:
     return match[1] if match else "fit"
 
 
-def _config_overrides(config: Path, coco: Path) -> list[str]:
-    """``--data.KEY path`` for every ``/data/coco/...`` path of the config's ``data`` section."""
+def _config_overrides(config: Path, coco: Path, lvis: Path | None = None) -> list[str]:
+    """``--data.KEY path`` for every ``/data/coco/...`` path of the config's ``data`` section.
+
+    An LVIS config (``/data/lvis/*.json`` files over the COCO root ``/data/coco``) gets the LVIS
+    API's 100-image file in v1 form under ``lvis``, with generated images (:func:`_lvis_v1`).
+    """
     data = (yaml.safe_load(config.read_text()) or {}).get("data") or {}
-    return [arg for key, value in data.items() if isinstance(value, str) and value.startswith("/data/coco/")
-            for arg in (f"--data.{key}", substitute_token(value, coco, coco))]
+    out = [arg for key, value in data.items() if isinstance(value, str) and value.startswith("/data/coco/")
+           for arg in (f"--data.{key}", substitute_token(value, coco, coco))]
+    if lvis is not None:
+        for key, value in data.items():
+            if isinstance(value, str) and (value.startswith("/data/lvis/") or value == "/data/coco"):
+                out += [f"--data.{key}", str(lvis / "lvis_v1.json" if value.startswith("/data/lvis/") else lvis / "coco")]
+    return out
+
+
+def _lvis_v1(folder: Path) -> Path:
+    """``folder`` with ``lvis_v1.json`` (tests/fixtures/lvis/lvis_val_100.json without file_name)
+    and ``coco/val2017/`` images of its sizes."""
+    from _lvis import load_json, write_images, write_v1
+
+    folder.mkdir(parents=True)
+    write_images(load_json(write_v1(folder / "lvis_v1.json")), folder / "coco", from_url=True)
+    return folder
 
 
 @pytest.mark.slow
@@ -211,9 +242,10 @@ def test_every_config_runs(config, runner, coco_mini):
         assert result.returncode == 0, result.output[-4000:]
         return
     command = _config_command(config)
-    argv = [sys.executable, "-m", "seg_datamodule", command, "--config", str(config),
-            *_config_overrides(config, runner.coco), *cli_limits(command, resumes=False)]
     work = runner.work / f"config-{config.stem}"
     work.mkdir()
+    lvis = _lvis_v1(work / "lvis-data") if "/data/lvis/" in config.read_text() else None
+    argv = [sys.executable, "-m", "seg_datamodule", command, "--config", str(config),
+            *_config_overrides(config, runner.coco, lvis), *cli_limits(command, resumes=False)]
     proc = subprocess.run(argv, cwd=work, env=runner.env, capture_output=True, text=True, timeout=TIMEOUT)
     assert proc.returncode == 0, f"{shlex.join(argv)}\n{(proc.stdout + proc.stderr)[-4000:]}"

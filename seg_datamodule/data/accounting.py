@@ -142,9 +142,12 @@ def format_report(skip_counts: dict[str, dict[str, int]], decodes: dict[str, Any
     for name, counts in skip_counts.items():
         counts = dict(counts)
         kept = counts.pop("kept", None)
+        # Targets copy-paste and MixUp added: part of ``kept``, not a reason anything was lost.
+        added = {key: counts.pop(key, 0) for key in ("pasted", "mixed_in")}
         summary = format_skip_summary(counts)
         if kept is not None:
-            summary = f"{kept} annotations delivered as targets; " + summary.replace(
+            extra = ", ".join(f"{n} {key.replace('_', ' ')}" for key, n in added.items() if n)
+            summary = f"{kept} annotations delivered as targets{f' ({extra})' if extra else ''}; " + summary.replace(
                 "skipped", "dropped by augmentation or loading", 1)
         lines.append(f"{name}: {summary}")
     if decodes and decodes.get("samples"):

@@ -12,7 +12,7 @@ from typing import Callable, Sequence
 import cv2
 import numpy as np
 
-from seg_datamodule.data.loading import ImageIndex
+from seg_datamodule.data.loading import FederatedIndex, ImageIndex
 from seg_datamodule.io.images import BadImageError
 from seg_datamodule.structures import Polygons, Sample
 from seg_datamodule.transforms.albu import AlbumentationsTransform, hsv_jitter
@@ -21,7 +21,7 @@ from seg_datamodule.transforms.plan import TilePlan, choose_reduce, visible_tile
 from seg_datamodule.transforms.polygons import drop_reasons, transform_polygons
 from seg_datamodule.transforms.warp import FILL_VALUE, warp_tiles
 
-__all__ = ["assemble_sample", "empty_sample", "load_tiles", "other_index"]
+__all__ = ["assemble_sample", "empty_sample", "federated_labels", "load_tiles", "other_index"]
 
 
 def load_tiles(
@@ -167,7 +167,31 @@ def assemble_sample(
         crowd_mask=None if crowd is None else crowd.astype(bool),
         hsv_gains=hsv_gains,
     )
+    if isinstance(index, FederatedIndex):
+        sample.neg_labels, sample.not_exhaustive_labels = federated_labels(index, ids)
     return sample, codes
+
+
+def federated_labels(index: FederatedIndex, ids: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """The LVIS category lists of a canvas made of the images ``ids``.
+
+    A category is verified absent from the canvas only when every tile's image verified it
+    absent (a category one tile's image was never checked for may be visible in that tile);
+    it may be incompletely annotated when it is so in any tile's image.
+
+    Args:
+        index (FederatedIndex): the per-image lists.
+        ids (ndarray[K] int64): image index of each tile.
+
+    Returns:
+        neg_labels (ndarray int64) and not_exhaustive_labels (ndarray int64), sorted, unique.
+    """
+    neg = index.neg_labels(int(ids[0]))
+    not_exhaustive = index.not_exhaustive_labels(int(ids[0]))
+    for i in ids[1:]:
+        neg = np.intersect1d(neg, index.neg_labels(int(i)))
+        not_exhaustive = np.union1d(not_exhaustive, index.not_exhaustive_labels(int(i)))
+    return neg.astype(np.int64), not_exhaustive.astype(np.int64)
 
 
 def other_index(rng: np.random.Generator, bad: int, n: int) -> int:

@@ -18,6 +18,7 @@ import torch
 from torch.utils.data import get_worker_info
 
 from seg_datamodule.ops.checks import check_bool, check_int, check_optional_bool
+from seg_datamodule.ops.occlusion import rasterize_visible
 from seg_datamodule.ops.raster import grid_size, rasterize_flat
 from seg_datamodule.data.shm import Lease, SharedBufferPool, pooling_available
 from seg_datamodule.structures import DetectionBatch, Polygons, Sample
@@ -66,6 +67,23 @@ def _allocate(
     tensors = [torch.empty((0,), dtype=dtype).set_(storage, offset // torch.empty((), dtype=dtype).element_size(), shape)
                for (shape, dtype), offset in zip(layout, offsets)]
     return tensors, lease, fresh
+
+
+def _occluders_of(sample: Sample) -> Polygons:
+    """The sample's occluders, or as many instances without rings when nothing is pasted on it."""
+    if sample.occluders is not None:
+        return sample.occluders
+    return Polygons(np.zeros((0, 2), np.float64), np.zeros(1, np.int64), np.zeros(sample.num_instances + 1, np.int64))
+
+
+def _origins_of(samples: Sequence[Sample], out: torch.Tensor | None) -> torch.Tensor | None:
+    """Per target, its :data:`~seg_datamodule.structures.sample.ORIGINS` code, written into ``out``
+    (None when no sample was mixed)."""
+    if out is None:
+        return None
+    out.numpy()[:] = np.concatenate([np.zeros(0, np.uint8)] + [
+        np.zeros(s.num_instances, np.uint8) if s.origins is None else s.origins for s in samples])
+    return out
 
 
 class DetectionCollate:
@@ -133,6 +151,7 @@ class DetectionCollate:
         batch_size = len(samples)
         counts = np.array([s.num_instances for s in samples], dtype=np.int64)
         total = int(counts.sum())
+        federated = _federated_lists(samples)
         with_gains = [s.hsv_gains is not None for s in samples]
         if any(with_gains) and not all(with_gains):
             odd = samples[with_gains.index(not with_gains[0])]
@@ -141,19 +160,30 @@ class DetectionCollate:
         # 1. One allocation for every output (a reused shared-memory slot in a worker), so the
         # batch crosses to the main process as one file descriptor, not one per tensor.
         image_shape = (batch_size, height, width, 3) if self.channels_last else (batch_size, 3, height, width)
-        # Gains (float64: the hue tables truncate, so a float32 gain could move an entry) travel
-        # in the same segment when the samples carry them.
-        gains_layout = [((batch_size, 3), torch.float64)] if with_gains[0] else []
+        # Gains (float64: the hue tables truncate, so a float32 gain could move an entry) and the
+        # targets' origins (copy-paste / MixUp) travel in the same segment when the samples carry them.
+        mixed = any(s.origins is not None for s in samples)
+        extra_layout = [((batch_size, 3), torch.float64)] * with_gains[0] + [((total,), torch.uint8)] * mixed
         (images, masks, ignore, boxes, labels, ann_ids, per_image, image_ids, scales, pads, orig_sizes,
-         *gains), lease, fresh = (
+         *rest), lease, fresh = (
             _allocate(
                 [(image_shape, torch.uint8), ((total, hp, wp), torch.bool), ((batch_size, hp, wp), torch.bool),
                  ((total, 4), torch.float32), ((total,), torch.int64), ((total,), torch.int64),
                  ((batch_size,), torch.int64), ((batch_size,), torch.int64), ((batch_size,), torch.float32),
-                 ((batch_size, 2), torch.float32), ((batch_size, 2), torch.int64), *gains_layout],
+                 ((batch_size, 2), torch.float32), ((batch_size, 2), torch.int64), *extra_layout,
+                 *(((len(values),), torch.int64) for values, _ in federated),
+                 *(((batch_size,), torch.int64) for _ in federated)],
                 shared, self.pool,
             )
         )
+        extra, rest = rest[: len(extra_layout)], rest[len(extra_layout) :]
+        gains = extra[:1] if with_gains[0] else []
+        origins = extra[-1] if mixed else None
+        # LVIS's per-image lists ride in the same allocation (values, then per-image counts).
+        lists, lists_per_image = list(rest[: len(federated)]), list(rest[len(federated) :])
+        for (values, per), out, out_per in zip(federated, lists, lists_per_image):
+            out.numpy()[:] = values
+            out_per.numpy()[:] = per
         if not fresh:  # a reused slot: the rasteriser writes only inside cells
             # numpy's fill is a memset; torch's bool zero_() takes about twice as long here.
             masks.numpy().fill(False)
@@ -166,9 +196,14 @@ class DetectionCollate:
         if self.channels_last:
             images = images.permute(0, 3, 1, 2)
 
-        # 3. Masks: all instances of the batch in one vectorised rasterisation.
+        # 3. Masks: all instances of the batch in one vectorised rasterisation; instances under
+        # pasted objects (copy-paste) keep exactly the cells their occluders leave visible.
         polygons = Polygons.concat(s.polygons for s in samples)
-        rasterize_flat(*polygons.arrays, (height, width), stride, out=masks.numpy())
+        if any(s.occluders is not None for s in samples):
+            occluders = Polygons.concat(_occluders_of(s) for s in samples)
+            rasterize_visible(polygons.arrays, occluders.arrays, (height, width), stride, out=masks.numpy())
+        else:
+            rasterize_flat(*polygons.arrays, (height, width), stride, out=masks.numpy())
 
         # 4. Boxes: given by the augmentation, or derived from the polygons on the canvas.
         boxes_np = boxes.numpy()
@@ -213,11 +248,30 @@ class DetectionCollate:
             mask_stride=stride,
             counts=getattr(samples, "counts", None),
             hsv_gains=gains[0] if gains else None,
+            origins=_origins_of(samples, origins),
         )
+        if federated:
+            batch.neg_labels, batch.not_exhaustive_labels = lists
+            batch.neg_labels_per_image, batch.not_exhaustive_labels_per_image = lists_per_image
         if lease is not None:
             # Unpickled in the main process, it hands the slot back once the batch is dropped.
             batch._lease = lease
         return batch
+
+
+def _federated_lists(samples: Sequence[Sample]) -> list[tuple[np.ndarray, np.ndarray]]:
+    """``[(neg values, per-image counts), (not-exhaustive values, counts)]``, or ``[]`` when no
+    sample carries the lists (a sample without them, such as a stand-in for a bad image, has
+    empty ones)."""
+    if all(s.neg_labels is None and s.not_exhaustive_labels is None for s in samples):
+        return []
+    out = []
+    for field in ("neg_labels", "not_exhaustive_labels"):
+        per = [np.zeros(0, np.int64) if getattr(s, field) is None else np.asarray(getattr(s, field), np.int64)
+               for s in samples]
+        values = np.concatenate(per) if per else np.zeros(0, np.int64)
+        out.append((values, np.array([len(p) for p in per], np.int64)))
+    return out
 
 
 def collate_detection(samples: Sequence[Sample], mask_stride: int = 4, channels_last: bool = True) -> DetectionBatch:

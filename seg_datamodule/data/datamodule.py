@@ -22,7 +22,7 @@ Held-out data (:mod:`~seg_datamodule.data.splits`): ``test_ann`` / ``test_images
 
 Without ``train_ann`` the module uses the embedded demo dataset, generated on first use (see
 :mod:`~seg_datamodule.demo.data`). With ``train_stream`` training streams LitData chunks written by
-``seg-datamodule-convert`` (:mod:`~seg_datamodule.io.stream`) through the same dataset and collate.
+``seg-datamodule convert`` (:mod:`~seg_datamodule.io.stream`) through the same dataset and collate.
 """
 
 from __future__ import annotations
@@ -41,16 +41,18 @@ from torch.utils.data import DataLoader
 from seg_datamodule.data.accounting import format_report
 from seg_datamodule.data.collate import DetectionCollate
 from seg_datamodule.data.dataset import COUNT_KEYS, DECODE_KEYS, SegDataset, worker_init_fn
+from seg_datamodule.data.repeat_factors import describe_repeat_factors, image_repeat_factors
 from seg_datamodule.data.predict import PredictCollate, PredictDataset
 from seg_datamodule.data.resume import ResumableDataLoader
 from seg_datamodule.data.sampler import EpochShardSampler
 from seg_datamodule.data.splits import build_predict_images, build_test_index, check_pair
 from seg_datamodule.demo.data import ensure_demo_dataset
 from seg_datamodule.io.coco import CocoIndex
-from seg_datamodule.ops.checks import check_choice, check_int
+from seg_datamodule.ops.checks import check_choice, check_int, check_number
 from seg_datamodule.transforms.albu import load_transforms
 from seg_datamodule.transforms.augment import MosaicAffine
 from seg_datamodule.transforms.hsv import HSVJitter, apply_pending_hsv, refuse_random_hsv
+from seg_datamodule.transforms.lsj import LargeScaleJitter
 
 __all__ = ["AUTO_CACHE_MAX_IMAGES", "COCOSegDataModule"]
 
@@ -119,6 +121,19 @@ class COCOSegDataModule(LightningDataModule):
         cache_images: decoded images kept per worker (LRU); 0 keeps none. ``None`` (default)
             caches a dataset of at most ``AUTO_CACHE_MAX_IMAGES`` images whole and nothing of a
             larger one (a cache far smaller than the dataset is rarely hit; ~1 MB per image).
+        recipe: ``"mosaic"`` (default): mosaic + random affine + flip; ``"lsj"``: large-scale
+            jitter of one image (scale in ``lsj_scale`` of ``image_size``, fixed-size crop, pad,
+            flip; ``mosaic``, ``close_mosaic``, ``degrees``, ``translate``, ``scale`` and
+            ``shear`` do not apply). See :mod:`~seg_datamodule.transforms.lsj`.
+        lsj_scale: LSJ's scale range ``(low, high)`` as factors of ``image_size``.
+        copy_paste: probability per training sample of pasting a random subset of another
+            canvas's instances (pixels exactly where their polygons cover pixel centres); the
+            instances below keep exactly what stays visible (dropped as ``occluded`` under
+            ``min_area_ratio``). See :mod:`~seg_datamodule.transforms.copy_paste`.
+        copy_paste_mode: ``"flip"`` (default): from the sample's own mirror image; ``"batch"``:
+            from another sample of the batch (already decoded: no extra decode).
+        mixup: probability per training sample of MixUp with another sample of the batch
+            (``r ~ Beta(32, 32)``, both sets of instances kept).
         mosaic_partners: ``"batch"`` (default): a mosaic's partners are other images of its
             batch, each decoded once per batch; ``"uniform"``: the whole dataset (four decodes
             per mosaic without a cache). See :class:`~seg_datamodule.data.dataset.SegDataset`.
@@ -147,6 +162,14 @@ class COCOSegDataModule(LightningDataModule):
             ``AWS_ENDPOINT_URL`` and boto3's credential chain); completed with a bounded retry
             budget by :func:`~seg_datamodule.io.stream.endpoint.s3_storage_options`. Not saved
             in checkpoints (it may hold credentials).
+        repeat_factor_threshold: repeat-factor sampling (LVIS uses 0.001; see
+            :mod:`~seg_datamodule.data.repeat_factors`): an image whose rarest category is in a
+            fraction ``f`` of the training images appears ``max(1, sqrt(t / f))`` times per
+            epoch, fractional parts drawn per epoch from ``(seed, epoch)``; frequencies are
+            counted from ``train_ann``. ``None`` (default): off. The epoch length follows the
+            draw, so the Trainer needs ``reload_dataloaders_every_n_epochs=1`` (checked at
+            setup); the report gives the epoch length and the mean factor. Not with
+            ``train_stream``.
     """
 
     def __init__(
@@ -167,6 +190,11 @@ class COCOSegDataModule(LightningDataModule):
         mosaic: float = 1.0,
         close_mosaic: int = 0,
         mosaic_partners: Literal["batch", "uniform"] = "batch",
+        recipe: Literal["mosaic", "lsj"] = "mosaic",
+        lsj_scale: tuple[float, float] = (0.1, 2.0),
+        copy_paste: float = 0.0,
+        copy_paste_mode: Literal["flip", "batch"] = "flip",
+        mixup: float = 0.0,
         degrees: float = 0.0,
         translate: float = 0.1,
         scale: tuple[float, float] = (0.5, 1.5),
@@ -194,6 +222,7 @@ class COCOSegDataModule(LightningDataModule):
         stream_cache_dir: str | None = None,
         stream_max_cache_size: str | None = None,
         stream_storage_options: dict[str, Any] | None = None,
+        repeat_factor_threshold: float | None = None,
     ) -> None:
         super().__init__()
         # Checks the DataModule owns; the dataset and collate check their own arguments.
@@ -211,6 +240,13 @@ class COCOSegDataModule(LightningDataModule):
             raise ValueError("give train_stream or train_ann / train_images, not both")
         if (val_ann is None) != (val_images is None):
             raise ValueError("give both val_ann and val_images, or neither")
+        if repeat_factor_threshold is not None:
+            check_number("repeat_factor_threshold", repeat_factor_threshold, 0.0, 1.0)
+            if repeat_factor_threshold <= 0 or train_stream is not None:
+                raise ValueError("repeat_factor_threshold must be in (0, 1] and needs train_ann (not "
+                                 f"train_stream), got {repeat_factor_threshold!r}")
+        self.repeat_factor_threshold = repeat_factor_threshold
+        self.repeat_factors: np.ndarray | None = None
         check_pair("test", test_ann, test_images)
         if predict_ann is not None and predict_images is None:
             raise ValueError("predict_ann needs predict_images, the folder its file_name values are in")
@@ -228,12 +264,16 @@ class COCOSegDataModule(LightningDataModule):
         self.val_batch_size = val_batch_size or batch_size
         self.num_workers = num_workers
         # The random affine and flip are one object the dataset draws from (it checks them here).
-        self.geometry = MosaicAffine(image_size=image_size, degrees=degrees, translate=translate,
-                                     scale=tuple(scale), shear=shear, flip_lr=flip_lr)
+        check_choice("recipe", recipe, ("mosaic", "lsj"))
+        self.geometry: MosaicAffine | LargeScaleJitter = (
+            LargeScaleJitter(image_size, tuple(lsj_scale), flip_lr) if recipe == "lsj" else
+            MosaicAffine(image_size=image_size, degrees=degrees, translate=translate, scale=tuple(scale),
+                         shear=shear, flip_lr=flip_lr))
         self.hsv = None if hsv is None else HSVJitter(hsv, on_device=hsv_on_device)
         if self.hsv is not None:
             refuse_random_hsv(load_transforms(transforms))
         self.augment_kwargs: dict[str, Any] = dict(
+            recipe=recipe, copy_paste=copy_paste, copy_paste_mode=copy_paste_mode, mixup=mixup,
             mosaic=mosaic, close_mosaic=close_mosaic, mosaic_partners=mosaic_partners,
             min_area_ratio=min_area_ratio, min_box_size=min_box_size, transforms=transforms,
             cache_images=cache_images, hsv=self.hsv,
@@ -346,6 +386,8 @@ class COCOSegDataModule(LightningDataModule):
             )
         elif max_epochs is not None:  # set up before a Trainer was attached, or a new Trainer
             self.train_dataset.set_max_epochs(max_epochs)
+        if self.repeat_factor_threshold is not None:
+            self._setup_repeat_factors(stage)
         if self.val_index is not None and self.val_dataset is None:
             self.val_dataset = SegDataset(
                 self.val_index, image_size=self.image_size, train=False, seed=self.seed,
@@ -370,6 +412,22 @@ class COCOSegDataModule(LightningDataModule):
         images = build_predict_images(self.predict_images, self.predict_ann, self.index_kwargs, self.category_ids,
                                       str(self.train_ann or self.train_stream))
         self.predict_dataset = PredictDataset(images, image_size=self.image_size, on_bad_sample=self.on_bad_sample)
+
+    def _setup_repeat_factors(self, stage: str) -> None:
+        """Per-image repeat factors of the training index; the Trainer must reload the loader."""
+        if self.repeat_factors is None:
+            assert self.train_index is not None and self.repeat_factor_threshold is not None
+            index = self.train_index
+            self.repeat_factors = image_repeat_factors(*index.category_presence(), len(index),
+                                                       index.num_classes, self.repeat_factor_threshold)
+            rank_zero_info(f"seg_datamodule: {describe_repeat_factors(self.repeat_factors, self.repeat_factor_threshold)}")
+        reload = None if self.trainer is None else self.trainer.reload_dataloaders_every_n_epochs
+        if stage == "fit" and reload not in (None, 1):
+            raise ValueError(
+                f"repeat_factor_threshold={self.repeat_factor_threshold} draws a new epoch length every "
+                "epoch, which Lightning reads only when it reloads the train loader: set "
+                f"Trainer(reload_dataloaders_every_n_epochs=1) (got {reload})"
+            )
 
     def _loader_kwargs(self) -> dict[str, Any]:
         workers = self.num_workers
@@ -410,7 +468,9 @@ class COCOSegDataModule(LightningDataModule):
                 storage_options=self.stream_storage_options, progress=progress, **kwargs)
         else:
             sampler = EpochShardSampler(self.train_dataset, num_replicas=world_size, rank=rank, shuffle=True,
-                                        seed=self.seed)
+                                        seed=self.seed, repeat_factors=self.repeat_factors)
+            if self.trainer is not None:  # a reloaded loader: its length is the coming epoch's
+                sampler.set_epoch(int(self.trainer.current_epoch))
             loader = ResumableDataLoader(self.train_dataset, batch_size=self.batch_size, sampler=sampler,
                                          progress=progress, on_mismatch=self.on_resume_mismatch,
                                          **self._loader_kwargs())
@@ -530,7 +590,11 @@ class COCOSegDataModule(LightningDataModule):
             counts = self._counts_of("train", dataset)
             decodes = {key: counts.get(key, 0) for key in DECODE_KEYS}
             decodes["setting"] = f"mosaic_partners={dataset.mosaic_partners!r}, cache_images={dataset.cache_images}"
-        return format_report(self.skip_counts, decodes)
+        report = format_report(self.skip_counts, decodes)
+        if self.repeat_factors is not None and self.repeat_factor_threshold is not None:
+            drawn = None if self._train_loader is None else len(self._train_loader.sampler)
+            report += "\n" + describe_repeat_factors(self.repeat_factors, self.repeat_factor_threshold, drawn)
+        return report
 
     def teardown(self, stage: str) -> None:
         if stage == "fit":

@@ -16,7 +16,7 @@ from seg_datamodule.io.images import BadImageError
 from seg_datamodule.ops.checks import check_int
 from seg_datamodule.structures import Polygons
 
-__all__ = ["BatchDecodes", "ImageIndex", "ImageSource", "LRUCache", "SharedEpoch", "worker_init_fn"]
+__all__ = ["BatchDecodes", "FederatedIndex", "ImageIndex", "ImageSource", "LRUCache", "SharedEpoch", "worker_init_fn"]
 
 
 @runtime_checkable
@@ -47,6 +47,19 @@ class ImageIndex(Protocol):
 
     def load_image(self, i: int, reduce: int = 1) -> np.ndarray:
         """uint8 (ceil(H / reduce), ceil(W / reduce), 3) RGB; raises BadImageError."""
+        ...
+
+
+@runtime_checkable
+class FederatedIndex(Protocol):
+    """An index that also knows LVIS's per-image category lists (``CocoIndex`` does)."""
+
+    def neg_labels(self, i: int) -> np.ndarray:
+        """int64 (K,) sorted labels verified absent from image ``i``."""
+        ...
+
+    def not_exhaustive_labels(self, i: int) -> np.ndarray:
+        """int64 (M,) sorted labels whose instances in image ``i`` may not all be annotated."""
         ...
 
 

@@ -10,6 +10,9 @@ at the first batch not yet trained on, in O(1): no skipped batch is decoded or a
 "Consumed" is what the Trainer says it took (``batch_progress.current.ready``), not what this
 loader handed out: Lightning fetches a batch ahead, so at a checkpoint one more batch has usually
 left the loader than was trained on.
+
+With repeat-factor sampling an epoch's length is the epoch's own (``epoch_batches`` in the state
+is that of the epoch saved), and the state also names the repeat factors it was drawn with.
 """
 
 from __future__ import annotations
@@ -162,6 +165,9 @@ class ResumableDataLoader(DataLoader):
             "world_size": sampler.num_replicas,
             "seed": sampler.seed,
             "shuffle": sampler.shuffle,
+            # Added with repeat-factor sampling; None (off) matches states saved before it.
+            "repeat_factors": None if sampler.repeat_factors is None else hashlib.sha256(
+                sampler.repeat_factors.tobytes()).hexdigest()[:16],
         }
 
     def state_dict(self) -> dict[str, Any]:
@@ -204,6 +210,9 @@ class ResumableDataLoader(DataLoader):
                 stacklevel=2,
             )
         self._resume = (epoch, batches)
+        # With repeat factors the epoch's length depends on the epoch: len(self) must be the
+        # resumed epoch's before Lightning reads it (it does before the first iter()).
+        self.sampler.set_epoch(epoch)  # type: ignore[attr-defined]
         self.counts.load(state["counts"], self.sampler.rank)  # type: ignore[attr-defined]
 
 

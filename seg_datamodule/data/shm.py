@@ -21,12 +21,13 @@ from __future__ import annotations
 import os
 import threading
 import uuid
-import warnings
 from dataclasses import dataclass
 from typing import Any
 
 import torch
 from torch.utils.data import get_worker_info
+
+from seg_datamodule.compat import warn_unverified
 
 __all__ = ["Lease", "SharedBufferPool", "pooling_available"]
 
@@ -37,16 +38,39 @@ _LOCK = threading.Lock()
 
 
 def pooling_available() -> bool:
-    """Whether this torch has the private hooks the pool relies on; warns once when it does not.
+    """Whether this torch's private hooks behave as the pool needs; warns once when they do not.
 
     The hand-back reads a storage's use count (``torch._C._storage_Use_Count``), which no
-    public API gives; without it every batch gets a fresh segment, as with ``buffer_slots=0``.
+    public API gives. Checked by behaviour, not by version: the count of a fresh storage must be
+    1, rise by one for a tensor viewing it and fall back when that tensor goes. Otherwise every
+    batch gets a fresh segment, as with ``buffer_slots=0`` (correct, only slower).
     """
-    ok = hasattr(torch._C, "_storage_Use_Count") and hasattr(torch.UntypedStorage, "_new_shared")
-    if not ok:
-        warnings.warn("this torch lacks torch._C._storage_Use_Count: DetectionCollate allocates a "
-                      "fresh shared-memory segment per batch (buffer_slots has no effect)", stacklevel=3)
-    return ok
+    problem = _use_count_problem()
+    if problem is not None:
+        warn_unverified("storage_use_count", problem, "DetectionCollate allocates a fresh shared-memory segment "
+                        "per batch (buffer_slots has no effect).")
+    return problem is None
+
+
+def _use_count_problem() -> str | None:
+    """What is wrong with the private use count, or None."""
+    count = getattr(torch._C, "_storage_Use_Count", None)
+    if count is None or not hasattr(torch.UntypedStorage, "_new_shared"):
+        return "this torch lacks torch._C._storage_Use_Count or torch.UntypedStorage._new_shared"
+    try:
+        storage = torch.UntypedStorage(8)
+        alone = count(storage._cdata)
+        view = torch.empty(0, dtype=torch.uint8).set_(storage)
+        viewed = count(storage._cdata)
+        del view
+        after = count(storage._cdata)
+    except Exception as error:  # a changed signature
+        return f"torch._C._storage_Use_Count failed: {error!r}"
+    if (alone, viewed, after) != (1, 2, 1):
+        return f"use counts (alone, viewed, released) were {(alone, viewed, after)}, expected (1, 2, 1)"
+    return None
+
+
 _ALIGN = 64
 
 
@@ -129,5 +153,8 @@ def _hand_back_unused() -> None:
     for key, entry in _REGISTRY.items():
         storage, flags = entry
         if flags is not None and torch._C._storage_Use_Count(storage._cdata) == 1:
-            flags.view(-1)[key[1]] = 0
+            # A lease received inside inference mode (Lightning's evaluation and predict loops)
+            # carries an inference tensor, which may only be written inside inference mode.
+            with torch.inference_mode(flags.is_inference()):
+                flags.view(-1)[key[1]] = 0
             entry[1] = None  # handed back; the next delivery of this slot re-arms it

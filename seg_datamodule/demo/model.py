@@ -56,7 +56,8 @@ from lightning.pytorch.utilities import rank_zero_info
 from torchvision.ops import roi_align
 
 from seg_datamodule.demo.losses import assemble_masks, box_predictions, mask_iou, mask_loss
-from seg_datamodule.evaluation import COCOMaskMAP, CocoDetections
+from seg_datamodule.evaluation import COCOMaskMAP, CocoDetections, LVISMaskMAP
+from seg_datamodule.evaluation.lvis_eval import LVISFileError
 from seg_datamodule.evaluation.results import batch_detections
 from seg_datamodule.structures import DetectionBatch
 
@@ -146,7 +147,9 @@ class YolactLite(L.LightningModule):
         coco_eval (bool): log COCO mask and box AP in validation (``val/segm_AP``,
             ``val/bbox_AP``, ...; see the module docstring for what they measure here), when an
             annotation file is known.
-        val_ann (str | None): the COCO JSON to evaluate against; ``None`` (the usual choice)
+        val_ann (str | None): the COCO JSON to evaluate against (an LVIS file is scored with
+            :class:`~seg_datamodule.evaluation.LVISMaskMAP`, which also logs ``APr`` / ``APc`` /
+            ``APf``); ``None`` (the usual choice)
             takes the DataModule's ``val_ann`` at ``setup`` (a
             :class:`~seg_datamodule.data.datamodule.COCOSegDataModule` has one); with neither
             (plain DataLoaders), no AP is logged. It is not saved as a hyperparameter: the
@@ -323,9 +326,14 @@ class YolactLite(L.LightningModule):
         if ann_file is None:
             return
         metric = COCOMaskMAP(ann_file)
-        if len(metric.category_ids) != self.num_classes:
+        try:
+            num_categories = len(metric.category_ids)
+        except LVISFileError:  # an LVIS file: federated LVIS AP instead
+            metric = LVISMaskMAP(ann_file)
+            num_categories = len(metric.category_ids)
+        if num_categories != self.num_classes:
             raise ValueError(
-                f"{ann_file} has {len(metric.category_ids)} categories but the model has num_classes="
+                f"{ann_file} has {num_categories} categories but the model has num_classes="
                 f"{self.num_classes}; COCO AP needs label k to be the file's k-th category"
             )
         self.coco_metric = metric
@@ -378,14 +386,15 @@ class YolactLite(L.LightningModule):
             return
         results = metric.compute()
         metric.reset()
-        names = ("AP", "AP50", "AP75", "AP_small", "AP_medium", "AP_large")
+        names = ("AP", "AP50", "AP75", "AP_small", "AP_medium", "AP_large", "APs", "APm", "APl", "APr", "APc", "APf")
         logged = {f"val/{k}": v for k, v in results.items() if k.split("_", 1)[1] in names}
         for name, value in logged.items():
             # The same value on every rank; sync_dist keeps Lightning's epoch-level DDP check quiet.
             self.log(name, value, prog_bar=name == "val/segm_AP", sync_dist=True)
         if not self.trainer.sanity_checking:
             rank_zero_info(
-                f"epoch {self.current_epoch}: COCO val segm AP {results['segm_AP']:.4f}, "
+                f"epoch {self.current_epoch}: {'LVIS' if isinstance(metric, LVISMaskMAP) else 'COCO'} val segm AP "
+                f"{results['segm_AP']:.4f}, "
                 f"bbox AP {results['bbox_AP']:.4f} (at the ground-truth boxes)"
             )
 

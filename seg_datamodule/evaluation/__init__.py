@@ -5,11 +5,15 @@
 :mod:`~seg_datamodule.evaluation.coco_eval` (``COCOeval`` against the annotation JSON), wrapped by
 :class:`~seg_datamodule.evaluation.coco_metric.COCOMaskMAP`, a ``torchmetrics.Metric``; and the same
 detections as a COCO results file (:mod:`~seg_datamodule.evaluation.results`), written in predict by
-:class:`~seg_datamodule.evaluation.writer.COCOResultsWriter`.
+:class:`~seg_datamodule.evaluation.writer.COCOResultsWriter`. For LVIS files
+:mod:`~seg_datamodule.evaluation.lvis_eval` (federated LVIS AP), wrapped by
+:class:`~seg_datamodule.evaluation.lvis_metric.LVISMaskMAP`.
 """
 
 from seg_datamodule.evaluation.coco_eval import STAT_NAMES, deduplicate, evaluate_detections, load_coco
 from seg_datamodule.evaluation.coco_metric import COCOMaskMAP
+from seg_datamodule.evaluation.lvis_eval import LVIS_STAT_NAMES, evaluate_lvis, load_lvis
+from seg_datamodule.evaluation.lvis_metric import LVISMaskMAP
 from seg_datamodule.evaluation.letterbox import boxes_to_canvas, boxes_to_original, masks_to_original
 from seg_datamodule.evaluation.predictions import CocoDetections, canvas_predictions_to_coco
 from seg_datamodule.evaluation.results import batch_detections, detections_to_results
@@ -19,6 +23,8 @@ __all__ = [
     "COCOMaskMAP",
     "COCOResultsWriter",
     "CocoDetections",
+    "LVISMaskMAP",
+    "LVIS_STAT_NAMES",
     "STAT_NAMES",
     "batch_detections",
     "boxes_to_canvas",
@@ -27,6 +33,8 @@ __all__ = [
     "deduplicate",
     "detections_to_results",
     "evaluate_detections",
+    "evaluate_lvis",
     "load_coco",
+    "load_lvis",
     "masks_to_original",
 ]

@@ -18,7 +18,7 @@ from __future__ import annotations
 import contextlib
 import io
 import os
-from typing import Any, Iterable, Literal, Mapping
+from typing import Any, Container, Iterable, Literal, Mapping
 
 import numpy as np
 from pycocotools import mask as mask_utils
@@ -34,6 +34,7 @@ __all__ = [
     "backend_classes",
     "resolve_backend",
     "deduplicate",
+    "checked_request",
     "evaluate_detections",
     "image_sizes",
     "load_coco",
@@ -178,6 +179,30 @@ def _results_coco(coco: COCO, annotations: list[dict[str, Any]]) -> COCO:
     return res
 
 
+def checked_request(iou_types: Iterable[str], dets: CocoDetections, known: Container[int],
+                    source: str) -> tuple[tuple[str, ...], list[int]]:
+    """The iou types asked for and the sorted image ids of ``dets``, both checked.
+
+    Args:
+        iou_types: ``"segm"`` and / or ``"bbox"``.
+        dets: the detections to score.
+        known: the image ids the ground truth has.
+        source: how the ground truth is named in the error (a file name).
+
+    Raises:
+        ValueError: an unknown iou type, or an image id not in ``known``.
+    """
+    iou_types = tuple(iou_types)
+    for iou_type in iou_types:
+        if iou_type not in IOU_TYPES:
+            raise ValueError(f"iou_types must be among {list(IOU_TYPES)}, got {iou_type!r}")
+    image_ids = sorted({int(i) for i in dets.image_ids.cpu().tolist()})
+    unknown = [i for i in image_ids if i not in known]
+    if unknown:
+        raise ValueError(f"image ids {unknown[:5]} are not in {source}")
+    return iou_types, image_ids
+
+
 def evaluate_detections(
     coco: COCO, dets: CocoDetections, iou_types: Iterable[str] = IOU_TYPES, backend: Backend = "auto"
 ) -> dict[str, float]:
@@ -199,14 +224,7 @@ def evaluate_detections(
         ModuleNotFoundError: ``faster_coco_eval`` asked for but not installed.
     """
     _, evaluator_class = backend_classes(backend)
-    iou_types = tuple(iou_types)
-    for iou_type in iou_types:
-        if iou_type not in IOU_TYPES:
-            raise ValueError(f"iou_types must be among {list(IOU_TYPES)}, got {iou_type!r}")
-    image_ids = sorted({int(i) for i in dets.image_ids.cpu().tolist()})
-    unknown = [i for i in image_ids if i not in coco.imgs]
-    if unknown:
-        raise ValueError(f"image ids {unknown[:5]} are not in the annotation file")
+    iou_types, image_ids = checked_request(iou_types, dets, coco.imgs, "the annotation file")
     out: dict[str, float] = {}
     for iou_type in iou_types:
         if not image_ids:

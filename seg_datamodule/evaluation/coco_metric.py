@@ -32,6 +32,7 @@ from seg_datamodule.evaluation.coco_eval import (
     load_coco,
     resolve_backend,
 )
+from seg_datamodule.evaluation.lvis_eval import LVISFileError, is_lvis_dataset
 from seg_datamodule.evaluation.predictions import CocoDetections, canvas_predictions_to_coco
 from seg_datamodule.ops.checks import check_number
 
@@ -65,7 +66,7 @@ class COCOMaskMAP(Metric):
             (logits are compared with its logit; bool masks are read as 0 / 1).
         backend (str): ``"pycocotools"``, ``"faster_coco_eval"`` (the same numbers,
             ``COCOeval``'s per-image loop in C++; ``pip install 'seg-datamodule[fast-eval]'``),
-            or ``"auto"`` (default): faster-coco-eval when installed. :attr:`backend` holds the
+            or ``"auto"`` (default): faster-coco-eval when installed. ``self.backend`` holds the
             one in use.
         **kwargs: ``torchmetrics.Metric`` options (``process_group``, ``sync_on_compute``, ...).
 
@@ -78,6 +79,7 @@ class COCOMaskMAP(Metric):
     is_differentiable = False
     higher_is_better = True
     full_state_update = False
+    _stat_names: tuple[str, ...] = STAT_NAMES
 
     def __init__(
         self,
@@ -120,9 +122,17 @@ class COCOMaskMAP(Metric):
 
         Raises:
             ValueError: ``category_ids`` names a category the file does not have.
+            LVISFileError: the file is LVIS's (a ``ValueError``; use
+                :class:`~seg_datamodule.evaluation.lvis_metric.LVISMaskMAP`).
         """
         if self._coco is None:
             coco = load_coco(self.ann_file, self.backend)
+            if is_lvis_dataset(coco.dataset):
+                # COCOeval would fail on the missing iscrowd, or score LVIS non-federated.
+                raise LVISFileError(
+                    f"{self.ann_file} is an LVIS annotation file (frequency / neg_category_ids): COCO AP "
+                    "is the wrong metric there; use seg_datamodule.evaluation.LVISMaskMAP"
+                )
             file_ids = sorted(int(c) for c in coco.cats)
             if self._category_ids is not None:
                 unknown = sorted(set(self._category_ids) - set(file_ids))
@@ -225,7 +235,7 @@ class COCOMaskMAP(Metric):
             AP_small, AP_medium, AP_large, AR1, AR10, AR100, AR_small, AR_medium, AR_large``;
             ``-1`` where COCO has nothing to score.
         """
-        keys = [f"{t}_{name}" for t in self.iou_types for name in STAT_NAMES]
+        keys = [f"{t}_{name}" for t in self.iou_types for name in self._stat_names]
         if not self._distributed():
             results = self._evaluate()
             return {k: torch.tensor(results[k], dtype=torch.float32, device=self.device) for k in keys}

@@ -33,7 +33,7 @@ def batch_detections(
     """A batch's canvas predictions as detections on the original images (no annotation file needed).
 
     Args:
-        preds: one dict per image of ``batch``, as :meth:`COCOMaskMAP.update` takes them
+        preds: one dict per image of ``batch``, as :meth:`~seg_datamodule.evaluation.coco_metric.COCOMaskMAP.update` takes them
             (``boxes`` xyxy canvas pixels, ``scores``, contiguous ``labels``, and ``masks`` or
             ``mask_logits`` on the canvas or its stride grid).
         batch (DetectionBatch): the batch they were made on (its ``image_ids``, ``scales``,

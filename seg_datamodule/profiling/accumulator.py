@@ -17,7 +17,7 @@ from seg_datamodule.ops.checks import check_int
 
 __all__ = ["PHASES", "StepTimeAccumulator"]
 
-#: Phase names, a contract: keys of :meth:`StepTimeProfiler.summary`, ``step_time/<phase>_ms``.
+#: Phase names, a contract: keys of :meth:`~seg_datamodule.profiling.callback.StepTimeProfiler.summary`, ``step_time/<phase>_ms``.
 PHASES: tuple[str, ...] = (
     "train_dataloader_next",
     "batch_to_device",

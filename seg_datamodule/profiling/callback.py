@@ -23,6 +23,7 @@ from lightning.pytorch import LightningModule, Trainer
 from lightning.pytorch.callbacks import Callback
 from lightning.pytorch.utilities.rank_zero import rank_zero_info, rank_zero_warn
 
+from seg_datamodule.compat import warn_unverified
 from seg_datamodule.ops.checks import check_bool, check_int
 from seg_datamodule.profiling.accumulator import StepTimeAccumulator
 from seg_datamodule.profiling.optimizer import running_beside, time_optimizer_step
@@ -30,7 +31,7 @@ from seg_datamodule.profiling.recorder import StepRecorder, step_metrics
 from seg_datamodule.profiling.report import build_report, format_table, write_report
 from seg_datamodule.profiling.tap import attach, detach
 from seg_datamodule.profiling.timing import CudaMarks, PhaseTimer
-from seg_datamodule.profiling.trainer_internals import gather_medians, loader_info, shut_down_train_workers
+from seg_datamodule.profiling.trainer_internals import gather_medians, loader_info, log_step, shut_down_train_workers
 
 __all__ = ["StepTimeProfiler"]
 
@@ -38,7 +39,7 @@ __all__ = ["StepTimeProfiler"]
 class StepTimeProfiler(Callback):
     """Split each training step's time into phases, log it, and report where the time goes.
 
-    Per step: the phases of :data:`PHASES` (see ``recorder.py`` for what each covers under
+    Per step: the phases of :data:`~seg_datamodule.profiling.accumulator.PHASES` (see ``recorder.py`` for what each covers under
     accumulation, AMP, manual optimisation and CUDA) to the Trainer's loggers as
     ``step_time/<phase>_ms``, while training, labelled as Lightning labels its own step metrics:
     one point per optimiser step at ``x = `` the optimiser steps before it, every
@@ -47,7 +48,7 @@ class StepTimeProfiler(Callback):
     (:func:`~seg_datamodule.profiling.verdict.judge_step_time`: the loader, the optimiser, the
     copy to the device or the time between steps, whichever costs most, else compute-bound),
     ``<filename>.json`` (summary, wall time in and between steps, per-rank medians, the
-    verdict, per-step rows) and ``<filename>.png`` (:func:`plot_step_split`) in ``dirpath``. An exception or
+    verdict, per-step rows) and ``<filename>.png`` (:func:`~seg_datamodule.profiling.plot.plot_step_split`) in ``dirpath``. An exception or
     Ctrl-C during fit still writes them, from the steps done, marked ``"partial": true``. Under
     DDP the table also gives, per phase, the slowest rank and its median, so stragglers show;
     :meth:`summary` is the local rank's. With ``strategy="ddp_spawn"`` the measuring happens in
@@ -288,7 +289,7 @@ class StepTimeProfiler(Callback):
         self, trainer: Trainer, pl_module: LightningModule, batch: Any, batch_idx: int
     ) -> None:
         if self._recorder is not None:
-            self._recorder.batch_start()
+            self._recorder.batch_start(pl_module.automatic_optimization)
 
     def on_before_backward(self, trainer: Trainer, pl_module: LightningModule, loss: torch.Tensor) -> None:
         if self._recorder is not None:
@@ -319,7 +320,7 @@ class StepTimeProfiler(Callback):
             global_step=trainer.global_step,
             # Lightning logs a step's metrics at `_batches_that_stepped` before it increments
             # (logger_connector.log_metrics); the same x lines the curves up.
-            log_step=getattr(trainer.fit_loop.epoch_loop, "_batches_that_stepped", trainer.global_step),
+            log_step=log_step(trainer),
             automatic=int(pl_module.automatic_optimization),
         )
         self._drain(trainer)
@@ -356,6 +357,9 @@ class StepTimeProfiler(Callback):
             if phase not in self._warned:
                 self._warned.add(phase)
                 rank_zero_warn(f"StepTimeProfiler: {message}")
+        if self._recorder.hook_order_problem is not None:
+            warn_unverified("fetch_action", f"hook order: {self._recorder.hook_order_problem}",
+                            "The phases around it may be split at the wrong hooks.", warn=rank_zero_warn)
 
     # -- end of fit ----------------------------------------------------------------------------
 

@@ -1,6 +1,6 @@
 """Draw a ``StepTimeProfiler`` report: the per-step split as stacked bars, the shares as one bar.
 
-Works from the report dict (:meth:`StepTimeProfiler.report`) or the ``step_time.json`` it
+Works from the report dict (:meth:`~seg_datamodule.profiling.callback.StepTimeProfiler.report`) or the ``step_time.json`` it
 writes, so a notebook can plot a finished run without the Trainer. Uses
 ``matplotlib.figure.Figure`` directly (no pyplot): no global figure state, no GUI backend, safe in
 DataLoader workers and on headless machines; Jupyter displays the returned figure.
@@ -62,7 +62,7 @@ def plot_step_split(
     when it has one.
 
     Args:
-        report: :meth:`StepTimeProfiler.report`, or the path of the ``step_time.json`` it wrote.
+        report: :meth:`~seg_datamodule.profiling.callback.StepTimeProfiler.report`, or the path of the ``step_time.json`` it wrote.
         figure (matplotlib.figure.Figure | None): draw into this (e.g. ``plt.figure()``); a new
             11 x 4.5 in figure when ``None``.
         max_bars (int): at most this many steps are drawn, evenly spaced over the run, so long

@@ -59,6 +59,7 @@ import math
 from collections import deque
 from collections.abc import Mapping, Sequence
 
+from seg_datamodule.compat import verified_note
 from seg_datamodule.profiling.accumulator import (
     _BACKWARD,
     _FETCH,
@@ -72,6 +73,11 @@ from seg_datamodule.profiling.tap import FETCH_ACTION_SUFFIX
 from seg_datamodule.profiling.timing import PhaseTimer, StepRecord, split_record
 
 __all__ = ["StepRecorder", "step_metrics"]
+
+# The public hooks of one automatically optimised step, in the order Lightning calls them (the
+# closure runs training_step and backward inside optimizer.step, before the step proper).
+_HOOK_ORDER = ("on_train_batch_start", "on_before_backward", "on_after_backward", "on_before_optimizer_step",
+               "optimizer step post hook")
 
 # A resolved CUDA anchor goes stale as host and device clocks drift; re-anchor this often.
 _ANCHOR_EVERY_N_STEPS = 1000
@@ -95,6 +101,10 @@ class StepRecorder:
         self.fetches = 0
         self.optimizer_starts = 0
         self.optimizer_ends = 0
+        #: the first hook seen out of Lightning's order under automatic optimisation, or None
+        self.hook_order_problem: str | None = None
+        self._automatic = True
+        self._last_event = ""
         self._steps_since_anchor = 0
 
     # -- events, in step order ----------------------------------------------------------------
@@ -111,20 +121,34 @@ class StepRecorder:
         if self.timer.current is None:  # not a fetch nested in training_step (dataloader_iter)
             self.timer.enter(_TO_DEVICE)
 
-    def batch_start(self) -> None:
+    def _in_order(self, event: str) -> None:
+        """Note ``event``; the first that comes before one it should follow (automatic
+        optimisation: one backward, one optimiser step, in ``_HOOK_ORDER``) is kept to warn about.
+        A repeat is not (torch 2.4 fires the post hook once per patched ``step`` of a subclass chain)."""
+        if self._automatic and self.hook_order_problem is None and self._last_event:
+            if _HOOK_ORDER.index(event) < _HOOK_ORDER.index(self._last_event):
+                self.hook_order_problem = f"{event} came after {self._last_event} in one step"
+        self._last_event = event
+
+    def batch_start(self, automatic: bool = True) -> None:
+        self._automatic, self._last_event = automatic, ""
+        self._in_order("on_train_batch_start")
         self.timer.open()  # when no fetch did: a training_step taking a dataloader_iter
         self.timer.exit(_TO_DEVICE)
         self.timer.enter(_FORWARD)
 
     def before_backward(self, automatic: bool) -> None:
+        self._in_order("on_before_backward")
         if automatic:  # training_step is over; under manual optimisation it goes on after
             self.timer.exit(_FORWARD)
         self.timer.enter(_BACKWARD)
 
     def after_backward(self) -> None:
+        self._in_order("on_after_backward")
         self.timer.exit(_BACKWARD)
 
     def before_optimizer_step(self, automatic: bool) -> None:
+        self._in_order("on_before_optimizer_step")
         self.optimizer_starts += 1
         self.timer.count_optimizer_call()
         if automatic:  # no backward ran when training_step returned None
@@ -132,11 +156,13 @@ class StepRecorder:
         self.timer.enter(_OPTIMIZER)
 
     def optimizer_step_end(self) -> None:
+        self._in_order("optimizer step post hook")
         self.optimizer_ends += 1
         self.timer.exit(_OPTIMIZER)
 
     def batch_end(self, **labels: int) -> None:
         """Close the step (labels: ``batch``, ``epoch``, ``global_step``, any others kept)."""
+        self._last_event = ""
         record = self.timer.close(**labels)
         if record is None:
             return
@@ -147,6 +173,7 @@ class StepRecorder:
 
     def discard(self) -> None:
         """Drop the open step (one ``on_train_batch_start`` returning -1 leaves unclosed)."""
+        self._last_event = ""
         self.timer.discard()
 
     def reanchor(self) -> None:
@@ -166,8 +193,8 @@ class StepRecorder:
             messages["train_dataloader_next"] = (
                 f"phase 'train_dataloader_next' never fired in {steps} steps: Lightning's profiler action"
                 f" '[_TrainingEpochLoop]{FETCH_ACTION_SUFFIX}' was not seen (renamed in this Lightning"
-                " version?). The wait for batches and the transfer are in no phase and every step looks"
-                " shorter than it is."
+                f" version? {verified_note('fetch_action')}). The wait for batches and the transfer are in"
+                " no phase and every step looks shorter than it is."
             )
         if end_of_fit and self.optimizer_starts and not self.optimizer_ends:
             messages["optimizer_step"] = (

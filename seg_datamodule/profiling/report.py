@@ -1,6 +1,6 @@
 """The end-of-fit report: the console table (:func:`format_table`) and the JSON-safe report dict.
 
-Works from summaries (:meth:`StepTimeAccumulator.compute`), so a notebook can format a finished
+Works from summaries (:meth:`~seg_datamodule.profiling.accumulator.StepTimeAccumulator.compute`), so a notebook can format a finished
 run's ``step_time.json`` without the Trainer.
 """
 
@@ -120,7 +120,7 @@ def format_table(
     """The console table of a summary, with each phase's slowest rank under DDP.
 
     Args:
-        summary: :meth:`StepTimeProfiler.summary` (or :meth:`StepTimeAccumulator.compute`).
+        summary: :meth:`~seg_datamodule.profiling.callback.StepTimeProfiler.summary` (or :meth:`~seg_datamodule.profiling.accumulator.StepTimeAccumulator.compute`).
         rank_medians_ms: per phase, each rank's median; adds "slowest rank" columns.
         num_steps: steps summarised, for the title.
         wall: the report's ``wall``; adds the line of time in steps against time between them.

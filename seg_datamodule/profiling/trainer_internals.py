@@ -1,7 +1,9 @@
 """The profiler's few reaches into the Trainer beyond public hooks, each in one guarded place.
 
-Stopping the training loader's workers early (private Lightning and torch names), gathering
-per-rank medians (a collective), and reading what the verdict needs of the train loader.
+Stopping the training loader's workers early and reading the step label Lightning logs at
+(private Lightning and torch names, imported only when used and warned about once when they are
+gone: see ``seg_datamodule/compat.py``), gathering per-rank medians (a collective), and reading
+what the verdict needs of the train loader.
 """
 
 from __future__ import annotations
@@ -12,13 +14,27 @@ from typing import Any
 
 import torch
 from lightning.pytorch import Trainer
-from lightning.pytorch.utilities.combined_loader import _shutdown_workers_and_reset_iterator
 from lightning.pytorch.utilities.rank_zero import rank_zero_warn
-from torch.utils.data.dataloader import _MultiProcessingDataLoaderIter
 
+from seg_datamodule.compat import warn_unverified
 from seg_datamodule.profiling.accumulator import PHASES, StepTimeAccumulator
 
-__all__ = ["available_cores", "gather_medians", "loader_info", "shut_down_train_workers"]
+__all__ = ["available_cores", "gather_medians", "loader_info", "log_step", "shut_down_train_workers"]
+
+
+def log_step(trainer: Trainer) -> int:
+    """The x at which Lightning logs this step's metrics: ``epoch_loop._batches_that_stepped``.
+
+    Lightning's ``logger_connector.log_metrics`` reads that private counter before it increments;
+    without it (another Lightning) the global step stands in, with one warning, and the
+    profiler's points may sit one step off Lightning's own.
+    """
+    step = getattr(trainer.fit_loop.epoch_loop, "_batches_that_stepped", None)
+    if isinstance(step, int):
+        return step
+    warn_unverified("loop_internals", "fit_loop.epoch_loop has no int _batches_that_stepped",
+                    "The step_time/* points are logged at trainer.global_step instead.", warn=rank_zero_warn)
+    return trainer.global_step
 
 
 def shut_down_train_workers(trainer: Trainer) -> bool:
@@ -26,8 +42,19 @@ def shut_down_train_workers(trainer: Trainer) -> bool:
 
     What ``fit_loop.teardown`` does right after ``on_train_end`` (the combined loader's reset
     shuts persistent workers down; dropping the iterators ends the others), done early.
-    Private names of Lightning and torch, hence the guard.
+    Private names of Lightning and torch, hence the guard: when they are gone the workers keep
+    running beside the isolated timing (``loader_workers_shut_down: false`` in the report), with
+    one warning naming the releases verified.
     """
+    problem = _shutdown_names_problem(trainer)
+    if problem is not None:
+        key, what = problem
+        warn_unverified(key, what, "The loader's workers are not stopped before the isolated optimiser timing.",
+                        warn=rank_zero_warn)
+        return False
+    from lightning.pytorch.utilities.combined_loader import _shutdown_workers_and_reset_iterator
+    from torch.utils.data.dataloader import _MultiProcessingDataLoaderIter
+
     try:
         combined = trainer.fit_loop._combined_loader
         if combined is None:
@@ -41,6 +68,20 @@ def shut_down_train_workers(trainer: Trainer) -> bool:
         rank_zero_warn(f"StepTimeProfiler: could not stop the loader's workers before timing alone: {error!r}")
         return False
     return True
+
+
+def _shutdown_names_problem(trainer: Trainer) -> tuple[str, str] | None:
+    """(reach key, what is missing) for the first private name the early shutdown lacks, or None."""
+    from lightning.pytorch.utilities import combined_loader
+    from torch.utils.data import dataloader
+
+    if not hasattr(combined_loader, "_shutdown_workers_and_reset_iterator"):
+        return "loop_internals", "lightning's combined_loader has no _shutdown_workers_and_reset_iterator"
+    if not hasattr(getattr(dataloader, "_MultiProcessingDataLoaderIter", None), "_shutdown_workers"):
+        return "loader_iterator", "torch's _MultiProcessingDataLoaderIter has no _shutdown_workers"
+    if not hasattr(trainer.fit_loop, "_combined_loader"):
+        return "loop_internals", "the fit loop has no _combined_loader"
+    return None
 
 
 def gather_medians(trainer: Trainer, accumulator: StepTimeAccumulator) -> dict[str, list[float]]:

@@ -1,6 +1,6 @@
 """What the step-time report says to do: :func:`judge_step_time`, rules over the report's figures.
 
-Pure and Lightning-free: it reads the summary (:meth:`StepTimeAccumulator.compute`, plus the
+Pure and Lightning-free: it reads the summary (:meth:`~seg_datamodule.profiling.accumulator.StepTimeAccumulator.compute`, plus the
 isolated optimiser timing), the wall-time account and what the callback saw of the loader, all
 of them in ``step_time.json``, so a finished run's verdict can be recomputed from its file.
 
@@ -144,7 +144,7 @@ def judge_step_time(
     """The verdict on a step-time summary: which rule fires, in a sentence, with its figures.
 
     Args:
-        summary: :meth:`StepTimeProfiler.summary` (or a report's ``summary``): per phase
+        summary: :meth:`~seg_datamodule.profiling.callback.StepTimeProfiler.summary` (or a report's ``summary``): per phase
             ``median_ms``, ``mean_ms``, ``total_s``, ``share``; ``optimizer_step`` may add
             ``stepped_median_ms``, ``isolated_ms`` and ``in_loop_over_isolated``.
         wall: the report's ``wall`` (``train_s``, ``steps_s``, ``between_steps_s``,

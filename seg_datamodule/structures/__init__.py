@@ -5,6 +5,6 @@ Imports only :mod:`seg_datamodule.ops` from the package.
 
 from seg_datamodule.structures.batch import DetectionBatch
 from seg_datamodule.structures.polygons import Polygons, empty_polygons, polygons_from_instances
-from seg_datamodule.structures.sample import Sample
+from seg_datamodule.structures.sample import ORIGINS, Sample
 
-__all__ = ["DetectionBatch", "Polygons", "Sample", "empty_polygons", "polygons_from_instances"]
+__all__ = ["ORIGINS", "DetectionBatch", "Polygons", "Sample", "empty_polygons", "polygons_from_instances"]

@@ -35,6 +35,18 @@ class DetectionBatch:
         counts (dict[str, int] | None): where this batch's annotations went (``kept`` and the
             reasons others were dropped) and the decodes it took, when the dataset reports them
             (``SegDataset`` does); what the DataModule's accounting sums over trained batches.
+        neg_labels (Tensor[sum_K] int64 | None): per image, the sorted labels verified absent
+            (LVIS ``neg_category_ids``; a mosaic keeps those all its tiles' images verified),
+            image after image; ``None`` when the index has no such lists (a streamed one).
+        neg_labels_per_image (Tensor[B] int64 | None): ``neg_labels.split(...)`` per image.
+        not_exhaustive_labels (Tensor[sum_M] int64 | None): per image, the sorted labels whose
+            instances may not all be annotated (LVIS ``not_exhaustive_category_ids``; any tile's
+            for a mosaic). A federated loss scores the categories of ``labels`` and
+            ``neg_labels`` and ignores the others; for a COCO file both lists are empty.
+        not_exhaustive_labels_per_image (Tensor[B] int64 | None): counts per image.
+        origins (Tensor[sum_N] uint8 | None): per target, an index of
+            :data:`~seg_datamodule.structures.sample.ORIGINS` (own, pasted by copy-paste, mixed
+            in by MixUp); ``None`` when no sample of the batch was mixed.
         hsv_gains (Tensor[B, 3] float64 | None): HSV jitter gains still to apply to ``images``
             (``hsv_on_device``): ``COCOSegDataModule.on_after_batch_transfer`` applies them with
             :func:`~seg_datamodule.transforms.hsv.hsv_jitter_batch_` on the device and sets this
@@ -54,6 +66,11 @@ class DetectionBatch:
     orig_sizes: torch.Tensor
     mask_stride: int = field(default=4)
     counts: dict[str, int] | None = None
+    neg_labels: torch.Tensor | None = None
+    neg_labels_per_image: torch.Tensor | None = None
+    not_exhaustive_labels: torch.Tensor | None = None
+    not_exhaustive_labels_per_image: torch.Tensor | None = None
+    origins: torch.Tensor | None = None
     hsv_gains: torch.Tensor | None = None
 
     def __len__(self) -> int:

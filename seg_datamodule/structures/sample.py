@@ -14,7 +14,11 @@ import numpy as np
 
 from seg_datamodule.structures.polygons import Polygons
 
-__all__ = ["Sample"]
+__all__ = ["ORIGINS", "Sample"]
+
+#: What ``Sample.origins`` / ``DetectionBatch.origins`` codes mean: 0 an instance of the sample's
+#: own tiles, 1 a copy pasted by copy-paste, 2 an instance mixed in by MixUp.
+ORIGINS: tuple[str, ...] = ("own", "pasted", "mixup")
 
 
 @dataclass
@@ -35,6 +39,17 @@ class Sample:
         scale (float): original image pixels -> canvas pixels (letterbox); 1.0 for mosaics.
         pad (tuple[float, float]): letterbox padding (left, top) in canvas pixels.
         orig_size (tuple[int, int] | None): original image (H, W); ``None`` means the canvas size.
+        neg_labels (ndarray[K] int64 | None): sorted labels verified absent from the canvas
+            (LVIS ``neg_category_ids``; for a mosaic, those every tile's image verified
+            absent); ``None`` when the index has no such lists.
+        not_exhaustive_labels (ndarray[M] int64 | None): sorted labels whose instances may not
+            all be annotated (LVIS ``not_exhaustive_category_ids``, of any tile for a mosaic).
+        occluders (Polygons | None): N instances aligned with ``polygons``: instance ``n`` holds
+            the rings of every object pasted above instance ``n`` (none when nothing covers it),
+            so its target is its own region minus their union (see
+            :func:`~seg_datamodule.ops.occlusion.rasterize_visible`); ``None``: nothing pasted.
+        origins (ndarray[N] uint8 | None): per instance, an index of :data:`ORIGINS`;
+            ``None``: all the sample's own.
         hsv_gains (ndarray[3] float64 | None): HSV jitter gains still to apply to ``image``
             (``HSVJitter.draw``; with ``hsv_on_device`` the accelerator applies them); ``None``
             when there are none.
@@ -50,6 +65,10 @@ class Sample:
     scale: float = 1.0
     pad: tuple[float, float] = (0.0, 0.0)
     orig_size: tuple[int, int] | None = None
+    neg_labels: np.ndarray | None = None
+    not_exhaustive_labels: np.ndarray | None = None
+    occluders: Polygons | None = None
+    origins: np.ndarray | None = None
     hsv_gains: np.ndarray | None = None
 
     @property
@@ -80,6 +99,14 @@ class Sample:
             )
         if self.boxes is not None and self.boxes.shape != (n, 4):
             raise ValueError(f"{where}: boxes must be ({n}, 4), got {self.boxes.shape}")
+        if self.occluders is not None:
+            if not isinstance(self.occluders, Polygons):
+                raise TypeError(f"{where}: occluders must be a Polygons, got {type(self.occluders).__name__}")
+            self.occluders.validate(f"{where} occluders")
+            if len(self.occluders) != n:
+                raise ValueError(f"{where}: {n} instances but occluders for {len(self.occluders)}")
+        if self.origins is not None and (self.origins.shape != (n,) or self.origins.max(initial=0) >= len(ORIGINS)):
+            raise ValueError(f"{where}: origins must be ({n},) codes below {len(ORIGINS)}, got {self.origins!r:.80}")
         if self.hsv_gains is not None and np.shape(self.hsv_gains) != (3,):
             raise ValueError(f"{where}: hsv_gains must be (3,), got {np.shape(self.hsv_gains)}")
         if self.crowd_mask is not None and self.crowd_mask.shape != self.image.shape[:2]:

@@ -1,4 +1,5 @@
-"""Augmentation: tile plans (mosaic, letterbox), single-resample warps, polygon transport, draws.
+"""Augmentation: tile plans (mosaic, letterbox, LSJ), single-resample warps, polygon transport, draws,
+copy-paste and MixUp.
 
 ``plan`` -> ``warp`` (pixels) and ``polygons`` (instances) are pure functions; ``augment`` and
 ``albu`` are thin classes that hold parameters and draw randomness from a generator passed in;
@@ -8,6 +9,10 @@
 from seg_datamodule.transforms.albu import AlbumentationsTransform, RandomHSV, hsv_jitter, load_transforms
 from seg_datamodule.transforms.hsv import HSVJitter, hsv_jitter_batch_
 from seg_datamodule.transforms.augment import GlobalDraw, Letterbox, MosaicAffine, RandomAffine, RandomFlipLR
+from seg_datamodule.transforms.copy_paste import paste_instances, paste_mask
+from seg_datamodule.transforms.lsj import LargeScaleJitter, LSJDraw, lsj_layout
+from seg_datamodule.transforms.mixing import MixDraw, MixResult, SampleMixing
+from seg_datamodule.transforms.mixup import mixup_samples
 from seg_datamodule.transforms.plan import TilePlan, choose_reduce, letterbox_layout, mosaic_layout, snap_for_resize
 from seg_datamodule.transforms.polygons import DROP_REASONS, drop_reasons, transform_polygons
 from seg_datamodule.transforms.warp import FILL_VALUE, warp_tiles
@@ -18,11 +23,16 @@ __all__ = [
     "FILL_VALUE",
     "GlobalDraw",
     "HSVJitter",
+    "LSJDraw",
+    "LargeScaleJitter",
     "Letterbox",
+    "MixDraw",
+    "MixResult",
     "MosaicAffine",
     "RandomAffine",
     "RandomFlipLR",
     "RandomHSV",
+    "SampleMixing",
     "TilePlan",
     "choose_reduce",
     "drop_reasons",
@@ -30,7 +40,11 @@ __all__ = [
     "hsv_jitter_batch_",
     "letterbox_layout",
     "load_transforms",
+    "lsj_layout",
+    "mixup_samples",
     "mosaic_layout",
+    "paste_instances",
+    "paste_mask",
     "snap_for_resize",
     "transform_polygons",
     "warp_tiles",

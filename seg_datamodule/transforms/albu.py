@@ -14,9 +14,10 @@ import albumentations as A
 import cv2
 import numpy as np
 
+from seg_datamodule.compat import warn_unverified
 from seg_datamodule.ops.checks import check_number
 
-__all__ = ["AlbumentationsTransform", "RandomHSV", "hsv_jitter", "load_transforms"]
+__all__ = ["AlbumentationsTransform", "RandomHSV", "hsv_jitter", "load_transforms", "seeding_problem"]
 
 
 def hsv_jitter(image: np.ndarray, gains: np.ndarray) -> np.ndarray:
@@ -132,6 +133,32 @@ def _resizing_steps(transform: object) -> list[str]:
     return [type(transform).__name__] if isinstance(transform, _RESIZING) else []
 
 
+def _pipeline_transforms(transform: object) -> list[object]:
+    """The compose itself and every transform below it."""
+    children = getattr(transform, "transforms", None) if isinstance(transform, A.BaseCompose) else None
+    return [transform] + [t for child in (children or []) for t in _pipeline_transforms(child)]
+
+
+def seeding_problem(pipeline: A.BaseCompose) -> str | None:
+    """Whether ``set_random_state`` on ``pipeline`` reaches every transform in it; what fails, or None.
+
+    The per-sample seeding rests on this (albumentations 2.0's ``BaseCompose.set_random_state``
+    hands its generators down to each child): a transform left on its own generator would draw
+    the same stream in every forked worker, silently. Checked on the user's actual pipeline.
+    """
+    setter = getattr(pipeline, "set_random_state", None)
+    if not callable(setter):
+        return f"{type(pipeline).__name__} has no set_random_state"
+    generator, py_random = np.random.default_rng(0), random.Random(0)
+    try:
+        setter(generator, py_random)
+    except Exception as error:  # a changed signature
+        return f"{type(pipeline).__name__}.set_random_state(generator, random.Random) failed: {error!r}"
+    missed = [type(t).__name__ for t in _pipeline_transforms(pipeline)
+              if getattr(t, "random_generator", None) is not generator or getattr(t, "py_random", None) is not py_random]
+    return f"set_random_state did not reach {', '.join(missed)}" if missed else None
+
+
 class AlbumentationsTransform:
     """Per-sample albumentations pipeline, seeded from the sample's generator.
 
@@ -146,7 +173,9 @@ class AlbumentationsTransform:
 
     Randomness: albumentations 2.0.8 seeds each ``Compose`` once, so forked DataLoader workers
     would share one stream; here every call resets the pipeline's generators from the sample's
-    own generator, so draws depend on the sample, not on the worker that builds it.
+    own generator, so draws depend on the sample, not on the worker that builds it. Whether
+    ``set_random_state`` reaches every transform is checked once here (:func:`seeding_problem`);
+    when it does not, one warning says so and the pipeline runs on its own generators.
 
     Args:
         transforms: see :func:`load_transforms`.
@@ -171,6 +200,11 @@ class AlbumentationsTransform:
                 [self.transforms],
                 keypoint_params=A.KeypointParams(format="xy", remove_invisible=False),
             )
+        problem = seeding_problem(self._runner) if self._runner is not None else None
+        if problem is not None:
+            warn_unverified("albumentations_seeding", problem, "Draws may repeat across DataLoader workers and "
+                            "differ between runs with the same seed.")
+        self._seeded = problem is None
 
     def __repr__(self) -> str:
         return f"AlbumentationsTransform({self.transforms!r})"
@@ -200,8 +234,9 @@ class AlbumentationsTransform:
         """
         if self._runner is None:
             return image, vertices, crowd_mask
-        seeds = rng.integers(0, 2**63, size=2)
-        self._runner.set_random_state(np.random.default_rng(seeds[0]), random.Random(int(seeds[1])))
+        seeds = rng.integers(0, 2**63, size=2)  # drawn either way, so the sample's later draws stay put
+        if self._seeded:
+            self._runner.set_random_state(np.random.default_rng(seeds[0]), random.Random(int(seeds[1])))
         if not self.geometric:
             return self._runner(image=image)["image"], vertices, crowd_mask
         data: dict[str, np.ndarray] = {"image": image}

@@ -235,7 +235,7 @@ class MosaicAffine:
 
         For a mosaic the affine's translation is moved (by under half a pixel) so the centre
         lands on an integer output point: there the four tiles meet, and
-        :func:`~seg_datamodule.mosaic.snap_for_resize` can then keep their seams exact.
+        :func:`~seg_datamodule.transforms.plan.snap_for_resize` can then keep their seams exact.
         """
         s = self.image_size
         center = None
@@ -256,7 +256,7 @@ class MosaicAffine:
             draw (GlobalDraw): from :meth:`draw`.
             image_sizes (ndarray[K, 2] int): (H, W) per tile; K = 4 for a mosaic, 1 otherwise.
             snap (bool): let axis-aligned tiles be rendered by ``cv2.resize`` (see
-                :func:`~seg_datamodule.mosaic.snap_for_resize`); False keeps the designed
+                :func:`~seg_datamodule.transforms.plan.snap_for_resize`); False keeps the designed
                 matrices exactly.
 
         Returns:

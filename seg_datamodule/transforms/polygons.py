@@ -17,8 +17,10 @@ from seg_datamodule.transforms.plan import TilePlan
 
 __all__ = ["DROP_REASONS", "drop_reasons", "transform_polygons"]
 
-DROP_REASONS: tuple[str, ...] = ("kept", "degenerate", "outside", "clipped", "small_box")
-"""Codes returned by :func:`drop_reasons`: index 0 keeps the instance, the others name why not."""
+DROP_REASONS: tuple[str, ...] = ("kept", "degenerate", "outside", "clipped", "small_box", "occluded")
+"""Codes returned by :func:`drop_reasons`: index 0 keeps the instance, the others name why not.
+``occluded`` is never returned here: copy-paste (:mod:`~seg_datamodule.transforms.copy_paste`)
+drops an instance that pasted objects cover for it."""
 
 
 def transform_polygons(

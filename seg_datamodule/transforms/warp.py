@@ -118,7 +118,7 @@ def warp_tiles(
         images (Sequence[ndarray[h, w, C] | ndarray[h, w] | None]): one per tile, decoded at
             ``reduces[k]`` (pixel ``k`` of a reduced image covers original pixels
             ``[k r, (k + 1) r)``, as libjpeg's DCT scaling gives); ``None`` for a tile that
-            :func:`visible_tiles` says is not visible.
+            :func:`~seg_datamodule.transforms.plan.visible_tiles` says is not visible.
         plan (TilePlan): matrices and regions in original pixels.
         reduces (Sequence[int] | None): decode reduction per tile; ``None`` means all 1.
         fill (int): value of uncovered pixels.

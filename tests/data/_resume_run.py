@@ -5,7 +5,8 @@ model for two epochs with a checkpoint after every step, writes one line per tra
 ``OUT/batches_rank<R>.jsonl`` (epoch, step, image ids and hashes of the images and masks) and,
 when fit ends, the DataModule's counts to ``OUT/counts_rank<R>.json``; ``--devices 2`` runs DDP
 on two CPU processes, each rank killing itself at the same step. ``--kill-at`` sends SIGKILL to itself when
-that step starts (no clean-up); ``--ckpt`` resumes from a checkpoint.
+that step starts (no clean-up); ``--ckpt`` resumes from a checkpoint; ``--copy-paste`` and
+``--mixup`` turn those on (copy-paste from the batch).
 """
 
 from __future__ import annotations
@@ -53,11 +54,14 @@ def main() -> None:
     parser.add_argument("--ckpt", default=None)
     parser.add_argument("--batch-size", type=int, default=4)
     parser.add_argument("--devices", type=int, default=1, help="> 1: DDP on that many CPU processes")
+    parser.add_argument("--copy-paste", type=float, default=0.0, help="copy_paste (batch mode) probability")
+    parser.add_argument("--mixup", type=float, default=0.0)
     args = parser.parse_args()
     args.out.mkdir(parents=True, exist_ok=True)
     dm = COCOSegDataModule(demo_dir=args.demo_dir, image_size=96, batch_size=args.batch_size,
                            num_workers=args.workers, persistent_workers=args.workers > 0,
-                           cache_dir=str(args.out / "index"), seed=5)
+                           cache_dir=str(args.out / "index"), seed=5, copy_paste=args.copy_paste,
+                           copy_paste_mode="batch", mixup=args.mixup)
     trainer = Trainer(
         accelerator="cpu", devices=args.devices, strategy="ddp" if args.devices > 1 else "auto", max_epochs=2, logger=False, enable_progress_bar=False,
         enable_model_summary=False, limit_val_batches=0, num_sanity_val_steps=0,

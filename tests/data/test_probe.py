@@ -107,7 +107,7 @@ def _bench_loader() -> Any:
 def test_zero_worker_rate_agrees_with_the_loader_benchmark(coco_mini: Path, tmp_path: Path) -> None:
     bench = _bench_loader()
     ann, images = bench.make_large_split(coco_mini, tmp_path / "split", 96)
-    ds = bench.build_ours(ann, images, 320, "batch", tmp_path / "index")
+    ds = bench.build_ours(ann, images, 320, "batch", False, tmp_path / "index")
     batch_size, warmup, count = 8, 1, 5
 
     def probe_once() -> float:

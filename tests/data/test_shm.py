@@ -90,3 +90,22 @@ def test_without_the_private_use_count_it_warns_and_allocates_fresh(monkeypatch)
     with pytest.warns(UserWarning, match="_storage_Use_Count"):
         collate = DetectionCollate(buffer_slots=2)
     assert collate.pool is None
+
+
+def test_a_use_count_that_counts_otherwise_warns_once_and_allocates_fresh(monkeypatch) -> None:
+    """The check is by behaviour: a use count that exists but no longer counts tensor views (as a
+    changed torch might) is not trusted, and one warning names the torch verified."""
+    monkeypatch.setattr(torch._C, "_storage_Use_Count", lambda cdata: 1)
+    with pytest.warns(UserWarning, match=r"use counts \(alone, viewed, released\) were \(1, 1, 1\)") as caught:
+        collate = DetectionCollate(buffer_slots=2)
+    assert collate.pool is None
+    assert "verified on torch 2.4.1 to 2.14.1" in str(caught[0].message)
+    import warnings
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # once per process
+        assert DetectionCollate(buffer_slots=2).pool is None
+
+
+def test_this_torch_passes_the_use_count_check() -> None:
+    assert shm._use_count_problem() is None and shm.pooling_available()

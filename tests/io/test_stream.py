@@ -182,13 +182,15 @@ def _map_style_batch(index: CocoIndex, reference: SegDataset, epoch: int, image_
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("num_workers", [0, 2])
+@pytest.mark.parametrize("num_workers, mix", [(0, False), (2, False), (2, True)])
 def test_stream_epochs_cover_every_image_once_with_map_style_masks(
-    demo_dir: Path, demo_stream: tuple[Path, dict], tmp_path: Path, num_workers: int
+    demo_dir: Path, demo_stream: tuple[Path, dict], tmp_path: Path, num_workers: int, mix: bool
 ) -> None:
     out, meta = demo_stream
     index = CocoIndex.build(demo_dir / "annotations" / "instances_train2017.json", demo_dir / "train2017")
-    kwargs = dict(image_size=192, seed=5)
+    kwargs: dict = dict(image_size=192, seed=5)
+    if mix:  # copy-paste and MixUp partners from the streamed batch, as in the map-style one
+        kwargs |= dict(copy_paste=0.5, copy_paste_mode="batch", mixup=0.5)
     dataset = SegDataset(window_from_meta(meta), **kwargs)
     reference = SegDataset(index, **kwargs)
     # `local:` copies chunks through the cache like a remote; the cache holds about one chunk.
@@ -204,6 +206,9 @@ def test_stream_epochs_cover_every_image_once_with_map_style_masks(
             expected = _map_style_batch(index, reference, epoch, ids)
             for name in ("images", "masks", "ignore_masks", "boxes", "labels", "annotation_ids", "boxes_per_image"):
                 assert torch.equal(getattr(batch, name), getattr(expected, name)), name
+            assert (batch.origins is None) == (expected.origins is None) == (not mix)
+            if mix:
+                assert torch.equal(batch.origins, expected.origins)
             assert batch.counts == expected.counts
             kept += batch.counts.get("kept", 0)
         assert sorted(seen) == sorted(index.image_ids.tolist()), f"epoch {epoch}: not every image exactly once"

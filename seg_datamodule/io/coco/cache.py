@@ -44,7 +44,7 @@ _log = logging.getLogger(__name__)
 _warned_folders: set[str] = set()  # cache folders found unusable in this process
 
 #: Bump when the cached arrays change meaning; older caches are then rebuilt.
-CACHE_FORMAT_VERSION = 1
+CACHE_FORMAT_VERSION = 2  # 2: LVIS's per-image neg / not-exhaustive label lists
 
 
 def default_cache_dir() -> Path:

@@ -5,16 +5,18 @@ Bad input and ``skip`` counts
     problem in the JSON (images before annotations, then in file order), naming the annotation
     file, the image id, the annotation id and the image's file name. With ``"skip"`` the entry is
     left out and counted under one reason of :data:`SKIP_REASONS` (an annotation with several
-    problems counts once, under the first found); a summary is logged once per build and the
-    counts are :attr:`CocoIndex.skip_counts`. ``image_*`` reasons count images, all others count
-    annotations; an image left out takes its annotations with it, counted as
-    ``annotation_of_skipped_image``, so ``num_instances + num_crowd + crowd_dropped + skipped
-    annotations`` is exactly the number of annotations in the JSON (``drop_crowd`` /
-    ``drop_empty`` are not skips: :attr:`CocoIndex.dropped_counts`). Malformed structure that
-    cannot be skipped (not a JSON object, ``images`` / ``categories`` missing, ``annotations`` not a list,
-    a bad or duplicate category) always raises. Images found bad when read (missing, truncated,
-    corrupt, wrong size) raise :class:`BadImageError`, which carries a reason key so a dataset in
-    skip mode can count it in a :class:`SkipCounter` shared with its DataLoader workers;
+    problems counts once, under the first found); a summary is logged once per build and the counts
+    are :attr:`~seg_datamodule.io.coco.index.CocoIndex.skip_counts`. ``image_*`` reasons count
+    images, all others count annotations; an image left out takes its annotations with it, counted
+    as ``annotation_of_skipped_image``, so ``num_instances + num_crowd + crowd_dropped + skipped
+    annotations`` is exactly the number of annotations in the JSON (``drop_crowd`` / ``drop_empty``
+    are not skips: :attr:`~seg_datamodule.io.coco.index.CocoIndex.dropped_counts`). Malformed
+    structure that cannot be skipped (not a JSON object, ``images`` / ``categories`` missing,
+    ``annotations`` not a list, a bad or duplicate category) always raises. Images found bad when
+    read (missing, truncated, corrupt, wrong size) raise
+    :class:`~seg_datamodule.io.images.BadImageError`, which carries a reason key so a dataset in
+    skip mode can count it in a :class:`~seg_datamodule.data.accounting.SkipCounter` shared with
+    its DataLoader workers;
     ``verify_images=True`` finds them at build instead.
 """
 
@@ -34,11 +36,13 @@ MAX_EXAMPLES = 3
 SKIP_REASONS: dict[str, str] = {
     # Images (each counts one image entry).
     "image_bad_entry": (
-        "image entry without an integer id, a file_name, or positive integer height and width (at "
-        "most 2^30 pixels, OpenCV's decode limit)"
+        "image entry without an integer id, a file_name (or, LVIS v1, a coco_url ending in "
+        "<folder>/<file>), or positive integer height and width (at most 2^30 pixels, OpenCV's decode "
+        "limit), or with neg_category_ids / not_exhaustive_category_ids that are not category ids"
     ),
     "image_unsafe_file_name": (
-        "file_name absolute, leaving the image root through '..', with a NUL byte or not valid Unicode"
+        "file_name (or the path in coco_url) absolute, leaving the image root through '..', with a NUL "
+        "byte or not valid Unicode"
     ),
     "image_duplicate_id": "image entry whose id an earlier entry has (the first one is kept)",
     "image_missing": "image file does not exist",
@@ -108,7 +112,8 @@ def format_skip_summary(counts: Mapping[str, int]) -> str:
     """One line saying what was skipped, images and annotations apart.
 
     Keys starting with ``image_`` count images, all others annotations (the convention of
-    :data:`SKIP_REASONS` and :attr:`CocoIndex.dropped_counts`, so their merge reads right).
+    :data:`SKIP_REASONS` and :attr:`~seg_datamodule.io.coco.index.CocoIndex.dropped_counts`, so
+    their merge reads right).
 
     Args:
         counts: reason -> count.

@@ -275,7 +275,7 @@ class CocoIndex:
 
     @property
     def skip_counts(self) -> dict[str, int]:
-        """Reason -> count of what was skipped at build in skip mode; see :data:`SKIP_REASONS`."""
+        """Reason -> count of what was skipped at build in skip mode; see :data:`~seg_datamodule.io.coco.errors.SKIP_REASONS`."""
         return dict(self._skip_counts)
 
     @property
@@ -331,13 +331,17 @@ class CocoIndex:
         return int(i)
 
     def file_name(self, i: int) -> str:
-        """The ``file_name`` of image ``i`` as in the JSON."""
+        """The ``file_name`` of image ``i`` as in the JSON, or the path its ``coco_url`` ends in.
+
+        LVIS v1 images have no ``file_name``: ``http://images.cocodataset.org/val2017/x.jpg``
+        gives ``val2017/x.jpg`` (see :mod:`seg_datamodule.io.coco.lvis_fields`).
+        """
         i = self._check_index(i)
         off = self._t["file_name_offsets"]
         return self._t["file_name_bytes"][off[i] : off[i + 1]].tobytes().decode("utf-8")
 
     def file_path(self, i: int) -> Path:
-        """``image_root / file_name`` of image ``i``."""
+        """``image_root / file_name`` of image ``i`` (for LVIS v1, the path taken from ``coco_url``)."""
         return self.image_root / self.file_name(i)
 
     def image_size(self, i: int) -> tuple[int, int]:
@@ -383,6 +387,35 @@ class CocoIndex:
         """(ndarray[N, 4] float64) the JSON's ``[x, y, w, h]`` boxes of image ``i``'s target instances."""
         return self._per_instance("bboxes", i)
 
+    def neg_labels(self, i: int) -> np.ndarray:
+        """(ndarray[K_i] int64) sorted labels of image ``i``'s ``neg_category_ids`` (LVIS: verified absent)."""
+        return self._per_image_labels("neg", i)
+
+    def not_exhaustive_labels(self, i: int) -> np.ndarray:
+        """(ndarray[K_i] int64) sorted labels of image ``i``'s ``not_exhaustive_category_ids`` (LVIS)."""
+        return self._per_image_labels("not_exhaustive", i)
+
+    def _per_image_labels(self, key: str, i: int) -> np.ndarray:
+        i = self._check_index(i)
+        off = self._t[f"{key}_label_offsets"]
+        return self._t[f"{key}_labels"][off[i] : off[i + 1]].copy()
+
+    def category_presence(self) -> tuple[np.ndarray, np.ndarray]:
+        """Every (image, label) pair with at least one annotation, crowd regions included.
+
+        What repeat-factor sampling counts category frequencies from (Detectron2 counts an
+        image's ``annotations``, crowd ones included).
+
+        Returns:
+            image indices (ndarray[P] int64) and labels (ndarray[P] int64), sorted by image then
+            label, each pair once.
+        """
+        images = np.arange(len(self), dtype=np.int64)
+        owner = np.concatenate([np.repeat(images, self.instance_counts), np.repeat(images, self.crowd_counts)])
+        labels = np.concatenate([self._t["labels"], self._t["crowd_labels"]]).astype(np.int64)
+        pairs = np.unique(owner * max(self.num_classes, 1) + labels)
+        return pairs // max(self.num_classes, 1), pairs % max(self.num_classes, 1)
+
     def crowd_annotation_ids(self, i: int) -> np.ndarray:
         """(ndarray[K_i] int64) annotation ids of image ``i``'s crowd regions."""
         i = self._check_index(i)
@@ -403,7 +436,7 @@ class CocoIndex:
         return np.ascontiguousarray(mask_utils.decode(merged), dtype=bool)
 
     def load_image(self, i: int, reduce: int = 1, *, check_size: bool = True) -> np.ndarray:
-        """Decode image ``i`` to RGB ``uint8`` (see :func:`seg_datamodule.images.decode_image`).
+        """Decode image ``i`` to RGB ``uint8`` (see :func:`~seg_datamodule.io.images.decode_image`).
 
         Args:
             i: image index.

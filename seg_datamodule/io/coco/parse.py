@@ -9,7 +9,10 @@ be thrown away.
 
 Category ids are mapped to contiguous labels ``0..C-1`` in sorted id order. Images are checked
 here; annotations are scanned here (ids, image, category, structure of the segmentation) and
-their numbers checked chunk by chunk in :mod:`seg_datamodule.io.coco.instances`.
+their numbers checked chunk by chunk in :mod:`seg_datamodule.io.coco.instances`. LVIS files
+take the same path: an image's path may come from ``coco_url``, a missing ``iscrowd`` is 0, and
+``neg_category_ids`` / ``not_exhaustive_category_ids`` become per-image label lists (see
+:mod:`seg_datamodule.io.coco.lvis_fields`).
 """
 
 from __future__ import annotations
@@ -25,7 +28,7 @@ import numpy as np
 
 from seg_datamodule.io.coco.errors import BadAnnotationError, ProblemLog
 from seg_datamodule.io.images import MAX_IMAGE_PIXELS
-from seg_datamodule.io.paths import file_name_problem
+from seg_datamodule.io.coco.lvis_fields import federated_labels, image_file_name
 from seg_datamodule.io.coco.instances import add_crowd, assemble, finish_chunk, rle_rings
 from seg_datamodule.ops.ragged import offsets_from_lengths
 
@@ -188,12 +191,15 @@ def _tables_from_json(
     heights: list[int] = []
     widths: list[int] = []
     names: list[str] = []
+    neg_labels: list[list[int]] = []
+    not_exhaustive_labels: list[list[int]] = []
     for pos, img in enumerate(data["images"]):
         if not isinstance(img, dict):
             problems.add((0, pos), "image_bad_entry", "is not a JSON object", what="image")
             continue
-        iid, name = img.get("id"), img.get("file_name")
-        shown_name = name if isinstance(name, str) else None
+        iid = img.get("id")
+        # LVIS v1 has no file_name: the path then comes from coco_url (see lvis_fields).
+        name, shown_name, name_problem = image_file_name(img)
         if type(iid) is not int or not _INT64_MIN <= iid <= _INT64_MAX:
             problems.add(
                 (0, pos), "image_bad_entry", f"id must be a 64-bit integer, got {iid!r}",
@@ -209,16 +215,15 @@ def _tables_from_json(
         taken[iid] = shown_name or "?"
         height, width = _positive_int(img.get("height")), _positive_int(img.get("width"))
         reason, detail = "image_bad_entry", None
-        if not shown_name:
-            detail = f"file_name must be a non-empty string, got {name!r}"
+        federated = federated_labels(img, label_of)
+        if name_problem is not None:
+            reason, detail = name_problem
         elif height is None or width is None:
             detail = f"height and width must be positive integers, got {img.get('height')!r} x {img.get('width')!r}"
         elif height * width > MAX_IMAGE_PIXELS:
             detail = f"{height}x{width} (HxW) is over {MAX_IMAGE_PIXELS} pixels, more than OpenCV decodes"
-        else:
-            unsafe = file_name_problem(name)
-            if unsafe is not None:
-                reason, detail = "image_unsafe_file_name", f"file_name {name!r} {unsafe}"
+        elif isinstance(federated, str):
+            detail = federated
         if detail is not None:
             problems.add((0, pos), reason, detail, image_id=iid, file_name=shown_name, what="image")
             skipped_ids.add(iid)
@@ -228,6 +233,8 @@ def _tables_from_json(
         heights.append(height)
         widths.append(width)
         names.append(name)
+        neg_labels.append(federated[0])
+        not_exhaustive_labels.append(federated[1])
     problems.checkpoint()
 
     # 4. Annotations, chunk by chunk: cheap checks in the loop, numeric ones vectorised.
@@ -256,6 +263,9 @@ def _tables_from_json(
     tables["file_name_offsets"] = offsets_from_lengths(np.fromiter((len(b) for b in encoded), np.int64, len(encoded)))
     tables["file_name_bytes"] = np.frombuffer(b"".join(encoded), np.uint8).copy()
     tables["category_ids"] = np.asarray(category_ids, np.int64)
+    for key, lists in (("neg", neg_labels), ("not_exhaustive", not_exhaustive_labels)):
+        tables[f"{key}_label_offsets"] = offsets_from_lengths(np.fromiter(map(len, lists), np.int64, len(lists)))
+        tables[f"{key}_labels"] = np.fromiter((k for labels in lists for k in labels), np.int64)
     meta = {
         "class_names": [names_of[c] for c in category_ids],
         "skip_counts": dict(problems.counts),

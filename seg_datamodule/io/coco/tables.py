@@ -17,7 +17,7 @@ from seg_datamodule.io.paths import file_name_problem
 from seg_datamodule.ops.ragged import offsets_from_lengths, ragged_index
 from seg_datamodule.structures import Polygons
 
-__all__ = ["TABLE_KEYS", "check_tables", "crowd_rles", "image_polygons", "select_images", "without_crowd"]
+__all__ = ["FEDERATED_TABLES", "TABLE_KEYS", "check_tables", "crowd_rles", "image_polygons", "select_images", "without_crowd"]
 
 #: Every array of an index (also what the cache stores).
 TABLE_KEYS = (
@@ -25,7 +25,12 @@ TABLE_KEYS = (
     "crowd_offsets", "labels", "annotation_ids", "bboxes", "areas", "instance_ring_offsets",
     "ring_offsets", "vertices", "vertex_scale", "crowd_labels", "crowd_annotation_ids",
     "crowd_bboxes", "crowd_areas", "crowd_rle_offsets", "crowd_rle_bytes", "category_ids",
+    # LVIS's federated lists per image, as contiguous labels (empty for COCO files).
+    "neg_label_offsets", "neg_labels", "not_exhaustive_label_offsets", "not_exhaustive_labels",
 )
+
+#: The per-image label lists: (offsets key, labels key).
+FEDERATED_TABLES = (("neg_label_offsets", "neg_labels"), ("not_exhaustive_label_offsets", "not_exhaustive_labels"))
 
 
 def select_images(tables: Mapping[str, np.ndarray], keep: np.ndarray) -> dict[str, np.ndarray]:
@@ -57,6 +62,9 @@ def select_images(tables: Mapping[str, np.ndarray], keep: np.ndarray) -> dict[st
         new[k] = t[k][crowd]
     rle, new["crowd_rle_offsets"] = _gather(t["crowd_rle_offsets"], crowd)
     new["crowd_rle_bytes"] = t["crowd_rle_bytes"][rle]
+    for offsets_key, labels_key in FEDERATED_TABLES:
+        picked, new[offsets_key] = _gather(t[offsets_key], images)
+        new[labels_key] = t[labels_key][picked]
     new["vertex_scale"] = t["vertex_scale"]
     new["category_ids"] = t["category_ids"]
     return new
@@ -153,6 +161,7 @@ def check_tables(tables: Mapping[str, np.ndarray], meta: Mapping[str, Any]) -> s
         ("file_name_offsets", num_images, "file_name_bytes"), ("instance_offsets", num_images, "labels"),
         ("crowd_offsets", num_images, "crowd_labels"), ("instance_ring_offsets", n, "ring_offsets"),
         ("ring_offsets", None, "vertices"), ("crowd_rle_offsets", k, "crowd_rle_bytes"),
+        *((offsets_key, num_images, labels_key) for offsets_key, labels_key in FEDERATED_TABLES),
     )
     for key, segments, target in ragged:
         off, end = t[key], len(t[target]) - (1 if target == "ring_offsets" else 0)
@@ -164,7 +173,7 @@ def check_tables(tables: Mapping[str, np.ndarray], meta: Mapping[str, Any]) -> s
         return "a ring has fewer than 3 vertices"
     if int(t["vertex_scale"]) not in (0, 100) or (int(t["vertex_scale"]) == 0) != (t["vertices"].dtype.kind == "f"):
         return f"vertex_scale {t['vertex_scale']} does not match vertices of dtype {t['vertices'].dtype}"
-    for key in ("labels", "crowd_labels"):
+    for key in ("labels", "crowd_labels", *(labels_key for _, labels_key in FEDERATED_TABLES)):
         if len(t[key]) and not (0 <= t[key].min() and t[key].max() < num_classes):
             return f"{key} outside 0..{num_classes - 1}"
     heights, widths = t["heights"], t["widths"]

@@ -33,6 +33,7 @@ import numpy as np
 from litdata import StreamingDataLoader, StreamingDataset
 from litdata.streaming.serializers import _SERIALIZERS, Serializer
 
+from seg_datamodule.compat import require_version, verified_note
 from seg_datamodule.data.collate import DetectionCollate
 from seg_datamodule.data.dataset import SegDataset
 from seg_datamodule.data.resume import DeliveredCounts, current_rank
@@ -43,9 +44,31 @@ from seg_datamodule.io.stream.source import check_stream_index
 from seg_datamodule.structures import DetectionBatch
 
 __all__ = [
-    "RefusedSerializer", "StreamBatchCollate", "StreamRecords", "StreamTrainLoader", "schema_serializers",
-    "stream_drop_count", "stream_train_loader", "window_from_meta",
+    "RefusedSerializer", "StreamBatchCollate", "StreamRecords", "StreamTrainLoader", "check_litdata",
+    "schema_serializers", "stream_drop_count", "stream_train_loader", "window_from_meta",
 ]
+
+
+def check_litdata(loader: object | None = None) -> None:
+    """Raise unless LitData is the release the state fixes were verified on (and, given a
+    ``loader``, it has the private counters they rewrite). Called at import.
+
+    :class:`StreamTrainLoader` rewrites LitData's private counters and ``restore`` flag; with
+    another release they may mean something else and a resumed run would see other samples.
+
+    Raises:
+        ImportError: another LitData is installed (the message names the supported release).
+        RuntimeError: ``loader`` lacks one of the counters.
+    """
+    require_version("litdata_state", extra="stream")
+    missing = [n for n in _LITDATA_STATE if loader is not None and not hasattr(loader, n)]
+    if missing:
+        raise RuntimeError(f"litdata.StreamingDataLoader has no {', '.join(missing)}: StreamTrainLoader's "
+                           f"checkpoints need them ({verified_note('litdata_state')})")
+
+
+_LITDATA_STATE = ("restore", "_num_samples_yielded_streaming", "_latest_worker_idx")
+check_litdata()
 
 
 def window_from_meta(meta: dict[str, Any], name: str = "stream") -> RecordWindow:
@@ -195,6 +218,7 @@ class StreamTrainLoader(StreamingDataLoader):
 
     def __init__(self, dataset: StreamRecords, *, progress: Callable[[], int] | None = None, **kwargs: Any) -> None:
         super().__init__(dataset, **kwargs)
+        check_litdata(self)
         self.progress = progress
         self._iters_since_restore = 0
         self._marks: list[tuple[int, int]] = []  # after each batch handed out this epoch

@@ -244,7 +244,7 @@ def _counts(meta: Mapping[str, Any], key: str, where: str) -> None:
 
 
 def check_meta(meta: Any, where: str) -> dict[str, Any]:
-    """Refuse a :data:`META_FILE` that is not the metadata :func:`convert_coco` writes, of this version.
+    """Refuse a :data:`META_FILE` that is not the metadata :func:`~seg_datamodule.io.stream.convert.convert_coco` writes, of this version.
 
     Args:
         meta: the parsed file.

@@ -1,0 +1,162 @@
+"""The private names this package reaches into, the releases they were verified on, and one warning.
+
+``pyproject.toml`` states lower bounds only, so the package installs beside the PyTorch and
+Lightning a user already has. What a newer release may break is the few places that reach past
+a public API. Each is listed in :data:`REACHES` with the range of releases ``.ci/run`` tests
+(the lowest from ``.ci/lowest.txt``, the newest installable) and checked at run time where it is
+used; when a check fails, :func:`warn_unverified` warns once per process, naming the installed
+release and the verified ones, and the caller falls back to something correct (slower, or with
+less detail) instead of silently misbehaving:
+
+* ``torch._C._storage_Use_Count`` -- shared-memory slots handed back (``data/shm.py``);
+* Lightning's fetch action name and hook order -- the profiler's phases (``profiling/tap.py``,
+  ``profiling/recorder.py``); the Trainer's loop and loader internals
+  (``profiling/trainer_internals.py``, ``profiling/callback.py``);
+* albumentations' ``set_random_state`` reaching every transform -- per-sample seeding, which
+  keeps forked workers off one random stream (``transforms/albu.py``);
+* LitData's loader counters -- consumed-batch checkpoints (``io/stream/loader.py``). Those decide
+  which samples a resumed run sees, so an unverified LitData is an error, not a warning
+  (:func:`require_version`), and the ``stream`` extra pins the one release.
+"""
+
+from __future__ import annotations
+
+import importlib.metadata
+import warnings
+from collections.abc import Callable
+from dataclasses import dataclass
+
+__all__ = [
+    "REACHES",
+    "PrivateReach",
+    "UnverifiedPrivateAPIWarning",
+    "installed_version",
+    "require_version",
+    "verified_note",
+    "warn_unverified",
+]
+
+
+class UnverifiedPrivateAPIWarning(UserWarning):
+    """A private name this package relies on is missing or behaves otherwise in this release."""
+
+
+@dataclass(frozen=True)
+class PrivateReach:
+    """One reach past a public API.
+
+    Args:
+        package (str): the distribution that owns the name (``importlib.metadata`` spelling).
+        names (str): what is reached for.
+        user (str): what in this package relies on it.
+        verified (tuple[str, str]): the lowest and newest release of ``package`` it was verified
+            on (``.ci/run`` runs the suite on both).
+    """
+
+    package: str
+    names: str
+    user: str
+    verified: tuple[str, str]
+
+
+#: Every reach, by key. The lowest releases match ``.ci/lowest.txt`` (a test checks it).
+REACHES: dict[str, PrivateReach] = {
+    "storage_use_count": PrivateReach(
+        "torch", "torch._C._storage_Use_Count and UntypedStorage._new_shared",
+        "DetectionCollate's reused shared-memory slots (buffer_slots)", ("2.4.1", "2.14.1")),
+    "fetch_action": PrivateReach(
+        "lightning", "the profiler action '[_TrainingEpochLoop].train_dataloader_next' and the hook order",
+        "StepTimeProfiler's phases", ("2.5.0", "2.6.6")),
+    "loop_internals": PrivateReach(
+        "lightning", "fit_loop._combined_loader, _shutdown_workers_and_reset_iterator, "
+        "epoch_loop._batches_that_stepped", "StepTimeProfiler's isolated optimiser timing and step labels",
+        ("2.5.0", "2.6.6")),
+    "loader_iterator": PrivateReach(
+        "torch", "torch.utils.data.dataloader._MultiProcessingDataLoaderIter._shutdown_workers",
+        "StepTimeProfiler's isolated optimiser timing", ("2.4.1", "2.14.1")),
+    "albumentations_seeding": PrivateReach(
+        "albumentations", "Compose.set_random_state reaching every transform",
+        "AlbumentationsTransform's per-sample seeding (forked workers would share one stream)",
+        ("2.0.0", "2.0.8")),
+    "litdata_state": PrivateReach(
+        "litdata", "StreamingDataLoader.restore, _num_samples_yielded_streaming, _latest_worker_idx",
+        "StreamTrainLoader's consumed-batch checkpoints and its restore fix", ("0.2.76", "0.2.76")),
+}
+
+_warned: set[str] = set()  # the reaches warned about in this process
+
+
+def installed_version(package: str) -> str:
+    """The installed release of ``package``, or ``"(not installed)"``."""
+    try:
+        return importlib.metadata.version(package)
+    except importlib.metadata.PackageNotFoundError:
+        return "(not installed)"
+
+
+def verified_note(key: str) -> str:
+    """``"verified on lightning 2.5.0 to 2.6.6; this is 2.7.0"``, for a message about reach ``key``."""
+    reach = REACHES[key]
+    low, high = reach.verified
+    span = low if low == high else f"{low} to {high}"
+    return f"verified on {reach.package} {span}; this is {installed_version(reach.package)}"
+
+
+def warn_unverified(
+    key: str, problem: str, consequence: str, *, warn: Callable[..., object] | None = None, stacklevel: int = 3
+) -> bool:
+    """Warn, once per process, that reach ``key`` did not hold; whether this call warned.
+
+    Args:
+        key (str): a key of :data:`REACHES`.
+        problem (str): what was found (``"torch._C has no _storage_Use_Count"``).
+        consequence (str): what the caller does instead.
+        warn: the function that warns (``rank_zero_warn`` under DDP); ``warnings.warn`` by default.
+        stacklevel (int): for ``warnings.warn``: 3 names the caller's caller.
+
+    Raises:
+        KeyError: ``key`` is not in :data:`REACHES` (a programming error).
+    """
+    reach = REACHES[key]
+    if key in _warned:
+        return False
+    _warned.add(key)
+    message = f"{reach.user} relies on {reach.names} ({verified_note(key)}): {problem}. {consequence}"
+    if warn is None:
+        warnings.warn(message, UnverifiedPrivateAPIWarning, stacklevel=stacklevel)
+    else:
+        warn(message, category=UnverifiedPrivateAPIWarning)
+    return True
+
+
+def require_version(key: str, extra: str) -> None:
+    """Raise unless the installed release of reach ``key``'s package is one it was verified on.
+
+    For a reach whose failure would change results rather than only speed or detail.
+
+    Args:
+        key (str): a key of :data:`REACHES`.
+        extra (str): the extra that installs the supported release (``"stream"``).
+
+    Raises:
+        ImportError: another release (or none) is installed; the message names the supported one
+            and the command that installs it.
+    """
+    reach = REACHES[key]
+    version = installed_version(reach.package)
+    low, high = reach.verified
+    if version in (low, high):
+        return
+    from packaging.version import InvalidVersion, Version
+
+    try:
+        inside = Version(low) <= Version(version) <= Version(high)
+    except InvalidVersion:
+        inside = False
+    if not inside:
+        supported = low if low == high else f"{low} to {high}"
+        raise ImportError(
+            f"{reach.user} relies on {reach.names}, verified on {reach.package} {supported} only, and "
+            f"{reach.package} {version} is installed: pip install 'seg-datamodule[{extra}]' installs "
+            f"{reach.package}=={high}"
+        )

@@ -1,0 +1,341 @@
+"""Ultralytics YOLO-seg on this project's batches: the batch conversion and ``YOLOSegModule``.
+
+``to_ultralytics_batch`` turns a :class:`~seg_datamodule.structures.DetectionBatch` into the dict
+``ultralytics.utils.loss.v8SegmentationLoss`` reads with ``overlap_mask=False`` (per-instance masks
+at ``mask_ratio = mask_stride``); it needs only torch. ``YOLOSegModule`` builds an Ultralytics
+segmentation model from its YAML, trains it with the model's own criterion
+(``SegmentationModel.init_criterion()``: ``v8SegmentationLoss`` for YOLOv8/YOLO11-seg) and
+validates with Ultralytics' own NMS (``ultralytics.utils.nms.non_max_suppression``) and mask
+decoding (``ultralytics.utils.ops.process_mask``), scored by
+:class:`~seg_datamodule.evaluation.COCOMaskMAP`.
+
+Ultralytics is AGPL-3.0 and optional: ``pip install "seg-datamodule[ultralytics]"``. This module
+imports without it; ``YOLOSegModule`` raises an ``ImportError`` naming that extra. Before the
+first import of ``ultralytics`` it sets ``YOLO_OFFLINE=1`` and ``YOLO_AUTOINSTALL=0`` (unless the
+user set them), so nothing checks the network or pip-installs at run time.
+"""
+
+from __future__ import annotations
+
+import os
+from typing import Any, Literal
+
+import lightning as L
+import torch
+from torch import Tensor
+
+from seg_datamodule.evaluation import COCOMaskMAP
+from seg_datamodule.integrations._coco import log_coco_results, make_coco_metric
+from seg_datamodule.integrations._optim import check_optim_args, configure_optimizer
+from seg_datamodule.structures import DetectionBatch
+
+__all__ = ["YOLOSegModule", "import_ultralytics", "semantic_masks", "to_ultralytics_batch"]
+
+_EXTRA = 'pip install "seg-datamodule[ultralytics]"'
+
+
+def import_ultralytics() -> Any:
+    """Import ``ultralytics`` offline (``YOLO_OFFLINE=1``, ``YOLO_AUTOINSTALL=0`` unless set).
+
+    Returns:
+        The ``ultralytics`` module.
+
+    Raises:
+        ImportError: it is not installed; the message names the extra to install.
+    """
+    os.environ.setdefault("YOLO_OFFLINE", "1")  # no DNS probe, no analytics, no asset download
+    os.environ.setdefault("YOLO_AUTOINSTALL", "0")  # never pip-install a "missing" requirement
+    try:
+        import ultralytics
+    except ImportError as err:
+        raise ImportError(
+            f"YOLOSegModule needs Ultralytics (AGPL-3.0), which is not installed: {_EXTRA}"
+        ) from err
+    return ultralytics
+
+
+# ------------------------------------------------------------------------------ pure functions
+
+
+def semantic_masks(masks: Tensor, labels: Tensor, boxes_per_image: Tensor) -> Tensor:
+    """Per-image class maps as Ultralytics' ``Format`` builds ``sem_masks`` with ``overlap_mask=False``.
+
+    Where instances overlap, the smallest one (fewest mask cells) wins; uncovered cells are 0
+    (the loss reads them as "not present", not as class 0).
+
+    Args:
+        masks (Tensor[N, Hp, Wp] bool): instance masks, image after image.
+        labels (Tensor[N] int64): their classes.
+        boxes_per_image (Tensor[B] int64): instances per image.
+
+    Returns:
+        Tensor[B, Hp, Wp] float32: the class index of each cell.
+    """
+    batch = int(boxes_per_image.shape[0])
+    out = torch.zeros((batch, *masks.shape[-2:]), dtype=torch.float32, device=masks.device)
+    for b, (m, c) in enumerate(zip(masks.split(boxes_per_image.tolist()), labels.split(boxes_per_image.tolist()))):
+        if not m.shape[0]:
+            continue
+        weights = m.flatten(1).sum(1)
+        key = torch.where(m, weights[:, None, None], weights.max() + 1)
+        out[b] = c[key.min(0).indices].float() * m.any(0)
+    return out
+
+
+def to_ultralytics_batch(batch: DetectionBatch, semantic: bool = False) -> dict[str, Tensor]:
+    """The dict ``v8SegmentationLoss`` (``overlap_mask=False``) reads, on the batch's device.
+
+    Args:
+        batch: a collated batch (its canvas ``H x W`` is what the boxes are normalised by, so for
+            an Ultralytics model both must be multiples of the model's largest stride).
+        semantic: also build ``sem_masks`` (:func:`semantic_masks`), which only models with a
+            semantic branch read (YOLO26-seg); off by default, it costs a pass over the masks.
+
+    Returns:
+        ``img (Tensor[B, 3, H, W] float32)`` RGB in ``[0, 1]``; ``cls (Tensor[N, 1] float32)``;
+        ``bboxes (Tensor[N, 4] float32)`` xywh normalised by ``W, H``; ``masks (Tensor[N, Hp, Wp]
+        float32)`` 0 / 1 on the ``mask_stride`` grid; ``batch_idx (Tensor[N] float32)`` the image
+        of each instance; and ``sem_masks (Tensor[B, Hp, Wp] float32)`` when ``semantic``.
+    """
+    height, width = batch.images.shape[-2:]
+    device = batch.boxes.device
+    boxes = batch.boxes.float()
+    scale = torch.tensor([width, height, width, height], dtype=torch.float32, device=device)
+    xywh = torch.cat([(boxes[:, :2] + boxes[:, 2:]) / 2, boxes[:, 2:] - boxes[:, :2]], dim=1) / scale
+    image_index = torch.repeat_interleave(
+        torch.arange(len(batch), device=device), batch.boxes_per_image.to(device)
+    )
+    out = {
+        "img": batch.images.float().div_(255.0),  # keeps the batch's (channels-last) memory format
+        "cls": batch.labels.float()[:, None],
+        "bboxes": xywh,
+        "masks": batch.masks.float(),
+        "batch_idx": image_index.float(),
+    }
+    if semantic:
+        out["sem_masks"] = semantic_masks(batch.masks, batch.labels, batch.boxes_per_image)
+    return out
+
+
+# ------------------------------------------------------------------------------ the module
+
+
+class YOLOSegModule(L.LightningModule):
+    """An Ultralytics segmentation model trained with its own loss on :class:`DetectionBatch` es.
+
+    Args:
+        num_classes (int): C (linked from ``data.num_classes`` by the CLI).
+        model (str): an Ultralytics model YAML, by name (``"yolo11n-seg.yaml"``, ``"yolov8s-seg.yaml"``,
+            shipped inside ultralytics) or path; the model is built from it with random weights.
+        weights (str | None): a ``state_dict`` file of that model to start from, read with
+            ``torch.load(weights_only=True)`` (nothing in it is executed). Ultralytics' ``.pt``
+            files are pickled models and are refused; convert a trusted one once with
+            ``torch.save(YOLO("x.pt").model.float().state_dict(), "x_state.pt")``.
+        box, cls, dfl (float): Ultralytics' loss gains (``box`` also weighs the mask loss).
+        optimizer (str): ``"AdamW"`` or ``"SGD"`` (see
+            :func:`~seg_datamodule.integrations._optim.configure_optimizer`).
+        lr, momentum, weight_decay (float): its learning rate, momentum / beta1 and weight decay.
+        warmup_steps (int): linear learning-rate warmup, optimiser steps.
+        cosine_schedule (bool): cosine decay to 0 over the run after the warmup.
+        conf, iou (float): validation NMS confidence and IoU thresholds (Ultralytics' val defaults).
+        max_det (int): detections kept per image after NMS.
+        coco_eval (bool): score validation detections with COCO mAP (``val/segm_AP``, ...).
+        coco_ann_file (str | None): the COCO JSON to score against; ``None`` takes the
+            DataModule's ``val_ann`` at ``setup``.
+
+    Logs ``train/{loss,box_loss,seg_loss,cls_loss,dfl_loss}``, the same under ``val/`` and the COCO
+    ``val/{segm,bbox}_{AP,AP50,AP75,AP_small,AP_medium,AP_large}`` of the NMS detections.
+
+    Raises:
+        ImportError: Ultralytics is not installed (the message names the extra).
+        ValueError: a bad argument, a weights file that does not fit the model, or (at the first
+            batch) a canvas that is not a multiple of the model's stride.
+    """
+
+    def __init__(
+        self,
+        num_classes: int,
+        model: str = "yolo11n-seg.yaml",
+        weights: str | None = None,
+        box: float = 7.5,
+        cls: float = 0.5,
+        dfl: float = 1.5,
+        optimizer: Literal["AdamW", "SGD"] = "AdamW",
+        lr: float = 2e-3,
+        momentum: float = 0.9,
+        weight_decay: float = 5e-4,
+        warmup_steps: int = 100,
+        cosine_schedule: bool = True,
+        conf: float = 0.001,
+        iou: float = 0.7,
+        max_det: int = 300,
+        coco_eval: bool = True,
+        coco_ann_file: str | None = None,
+    ) -> None:
+        super().__init__()
+        if isinstance(num_classes, bool) or not isinstance(num_classes, int) or num_classes < 1:
+            raise ValueError(f"num_classes must be a positive int, got {num_classes!r}")
+        for name, value in (("box", box), ("cls", cls), ("dfl", dfl)):
+            if not (isinstance(value, (int, float)) and value >= 0):
+                raise ValueError(f"{name} must be a number >= 0, got {value!r}")
+        for name, value in (("conf", conf), ("iou", iou)):
+            if not (isinstance(value, (int, float)) and 0 <= value <= 1):
+                raise ValueError(f"{name} must be in [0, 1], got {value!r}")
+        if isinstance(max_det, bool) or not isinstance(max_det, int) or max_det < 1:
+            raise ValueError(f"max_det must be a positive int, got {max_det!r}")
+        check_optim_args(optimizer, lr, momentum, weight_decay, warmup_steps)
+        import_ultralytics()
+        from ultralytics.cfg import get_cfg
+        from ultralytics.nn.tasks import SegmentationModel
+
+        self.save_hyperparameters()
+        self.num_classes = num_classes
+        self.model = SegmentationModel(model, ch=3, nc=num_classes, verbose=False)
+        # The hyperparameters Ultralytics' criterion reads (box/cls/dfl gains, overlap_mask, epochs).
+        self.model.args = get_cfg(overrides={"box": box, "cls": cls, "dfl": dfl, "overlap_mask": False})
+        if weights is not None:
+            _load_state(self.model, weights)
+        self._criterion: Any = None
+        self._criterion_device: torch.device | None = None
+        self.coco_metric: COCOMaskMAP | None = None
+
+    # ------------------------------------------------------------------------------ loss
+
+    def criterion(self) -> Any:
+        """The model's own loss (``v8SegmentationLoss`` for YOLOv8/YOLO11), built on the model's device."""
+        device = next(self.model.parameters()).device
+        if self._criterion is None or self._criterion_device != device:
+            self._criterion = self.model.init_criterion()
+            self._criterion_device = device
+        return self._criterion
+
+    def check_batch(self, batch: DetectionBatch) -> None:
+        """Raise ``ValueError`` when the canvas does not fit the model's strides."""
+        stride = int(self.model.stride.max())
+        height, width = batch.images.shape[-2:]
+        if height % stride or width % stride:
+            raise ValueError(
+                f"the canvas is {height}x{width} but {self.hparams.model} needs multiples of its stride "
+                f"{stride}; set data.image_size to a multiple of {stride}"
+            )
+
+    def compute_losses(self, batch: DetectionBatch, outputs: Any = None) -> tuple[Tensor, dict[str, Tensor], Any]:
+        """The Ultralytics loss of a batch.
+
+        Args:
+            batch: a collated batch.
+            outputs: the model's outputs (train or eval mode) on ``to_ultralytics_batch(batch)["img"]``
+                (computed here when ``None``).
+
+        Returns:
+            The loss to back-propagate (``criterion(...)[0].sum()``: the gained losses times the
+            batch size, as Ultralytics' trainer back-propagates), the detached per-term losses
+            (``box_loss``, ``seg_loss``, ``cls_loss``, ``dfl_loss``; ``sem_loss`` for a model with
+            a semantic branch), and the outputs.
+        """
+        self.check_batch(batch)
+        ubatch = to_ultralytics_batch(batch)
+        if outputs is None:
+            outputs = self.model(ubatch["img"])
+        raw = outputs[1] if isinstance(outputs, tuple) else outputs
+        semantic = isinstance(raw.get("proto"), tuple)  # Ultralytics' own test for a semantic branch
+        if semantic:
+            ubatch["sem_masks"] = semantic_masks(batch.masks, batch.labels, batch.boxes_per_image)
+        loss, items = self.criterion()(outputs, ubatch)
+        return loss.sum(), {k: v for k, v in items.items() if k != "sem_loss" or semantic}, outputs
+
+    def training_step(self, batch: DetectionBatch, batch_idx: int) -> Tensor:
+        """Ultralytics' loss; logs ``train/loss`` and each term."""
+        loss, items, _ = self.compute_losses(batch)
+        self.log("train/loss", loss, prog_bar=True, batch_size=len(batch))
+        for name, value in items.items():
+            self.log(f"train/{name}", value, batch_size=len(batch))
+        return loss
+
+    def on_train_epoch_end(self) -> None:
+        """Advance an end-to-end criterion's one-to-many / one-to-one schedule (YOLO26), per epoch."""
+        if self._criterion is not None and hasattr(self._criterion, "update"):
+            self._criterion.update()
+
+    # ------------------------------------------------------------------------------ validation
+
+    def setup(self, stage: str) -> None:
+        """Make the COCO metric (the DataModule's ``val_ann`` is resolved by now)."""
+        max_epochs = self._trainer.max_epochs if self._trainer is not None else None
+        if max_epochs is not None and max_epochs > 0:  # the one-to-one loss schedule of YOLO26 reads it
+            self.model.args.epochs = int(max_epochs)
+        if self.hparams.coco_eval and self.coco_metric is None and stage in ("fit", "validate"):
+            self.coco_metric = make_coco_metric(self, self.hparams.coco_ann_file, self.num_classes)
+
+    def predict_batch(self, batch: DetectionBatch, outputs: Any = None) -> list[dict[str, Tensor]]:
+        """Detections per image: Ultralytics' NMS and mask decoding, on the canvas.
+
+        Args:
+            batch: a collated batch.
+            outputs: the eval-mode model outputs (computed here when ``None``).
+
+        Returns:
+            One dict per image: ``boxes (Tensor[n, 4] float32)`` xyxy canvas pixels, ``scores (Tensor[n])``,
+            ``labels (Tensor[n] int64)`` and ``masks (Tensor[n, Hm, Wm] bool)``, cropped to the box,
+            on the batch's ``mask_stride`` grid when it is the prototype grid, else on the canvas.
+        """
+        from ultralytics.utils.nms import non_max_suppression
+        from ultralytics.utils.ops import process_mask
+
+        if outputs is None:
+            outputs = self.model(to_ultralytics_batch(batch)["img"])
+        head, proto = outputs[0]  # eval mode: ((B, 4 + C + k, A), protos (B, k, Hp, Wp)), raw dict
+        if isinstance(proto, tuple):  # (protos, semantic logits) of a model with a semantic branch
+            proto = proto[0]
+        detections = non_max_suppression(
+            head.float(), self.hparams.conf, self.hparams.iou, nc=self.num_classes, multi_label=True,
+            max_det=self.hparams.max_det, end2end=bool(getattr(self.model, "end2end", False)),
+        )
+        canvas = tuple(batch.images.shape[-2:])
+        # 4 for YOLOv8/YOLO11 (the ProtoNet upsamples P3 by 2); masks go to the canvas otherwise.
+        on_canvas = canvas[0] != batch.mask_stride * proto.shape[-2]
+        preds = []
+        for b, det in enumerate(detections):
+            boxes = det[:, :4]
+            masks = process_mask(proto[b].float(), det[:, 6:], boxes, shape=canvas, upsample=on_canvas)
+            preds.append({"boxes": boxes, "scores": det[:, 4], "labels": det[:, 5].long(), "masks": masks.bool()})
+        return preds
+
+    def validation_step(self, batch: DetectionBatch, batch_idx: int) -> None:
+        """Logs ``val/loss`` and its terms; the NMS detections go into the COCO metric."""
+        loss, items, outputs = self.compute_losses(batch)
+        self.log("val/loss", loss, batch_size=len(batch))
+        for name, value in items.items():
+            self.log(f"val/{name}", value, batch_size=len(batch))
+        if self.coco_metric is not None:
+            self.coco_metric.update(self.predict_batch(batch, outputs), batch)
+
+    def on_validation_epoch_end(self) -> None:
+        """Logs COCO ``val/{segm,bbox}_{AP,...}`` of the detections and prints both APs."""
+        log_coco_results(self, self.coco_metric, "YOLO detections after NMS")
+
+    def configure_optimizers(self) -> Any:
+        """AdamW or SGD (no decay on norms and biases), linear warmup, per-step cosine."""
+        h = self.hparams
+        total = self.trainer.estimated_stepping_batches if self._trainer is not None else float("inf")
+        return configure_optimizer(self.model, h.optimizer, h.lr, h.momentum, h.weight_decay, h.warmup_steps,
+                                   total, h.cosine_schedule)
+
+
+def _load_state(model: torch.nn.Module, path: str) -> None:
+    """Load a ``state_dict`` file into ``model`` without unpickling objects (``weights_only=True``)."""
+    if not os.path.isfile(path):
+        raise ValueError(f"weights file {path!r} does not exist")
+    try:
+        state = torch.load(path, map_location="cpu", weights_only=True)
+    except Exception as err:  # torch raises UnpicklingError (and others) for pickled objects
+        raise ValueError(
+            f"weights file {path!r} is not a plain state_dict (an Ultralytics .pt file is a pickled "
+            f"model; convert a trusted one with torch.save(YOLO(path).model.float().state_dict(), out)): {err}"
+        ) from err
+    if not isinstance(state, dict) or not all(isinstance(v, Tensor) for v in state.values()):
+        raise ValueError(f"weights file {path!r} must hold a state_dict (names -> tensors)")
+    try:
+        model.load_state_dict(state)
+    except RuntimeError as err:
+        raise ValueError(f"weights file {path!r} does not fit the model: {err}") from err
