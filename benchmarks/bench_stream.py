@@ -1,12 +1,15 @@
 """Streaming from LitData chunks vs the map-style loader, with injected per-chunk download latency.
 
-``python benchmarks/bench_stream.py [--ann A --images D] [--latency-ms 0 50 200] [--workers 2]``
+``python benchmarks/bench_stream.py [--ann A --images D] [--latency-ms 0 50 200] [--workers 2] [--no-s3]``
 
 Data: coco-mini's train split when present (else the embedded demo data), converted once to
 chunks of ``--chunk-bytes``. The stream is read through ``local:``, which copies every chunk into
 the LitData cache as a remote source would; ``--latency-ms`` adds a sleep to every chunk
 download (a ``local:`` downloader registered with ``register_downloader``, inherited by the
 forked workers). The cache is capped at ``--max-cache`` so chunks are evicted and re-fetched.
+The ``s3://`` row streams the same chunks from a real S3 API on the loopback (moto's
+``ThreadedMotoServer`` on 127.0.0.1 over plain ``http://``, needs ``moto[server]``; ``--no-s3``
+leaves it out), through the package's endpoint handling (``stream_storage_options``).
 
 Per configuration, one epoch through the bare loader (``COCOSegDataModule.train_dataloader``,
 same augmentation, ``image_size`` and batch size on both sides): time to first batch, images per
@@ -101,6 +104,23 @@ def _epoch(dm: COCOSegDataModule, cache: Path | None) -> dict[str, float]:
             "peak_worker_rss_MiB": [round(r / 2**20) for r in rss]}
 
 
+def _loopback_s3(chunks: Path) -> tuple[Any, str, dict[str, Any]]:
+    """``(server, url, storage_options)``: ``chunks`` uploaded to a moto server on 127.0.0.1."""
+    import boto3
+    from moto.server import ThreadedMotoServer
+
+    server = ThreadedMotoServer(ip_address="127.0.0.1", port=0, verbose=False)
+    server.start()
+    host, port = server.get_host_and_port()
+    options = {"endpoint_url": f"http://{host}:{port}", "aws_access_key_id": "bench",
+               "aws_secret_access_key": "bench", "region_name": "us-east-1"}
+    client = boto3.client("s3", **options)
+    client.create_bucket(Bucket="bench")
+    for file in sorted(chunks.iterdir()):
+        client.upload_file(str(file), "bench", f"chunks/{file.name}")
+    return server, "s3://bench/chunks", options
+
+
 def _trainer_share(dm: COCOSegDataModule, out: Path) -> float:
     from lightning.pytorch import Trainer
 
@@ -127,6 +147,7 @@ def main() -> None:
     parser.add_argument("--max-cache", default="4MB")
     parser.add_argument("--trainer", action="store_true", help="also a Trainer epoch per configuration")
     parser.add_argument("--out", type=Path, default=None)
+    parser.add_argument("--no-s3", action="store_true", help="leave out the s3:// (loopback server) row")
     args = parser.parse_args()
     if args.ann is None:
         mini = Path(__file__).resolve().parents[2] / "shared/data/coco-mini"
@@ -160,6 +181,13 @@ def main() -> None:
         configs.append((f"stream {latency:g} ms/chunk", dict(train_stream=f"local:{chunks}", latency=latency,
                                                              stream_max_cache_size=args.max_cache,
                                                              stream_cache_dir=str(cache)), cache))
+    server = None
+    if not args.no_s3:
+        server, url, options = _loopback_s3(chunks)
+        cache = work / "cache-s3"
+        configs.append(("stream s3:// loopback", dict(train_stream=url, stream_storage_options=options,
+                                                      stream_max_cache_size=args.max_cache,
+                                                      stream_cache_dir=str(cache)), cache))
     for name, kwargs, cache in configs:
         _LATENCY_S[0] = float(kwargs.pop("latency", 0.0)) / 1000.0
         if cache is not None:
@@ -171,6 +199,8 @@ def main() -> None:
             run["train_dataloader_next_share"] = _trainer_share(COCOSegDataModule(**common, **kwargs), work / "prof")
         results["runs"][name] = run
         print(name, json.dumps(run), flush=True)
+    if server is not None:
+        server.stop()
     print(json.dumps(results, indent=1))
 
 

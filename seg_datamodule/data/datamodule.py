@@ -158,6 +158,11 @@ class COCOSegDataModule(LightningDataModule):
             or setup raises ``StreamFormatError`` naming the file and the field.
         stream_cache_dir: LitData's local chunk cache (default: LitData's).
         stream_max_cache_size: LitData's cache budget, e.g. ``"50GB"`` (default: LitData's).
+        stream_storage_options: boto3 client arguments for an ``s3://`` stream, e.g.
+            ``{"endpoint_url": "http://minio:9000"}`` (default: ``AWS_ENDPOINT_URL_S3`` /
+            ``AWS_ENDPOINT_URL`` and boto3's credential chain); completed with a bounded retry
+            budget by :func:`~seg_datamodule.io.stream.endpoint.s3_storage_options`. Not saved
+            in checkpoints (it may hold credentials).
         repeat_factor_threshold: repeat-factor sampling (LVIS uses 0.001; see
             :mod:`~seg_datamodule.data.repeat_factors`): an image whose rarest category is in a
             fraction ``f`` of the training images appears ``max(1, sqrt(t / f))`` times per
@@ -217,6 +222,7 @@ class COCOSegDataModule(LightningDataModule):
         train_stream: str | None = None,
         stream_cache_dir: str | None = None,
         stream_max_cache_size: str | None = None,
+        stream_storage_options: dict[str, Any] | None = None,
         repeat_factor_threshold: float | None = None,
     ) -> None:
         super().__init__()
@@ -245,7 +251,8 @@ class COCOSegDataModule(LightningDataModule):
         check_pair("test", test_ann, test_images)
         if predict_ann is not None and predict_images is None:
             raise ValueError("predict_ann needs predict_images, the folder its file_name values are in")
-        self.save_hyperparameters(ignore=["transforms"])
+        # Storage options may hold credentials: kept out of checkpoints' hyperparameters.
+        self.save_hyperparameters(ignore=["transforms", "stream_storage_options"])
         self.train_ann = train_ann
         self.train_images = train_images
         self.val_ann = val_ann
@@ -282,6 +289,9 @@ class COCOSegDataModule(LightningDataModule):
             pin_memory=pin_memory, persistent_workers=persistent_workers, prefetch_factor=prefetch_factor
         )
         self.train_stream, self.stream_options = train_stream, (stream_cache_dir, stream_max_cache_size)
+        if stream_storage_options is not None and not isinstance(stream_storage_options, dict):
+            raise TypeError(f"stream_storage_options must be a dict, got {type(stream_storage_options).__name__}")
+        self.stream_storage_options = dict(stream_storage_options or {})
         self.stream_meta: dict[str, Any] | None = None
         self.train_index: CocoIndex | None = None
         self.val_index: CocoIndex | None = None
@@ -310,7 +320,7 @@ class COCOSegDataModule(LightningDataModule):
             from seg_datamodule.io.stream import check_stream_source  # LitData is an optional extra
 
             # Metadata and index.json checked before LitData reads anything (issue 29).
-            self.stream_meta = check_stream_source(self.train_stream)
+            self.stream_meta = check_stream_source(self.train_stream, self.stream_storage_options)
         elif self.train_stream is None and self.train_index is None:
             self.train_index = CocoIndex.build(self.train_ann, self.train_images, **self.index_kwargs)
         if self.val_ann is not None and self.val_index is None:
@@ -487,7 +497,7 @@ class COCOSegDataModule(LightningDataModule):
             loader = stream_train_loader(
                 self.train_stream, self.train_dataset, kwargs.pop("collate_fn"), batch_size=self.batch_size,
                 seed=self.seed, cache_dir=self.stream_options[0], max_cache_size=self.stream_options[1],
-                progress=progress, **kwargs)
+                storage_options=self.stream_storage_options, progress=progress, **kwargs)
         else:
             sampler = EpochShardSampler(self.train_dataset, num_replicas=world_size, rank=rank, shuffle=True,
                                         seed=self.seed, repeat_factors=self.repeat_factors)
@@ -497,7 +507,7 @@ class COCOSegDataModule(LightningDataModule):
                                          progress=progress, on_mismatch=self.on_resume_mismatch,
                                          **self._loader_kwargs(self.train_dataset, self.batch_size, "the train loader"))
         if self._train_loader is not None:  # a reloaded loader keeps counting where the last one was
-            loader._delivered.update(self._train_loader.delivered_counts)
+            loader.counts.total.update(self._train_loader.delivered_counts)
         if self._loader_state is not None:  # a checkpoint being resumed
             loader.load_state_dict(self._loader_state)
             self._loader_state = None

@@ -29,7 +29,7 @@ from torch.utils.data import DataLoader
 from seg_datamodule.data.sampler import EpochShardSampler
 from seg_datamodule.ops.checks import check_choice
 
-__all__ = ["ResumableDataLoader", "dataset_fingerprint"]
+__all__ = ["DeliveredCounts", "ResumableDataLoader", "current_rank", "dataset_fingerprint", "gather_per_rank"]
 
 _VERSION = 1
 
@@ -40,6 +40,55 @@ def dataset_fingerprint(dataset: Any) -> str:
     ids = np.asarray(getattr(index, "image_ids", np.arange(len(dataset))), np.int64)
     digest = hashlib.sha256(np.int64(len(dataset)).tobytes() + ids.tobytes()).hexdigest()
     return digest[:16]
+
+
+class DeliveredCounts:
+    """The annotation and decode counts of the batches training consumed, for both train loaders.
+
+    A loader :meth:`add` s every batch it hands out with its epoch and 0-based position in it;
+    :meth:`consumed` subtracts the ones handed out but not trained on (Lightning fetches ahead).
+    :meth:`state` is every rank's consumed counts in rank order (:func:`gather_per_rank`; a
+    checkpoint is written by rank 0 alone) and :meth:`load` takes this rank's back: the one
+    delivered-counts logic of :class:`ResumableDataLoader` and
+    :class:`~seg_datamodule.io.stream.loader.StreamTrainLoader`.
+    """
+
+    def __init__(self) -> None:
+        self.total: collections.Counter[str] = collections.Counter()
+        self._recent: collections.deque[tuple[int, int, dict[str, int]]] = collections.deque(maxlen=64)
+
+    def add(self, epoch: int, position: int, counts: dict[str, int]) -> None:
+        """Count one batch handed out: ``position`` is its 0-based place in ``epoch``."""
+        self.total.update(counts)
+        self._recent.append((epoch, position, dict(counts)))
+
+    def consumed(self, epoch: int, batches: int) -> dict[str, int]:
+        """Counts of what was trained on when ``batches`` batches of ``epoch`` were consumed."""
+        out = collections.Counter(self.total)
+        for batch_epoch, position, counts in self._recent:
+            if batch_epoch == epoch and position >= batches:  # handed out, not trained on
+                out.subtract(counts)
+        return {k: int(v) for k, v in out.items() if v}
+
+    def state(self, epoch: int, batches: int) -> list[dict[str, int]]:
+        """Every rank's :meth:`consumed` counts, in rank order (a collective under DDP)."""
+        return gather_per_rank(self.consumed(epoch, batches))
+
+    def load(self, per_rank: list[dict[str, int]] | dict[str, int], rank: int) -> None:
+        """Continue from a saved :meth:`state` (a single dict: a state of one process)."""
+        if isinstance(per_rank, dict):
+            per_rank = [per_rank]
+        if len(per_rank) > 1 and not 0 <= rank < len(per_rank):
+            raise ValueError(f"the checkpoint holds counts of {len(per_rank)} ranks, this is rank {rank}")
+        self.total = collections.Counter(per_rank[rank] if len(per_rank) > 1 else per_rank[0])
+        self._recent.clear()
+
+
+def current_rank() -> int:
+    """This process's global rank (0 outside ``torch.distributed``)."""
+    if torch.distributed.is_available() and torch.distributed.is_initialized():
+        return int(torch.distributed.get_rank())
+    return 0
 
 
 class ResumableDataLoader(DataLoader):
@@ -70,8 +119,7 @@ class ResumableDataLoader(DataLoader):
         self.progress = progress
         self.on_mismatch = check_choice("on_mismatch", on_mismatch, ("raise", "restart"))
         self._handed_out = 0
-        self._recent: collections.deque[tuple[int, int, dict[str, int]]] = collections.deque(maxlen=64)
-        self._delivered: collections.Counter[str] = collections.Counter()
+        self.counts = DeliveredCounts()
         self._resume: tuple[int, int] | None = None
         self._started = False
 
@@ -94,21 +142,14 @@ class ResumableDataLoader(DataLoader):
     def _counting(self, batches: Iterator[Any]) -> Iterator[Any]:
         epoch = int(self.sampler.epoch)  # type: ignore[attr-defined]
         for batch in batches:
-            counts = getattr(batch, "counts", None) or {}
-            self._delivered.update(counts)
-            self._recent.append((epoch, self._handed_out, dict(counts)))
+            self.counts.add(epoch, self._handed_out, getattr(batch, "counts", None) or {})
             self._handed_out += 1
             yield batch
 
     @property
     def delivered_counts(self) -> dict[str, int]:
         """Annotation and decode counts of the batches training consumed (see ``DetectionBatch.counts``)."""
-        consumed, epoch = self._consumed(), int(self.sampler.epoch)  # type: ignore[attr-defined]
-        out = collections.Counter(self._delivered)
-        for batch_epoch, position, counts in self._recent:
-            if batch_epoch == epoch and position >= consumed:  # handed out, not trained on
-                out.subtract(counts)
-        return {k: int(v) for k, v in out.items() if v}
+        return self.counts.consumed(int(self.sampler.epoch), self._consumed())  # type: ignore[attr-defined]
 
     def _consumed(self) -> int:
         return int(self.progress()) if self.progress is not None else self._handed_out
@@ -138,7 +179,7 @@ class ResumableDataLoader(DataLoader):
             "batches": self._consumed(),
             "epoch_batches": len(self),
             **self._identity(),
-            "counts": _gather_per_rank(self.delivered_counts),
+            "counts": self.counts.state(int(sampler.epoch), self._consumed()),
         }
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
@@ -172,13 +213,10 @@ class ResumableDataLoader(DataLoader):
         # With repeat factors the epoch's length depends on the epoch: len(self) must be the
         # resumed epoch's before Lightning reads it (it does before the first iter()).
         self.sampler.set_epoch(epoch)  # type: ignore[attr-defined]
-        per_rank = state["counts"]
-        rank = self.sampler.rank if len(per_rank) > 1 else 0  # type: ignore[attr-defined]
-        self._delivered = collections.Counter(per_rank[rank])
-        self._recent.clear()
+        self.counts.load(state["counts"], self.sampler.rank)  # type: ignore[attr-defined]
 
 
-def _gather_per_rank(counts: dict[str, int]) -> list[dict[str, int]]:
+def gather_per_rank(counts: dict[str, int]) -> list[dict[str, int]]:
     """Every rank's counts, in rank order (a checkpoint is written by rank 0 alone).
 
     Lightning builds the checkpoint dict on every rank, so the collective is matched.

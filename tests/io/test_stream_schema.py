@@ -357,39 +357,7 @@ def test_a_real_conversion_passes_and_convert_refuses_its_own_drift(
 # ----------------------------------------------------------------------------- s3:// (a loopback moto server)
 
 
-@pytest.fixture
-def s3(monkeypatch: pytest.MonkeyPatch) -> Any:
-    """``(client, storage_options)`` of a moto S3 server on 127.0.0.1 with a bucket ``bucket``.
-
-    The endpoint is also in the environment (``AWS_ENDPOINT_URL``) for what takes no storage
-    options (the DataModule) and for forked workers."""
-    server_module = pytest.importorskip("moto.server", reason="needs moto[server]")
-    import boto3
-
-    server = server_module.ThreadedMotoServer(ip_address="127.0.0.1", port=0, verbose=False)
-    server.start()
-    host, port = server.get_host_and_port()
-    options = {"endpoint_url": f"http://{host}:{port}", "aws_access_key_id": "testing",
-               "aws_secret_access_key": "testing", "region_name": "us-east-1"}
-    for key, value in (("AWS_ENDPOINT_URL", options["endpoint_url"]), ("AWS_ACCESS_KEY_ID", "testing"),
-                       ("AWS_SECRET_ACCESS_KEY", "testing"), ("AWS_DEFAULT_REGION", "us-east-1")):
-        monkeypatch.setenv(key, value)
-    # LitData downloads chunks with obstore, which refuses plain http unless told (the endpoint is local).
-    from litdata.streaming import downloader
-
-    monkeypatch.setitem(downloader._OBSTORE_CLIENT_OPTIONS, "allow_http", "true")
-    client = boto3.client("s3", **options)
-    client.create_bucket(Bucket="bucket")
-    try:
-        yield client, options
-    finally:
-        server.stop()
-
-
-def _upload(client: Any, folder: Path, prefix: str) -> str:
-    for file in folder.iterdir():
-        client.upload_file(str(file), "bucket", f"{prefix}/{file.name}")
-    return f"s3://bucket/{prefix}"
+# The `s3` fixture (a LoopbackS3) is in tests/io/conftest.py.
 
 
 @pytest.mark.parametrize("num_workers", [0, pytest.param(2, marks=pytest.mark.slow)])
@@ -398,8 +366,8 @@ def test_s3_poisoned_set_is_refused_before_unpickling(
 ) -> None:
     from seg_datamodule.data.datamodule import COCOSegDataModule
 
-    client, options = s3
-    url, marker = _upload(client, poisoned[0], "poisoned"), poisoned[1]
+    options = s3.options
+    url, marker = s3.upload(poisoned[0], "poisoned"), poisoned[1]
     with pytest.raises(StreamFormatError, match=_PICKLE) as err:
         check_stream_source(url, options)
     assert err.value.path == f"{url}/index.json"
@@ -415,8 +383,8 @@ def test_s3_poisoned_set_is_refused_before_unpickling(
 def test_s3_clean_set_streams_and_a_swapped_index_is_refused_by_the_workers(
     s3: Any, clean: Path, poisoned: tuple[Path, Path], tmp_path: Path, num_workers: int
 ) -> None:
-    client, options = s3
-    url = _upload(client, clean, "data")
+    client, options = s3.client, s3.options
+    url = s3.upload(clean, "data")
     local = {r["index"]: r for r in litdata.StreamingDataset(str(clean))}
     streamed = StreamRecords(url, storage_options=options, cache_dir=str(tmp_path / "cache"))
     for record in streamed:
@@ -428,7 +396,7 @@ def test_s3_clean_set_streams_and_a_swapped_index_is_refused_by_the_workers(
     loader = stream_train_loader(url, dataset, DetectionCollate(), batch_size=4, num_workers=num_workers, seed=0,
                                  cache_dir=str(tmp_path / "cache2"), storage_options=options)
     client.delete_objects(Bucket="bucket", Delete={"Objects": [{"Key": f"data/{p.name}"} for p in clean.iterdir()]})
-    _upload(client, poisoned[0], "data")  # swapped after the loader was built and checked
+    s3.upload(poisoned[0], "data")  # swapped after the loader was built and checked
     with pytest.raises(StreamFormatError, match="config.data_format"):
         next(iter(loader))
     assert not poisoned[1].exists()

@@ -1,5 +1,5 @@
 """Object-storage training: COCO -> LitData chunks (:mod:`.convert`), checked (:mod:`.schema`,
-:mod:`.source`) and streamed back (:mod:`.loader`).
+:mod:`.source`) and streamed back (:mod:`.loader`) from any S3-compatible endpoint (:mod:`.endpoint`).
 
 Importing this package does not import LitData (an optional extra, ``pip install
 'seg-datamodule[stream]'``); the loader classes import it on first use.
@@ -10,6 +10,7 @@ from __future__ import annotations
 from typing import Any
 
 from seg_datamodule.io.stream.convert import FORMAT_VERSION, convert_coco
+from seg_datamodule.io.stream.endpoint import MissingChunkError, s3_storage_options
 from seg_datamodule.io.stream.records import RecordWindow, check_record, record_from_index
 from seg_datamodule.io.stream.schema import (
     META_FILE,
@@ -23,10 +24,11 @@ from seg_datamodule.io.stream.schema import (
 from seg_datamodule.io.stream.source import check_stream_index, check_stream_source, read_stream_meta, split_source
 
 __all__ = [
-    "FORMAT_VERSION", "META_FILE", "RECORD_DTYPES", "RECORD_SCHEMA", "RecordWindow", "SCHEMA_VERSION",
-    "StreamBatchCollate", "StreamFormatError", "StreamRecords", "StreamTrainLoader", "check_index", "check_meta",
-    "check_record", "check_stream_index", "check_stream_source", "convert_coco", "read_stream_meta",
-    "record_from_index", "split_source", "stream_drop_count", "stream_train_loader", "window_from_meta",
+    "FORMAT_VERSION", "META_FILE", "MissingChunkError", "RECORD_DTYPES", "RECORD_SCHEMA", "RecordWindow",
+    "SCHEMA_VERSION", "StreamBatchCollate", "StreamFormatError", "StreamRecords", "StreamTrainLoader",
+    "check_index", "check_meta", "check_record", "check_stream_index", "check_stream_source", "convert_coco",
+    "read_stream_meta", "record_from_index", "s3_storage_options", "split_source", "stream_drop_count",
+    "stream_train_loader", "window_from_meta",
 ]
 
 _LAZY = ("StreamBatchCollate", "StreamRecords", "StreamTrainLoader", "stream_drop_count", "stream_train_loader",

@@ -1,7 +1,8 @@
 """``seg-datamodule convert``: the command line of :func:`~seg_datamodule.io.stream.convert.convert_coco`.
 
 ``seg-datamodule convert ANN_FILE IMAGES OUTPUT [--on-bad-sample skip] [--chunk-bytes 64MB] ...``
-writes LitData chunks to ``OUTPUT`` (a folder or ``s3://...``) and prints a one-line summary.
+writes LitData chunks to ``OUTPUT`` (a folder or ``s3://...``; ``--endpoint-url`` or
+``AWS_ENDPOINT_URL`` for an S3-compatible store) and prints a one-line summary.
 """
 
 from __future__ import annotations
@@ -38,6 +39,9 @@ def convert_parser() -> argparse.ArgumentParser:
     parser.add_argument("--overwrite", action="store_true", help="replace existing chunks")
     parser.add_argument("--start-method", default="fork", choices=("fork", "spawn", "forkserver"),
                         help="how conversion workers start (default fork)")
+    parser.add_argument("--endpoint-url", default=None,
+                        help="S3-compatible endpoint for an s3:// output, e.g. http://minio:9000 (default: "
+                             "AWS_ENDPOINT_URL_S3 / AWS_ENDPOINT_URL, else AWS)")
     parser.add_argument("--json", action="store_true", help="print the whole metadata as JSON")
     return parser
 
@@ -51,6 +55,7 @@ def convert_main(argv: Sequence[str] | None = None) -> dict:
         args.ann_file, args.images, args.output, on_bad_sample=args.on_bad_sample, drop_crowd=args.drop_crowd,
         drop_empty=args.drop_empty, verify_images=args.verify_images, chunk_bytes=args.chunk_bytes,
         num_workers=args.num_workers, seed=args.seed, overwrite=args.overwrite, start_method=args.start_method,
+        storage_options={"endpoint_url": args.endpoint_url} if args.endpoint_url else None,
     )
     if args.json:
         print(json.dumps(meta, indent=1))

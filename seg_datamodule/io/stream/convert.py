@@ -26,6 +26,7 @@ import numpy as np
 
 from seg_datamodule.io.coco import CocoIndex, format_skip_summary
 from seg_datamodule.io.images import BadImageError
+from seg_datamodule.io.stream.endpoint import s3_storage_options
 from seg_datamodule.io.stream.records import record_from_index
 from seg_datamodule.io.stream.schema import META_FILE, SCHEMA_VERSION
 from seg_datamodule.io.stream.source import check_stream_source, read_stream_meta, split_source
@@ -126,7 +127,9 @@ def convert_coco(
         num_workers: ``litdata.optimize`` worker processes.
         seed: seed of the input shuffle.
         overwrite: replace existing chunks in ``output_dir``.
-        storage_options: passed to LitData for a remote ``output_dir``.
+        storage_options: passed to LitData for a remote ``output_dir`` (completed by
+            :func:`~seg_datamodule.io.stream.endpoint.s3_storage_options`: ``AWS_ENDPOINT_URL``,
+            bounded retries, plain ``http://``).
         start_method: how ``litdata.optimize`` starts its workers (``"fork"`` starts in about a
             second, LitData's default ``"spawn"`` re-imports torch in every worker).
 
@@ -145,6 +148,7 @@ def convert_coco(
     check_int("seed", seed, 0)
     check_bool("overwrite", overwrite)
     out, remote = split_source(output_dir)
+    storage_options = s3_storage_options(out, storage_options)  # endpoint, bounded retries, http://
     start = time.perf_counter()
     # 1. The index: every JSON problem raised or counted exactly as the map-style loader does.
     index = CocoIndex.build(ann_file, images_root, on_bad_sample=on_bad_sample, drop_crowd=drop_crowd,
@@ -160,7 +164,7 @@ def convert_coco(
     litdata.optimize(
         functools.partial(_record, index), inputs, output_dir if remote else out, chunk_bytes=chunk_bytes,
         num_workers=num_workers, mode="overwrite" if overwrite else None, verbose=False,
-        storage_options=storage_options or {}, start_method=start_method,
+        storage_options=storage_options, start_method=start_method,
     )
     # 4. The metadata beside the chunks.
     skip_counts = dict(index.skip_counts)

@@ -27,7 +27,6 @@ split into whole batches per rank (counted by :func:`stream_drop_count`).
 
 from __future__ import annotations
 
-import collections
 from typing import Any, Callable, Iterator, Sequence
 
 import numpy as np
@@ -37,6 +36,8 @@ from litdata.streaming.serializers import _SERIALIZERS, Serializer
 from seg_datamodule.compat import require_version, verified_note
 from seg_datamodule.data.collate import DetectionCollate
 from seg_datamodule.data.dataset import SegDataset
+from seg_datamodule.data.resume import DeliveredCounts, current_rank
+from seg_datamodule.io.stream.endpoint import s3_storage_options
 from seg_datamodule.io.stream.records import RecordWindow
 from seg_datamodule.io.stream.schema import RECORD_SCHEMA, StreamFormatError
 from seg_datamodule.io.stream.source import check_stream_index
@@ -136,7 +137,8 @@ class StreamRecords(StreamingDataset):
 
     Args:
         input_dir: the source (a folder, ``local:/folder``, a bucket URL).
-        **kwargs: as for ``litdata.StreamingDataset`` (keywords only; not ``serializers``,
+        **kwargs: as for ``litdata.StreamingDataset`` (``storage_options`` completed by
+            :func:`~seg_datamodule.io.stream.endpoint.s3_storage_options`) (keywords only; not ``serializers``,
             ``item_loader`` or ``index_path``).
 
     Raises:
@@ -149,7 +151,8 @@ class StreamRecords(StreamingDataset):
         given = sorted(set(kwargs) & {"serializers", "item_loader", "index_path"})
         if given:  # each would let LitData read something other than the checked index and schema
             raise TypeError(f"StreamRecords reads the checked record schema only: {given} cannot be given")
-        check_stream_index(input_dir, kwargs.get("storage_options"))
+        kwargs["storage_options"] = s3_storage_options(input_dir, kwargs.get("storage_options"))
+        check_stream_index(input_dir, kwargs["storage_options"])
         super().__init__(input_dir, serializers=schema_serializers(), **kwargs)
 
     def _create_cache(self, worker_env: Any) -> Any:
@@ -157,7 +160,10 @@ class StreamRecords(StreamingDataset):
         # `local:` source): check what it is about to read, first. A private LitData hook: the
         # swapped-index tests in tests/io/test_stream_schema.py fail if it stops firing, and the
         # refusing serializers hold either way.
-        check_stream_index(self.input_dir.url or self.input_dir.path, self.storage_options)
+        source = self.input_dir.url or self.input_dir.path
+        # Again in the worker: a spawned worker starts without the http:// switch of the parent.
+        self.storage_options = s3_storage_options(source, self.storage_options)
+        check_stream_index(source, self.storage_options)
         return super()._create_cache(worker_env)
 
     def __getitem__(self, index: Any) -> Any:
@@ -217,8 +223,8 @@ class StreamTrainLoader(StreamingDataLoader):
         self._iters_since_restore = 0
         self._marks: list[tuple[int, int]] = []  # after each batch handed out this epoch
         self._first_mark: tuple[int, int] = (0, 0)
-        self._delivered: collections.Counter[str] = collections.Counter()
-        self._recent: collections.deque[tuple[int, dict[str, int]]] = collections.deque(maxlen=64)
+        self.counts = DeliveredCounts()  # shared with the map-style loader (per rank under DDP)
+        self._iteration = 0  # which iter() the counted batches came from (the "epoch" of DeliveredCounts)
         self._loaded: tuple[int, int] | None = None
 
     def __iter__(self) -> Iterator[Any]:
@@ -234,11 +240,10 @@ class StreamTrainLoader(StreamingDataLoader):
                             self._latest_worker_idx if self.restore else 0)
         self._marks = []
         self._loaded = None
+        self._iteration += 1
         for batch in super().__iter__():
+            self.counts.add(self._iteration, len(self._marks), getattr(batch, "counts", None) or {})
             self._marks.append((self._num_samples_yielded_streaming, self._latest_worker_idx))
-            counts = getattr(batch, "counts", None) or {}
-            self._delivered.update(counts)
-            self._recent.append((len(self._marks), dict(counts)))
             yield batch
 
     def _unconsumed(self) -> int:
@@ -251,12 +256,7 @@ class StreamTrainLoader(StreamingDataLoader):
     @property
     def delivered_counts(self) -> dict[str, int]:
         """Annotation and decode counts of the batches training consumed."""
-        out = collections.Counter(self._delivered)
-        ahead = self._unconsumed()
-        for position, counts in self._recent:
-            if position > len(self._marks) - ahead:
-                out.subtract(counts)
-        return {k: int(v) for k, v in out.items() if v}
+        return self.counts.consumed(self._iteration, len(self._marks) - self._unconsumed())
 
     def state_dict(self) -> dict[str, Any]:
         """LitData's state, taken after the last batch training consumed, plus delivered counts."""
@@ -271,7 +271,8 @@ class StreamTrainLoader(StreamingDataLoader):
             state["dataset"] = dict(state["dataset"])  # LitData hands out its live dict
         finally:
             self._num_samples_yielded_streaming, self._latest_worker_idx = saved
-        state["delivered_counts"] = self.delivered_counts
+        # Every rank's counts (rank 0 alone writes the checkpoint), as the map-style loader saves them.
+        state["delivered_counts"] = self.counts.state(self._iteration, len(self._marks) - self._unconsumed())
         return state
 
     def load_state_dict(self, obj: dict[str, Any]) -> None:
@@ -282,8 +283,7 @@ class StreamTrainLoader(StreamingDataLoader):
         super().load_state_dict(obj)
         self._loaded = key
         self._iters_since_restore = 0
-        self._delivered = collections.Counter(obj.get("delivered_counts", {}))
-        self._recent.clear()
+        self.counts.load(obj.get("delivered_counts", {}), current_rank())
         self._marks = []
 
 

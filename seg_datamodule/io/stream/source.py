@@ -25,7 +25,9 @@ from seg_datamodule.io.stream.schema import (
     parse_json,
 )
 
-__all__ = ["check_stream_index", "check_stream_source", "read_source_json", "read_stream_meta", "split_source"]
+__all__ = [
+    "check_stream_index", "check_stream_source", "read_source_json", "read_stream_meta", "remote_error", "split_source",
+]
 
 _REMOTE = ("s3://", "gs://", "r2://", "azure://", "hf://")
 # The schemes LitData 0.2.76 has a file provider for (litdata.streaming.fs_provider._get_fs_provider).
@@ -51,7 +53,8 @@ def read_source_json(source: str, name: str, storage_options: dict[str, Any] | N
     """The parsed JSON file ``name`` of a stream source, and the file's path or URL (for messages).
 
     Raises:
-        FileNotFoundError: the file is not there (naming it).
+        FileNotFoundError: the file (or its bucket) is not there (naming it).
+        ConnectionError, PermissionError, OSError: a remote read failed (see :func:`remote_error`).
         StreamFormatError: it is not JSON, or the scheme is one this check cannot read.
     """
     where, remote = _file_of(source, name)
@@ -67,14 +70,61 @@ def read_source_json(source: str, name: str, storage_options: dict[str, Any] | N
     # LitData's own provider: the S3 client it streams with, built from the same storage options.
     from litdata.streaming.fs_provider import _get_fs_provider
 
+    from seg_datamodule.io.stream.endpoint import s3_storage_options
+
+    options = s3_storage_options(where, storage_options)
     with tempfile.TemporaryDirectory() as tmp:
         local = Path(tmp) / name
+        provider = _get_fs_provider(where, options)
         try:
-            _get_fs_provider(where, storage_options or {}).download_file(where, str(local))
-        except Exception as err:  # boto3 / google raise their own types; "not there" is what matters here
-            raise FileNotFoundError(f"{where} cannot be read ({type(err).__name__}: {err}): {source} was not "
-                                    "written by seg_datamodule's convert, or the storage options are wrong") from err
+            provider.download_file(where, str(local))
+        except Exception as err:  # boto3 / google raise their own types; classified by remote_error
+            raise remote_error(where, err, options, f"{source} was not written by seg_datamodule's convert, "
+                                                    "or the storage options are wrong",
+                               bucket_missing=_bucket_missing(provider, where)) from err
         return parse_json(local.read_bytes(), where), where
+
+
+def _bucket_missing(provider: Any, url: str) -> bool:
+    """Whether an ``s3://`` URL's bucket answers 404 (a HEAD on an object cannot tell bucket from key)."""
+    client = getattr(getattr(provider, "client", None), "client", None)
+    if not url.startswith("s3://") or client is None:
+        return False
+    try:
+        client.head_bucket(Bucket=url[len("s3://"):].split("/", 1)[0])
+    except Exception as err:
+        return (getattr(err, "response", None) or {}).get("ResponseMetadata", {}).get("HTTPStatusCode") == 404
+    return False
+
+
+def remote_error(url: str, err: BaseException, storage_options: dict[str, Any] | None = None,
+                 hint: str = "", bucket_missing: bool = False) -> OSError:
+    """An error naming ``url``, the endpoint and what failed, typed by what failed.
+
+    Returns:
+        OSError: ``ConnectionError`` (endpoint unreachable), ``PermissionError`` (credentials
+        refused), ``FileNotFoundError`` (no such bucket or object), else ``OSError``.
+    """
+    from seg_datamodule.io.stream.endpoint import endpoint_of
+
+    endpoint = endpoint_of(storage_options) or "the default AWS endpoint"
+    response = getattr(err, "response", None) or {}
+    code = str(response.get("Error", {}).get("Code", ""))
+    status = response.get("ResponseMetadata", {}).get("HTTPStatusCode")
+    text = f"{type(err).__name__}: {err}"
+    kind: type[OSError]
+    if bucket_missing or code == "NoSuchBucket":
+        kind, what = FileNotFoundError, "the bucket does not exist"
+    elif code in ("NoSuchKey", "404", "NotFound") or status == 404 or "NotFound" in type(err).__name__:
+        kind, what = FileNotFoundError, "no such object (a missing prefix, or deleted)"
+    elif code in ("InvalidAccessKeyId", "SignatureDoesNotMatch", "AccessDenied", "403", "ExpiredToken") \
+            or status == 403 or "Unauthenticated" in type(err).__name__ or "PermissionDenied" in type(err).__name__:
+        kind, what = PermissionError, "the credentials were refused"
+    elif "Connect" in type(err).__name__ or "connect" in str(err).lower():
+        kind, what = ConnectionError, f"the endpoint {endpoint} cannot be reached"
+    else:
+        kind, what = OSError, "the request failed"
+    return kind(f"{url} cannot be read from {endpoint}: {what} ({text})" + (f": {hint}" if hint else ""))
 
 
 def read_stream_meta(source: str, storage_options: dict[str, Any] | None = None) -> dict[str, Any]:
@@ -124,7 +174,8 @@ def check_stream_source(source: str, storage_options: dict[str, Any] | None = No
 
     Args:
         source: a folder, ``local:/folder`` or a bucket URL.
-        storage_options: what LitData is given for a remote source (boto3's client arguments).
+        storage_options: what LitData is given for a remote source (boto3's client arguments;
+            completed by :func:`~seg_datamodule.io.stream.endpoint.s3_storage_options`).
 
     Returns:
         dict: the checked metadata.

@@ -1,0 +1,58 @@
+"""A real S3 API on the loopback for the streaming tests: moto's ``ThreadedMotoServer`` on 127.0.0.1.
+
+:class:`LoopbackS3` starts it on a free port with dummy credentials and a bucket ``bucket``, can
+stop and restart it on the same port (moto keeps its buckets in this process, so the objects
+survive a restart, as a real server's disks would). The ``s3`` fixture (``conftest.py`` here)
+yields one; a subprocess can start one with ``python _s3_server.py`` (prints the endpoint).
+"""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+__all__ = ["LoopbackS3"]
+
+
+class LoopbackS3:
+    """A moto S3 server on ``127.0.0.1``; ``options`` are the boto3 client arguments that reach it."""
+
+    def __init__(self) -> None:
+        self._module = pytest.importorskip("moto.server", reason="needs moto[server]")
+        import boto3
+
+        self.server = self._module.ThreadedMotoServer(ip_address="127.0.0.1", port=0, verbose=False)
+        self.server.start()
+        self.host, self.port = self.server.get_host_and_port()
+        self.endpoint = f"http://{self.host}:{self.port}"
+        self.options: dict[str, Any] = {"endpoint_url": self.endpoint, "aws_access_key_id": "testing",
+                                        "aws_secret_access_key": "testing", "region_name": "us-east-1"}
+        self.client = boto3.client("s3", **self.options)
+        self.client.create_bucket(Bucket="bucket")
+
+    def upload(self, folder: Path, prefix: str) -> str:
+        """Upload every file of ``folder`` under ``bucket/prefix``; returns the ``s3://`` URL."""
+        for file in sorted(folder.iterdir()):
+            self.client.upload_file(str(file), "bucket", f"{prefix}/{file.name}")
+        return f"s3://bucket/{prefix}"
+
+    def keys(self, prefix: str) -> list[str]:
+        listed = self.client.list_objects_v2(Bucket="bucket", Prefix=prefix + "/")
+        return sorted(item["Key"] for item in listed.get("Contents", []))
+
+    def stop(self) -> None:
+        self.server.stop()
+
+    def restart(self) -> None:
+        """Start a new server on the same port (after :meth:`stop`)."""
+        for _ in range(50):  # the port may linger for a moment after the old socket closed
+            try:
+                self.server = self._module.ThreadedMotoServer(ip_address="127.0.0.1", port=self.port, verbose=False)
+                self.server.start()
+                return
+            except OSError:
+                time.sleep(0.1)
+        raise RuntimeError(f"could not restart the loopback S3 server on port {self.port}")
