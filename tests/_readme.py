@@ -9,7 +9,8 @@ A step runs as a user would run it, with four kinds of change, all listed here:
 
 - **paths**: ``/data/coco/...``, ``annotations/instances_*.json`` and bare ``train2017`` /
   ``val2017`` name a COCO root made of coco-mini (:func:`make_coco_root`: its files, plus a
-  test-dev image-info file and a ``test2017`` folder made from val); ``s3://bucket/...`` names a
+  test-dev image-info file and a ``test2017`` folder made from val), ``/data/lvis/...`` the LVIS
+  API's 100-image file in v1 form (:func:`make_lvis_root`); ``s3://bucket/...`` names a
   local folder (no S3 server here);
 - **interpreter**: ``.venv/bin/python`` (or ``python``) is the interpreter running the tests,
   and ``seg-datamodule`` is its console script;
@@ -31,7 +32,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 __all__ = [
-    "CLI_LIMITS", "PY_LIMITS", "Block", "Step", "cli_limits", "make_coco_root", "parse_blocks",
+    "CLI_LIMITS", "PY_LIMITS", "Block", "Step", "cli_limits", "make_coco_root", "make_lvis_root", "parse_blocks",
     "steps_from_blocks", "substitute_python", "substitute_token",
 ]
 
@@ -79,11 +80,35 @@ def make_coco_root(coco_mini: Path, root: Path) -> Path:
     for split in ("train", "val"):
         (root / "annotations" / f"instances_{split}2017.json").symlink_to(
             coco_mini / "annotations" / f"instances_{split}2017.json")
-        (root / f"{split}2017").symlink_to(coco_mini / f"{split}2017")
+        (root / f"{split}2017").mkdir()  # a folder of links, so the LVIS images can join it
+        for image in (coco_mini / f"{split}2017").iterdir():
+            (root / f"{split}2017" / image.name).symlink_to(image)
     (root / "test2017").symlink_to(coco_mini / "val2017")
     val = json.loads((coco_mini / "annotations" / "instances_val2017.json").read_text())
     info = {k: v for k, v in val.items() if k != "annotations"}
     (root / "annotations" / "image_info_test-dev2017.json").write_text(json.dumps(info))
+    return root
+
+
+def make_lvis_root(coco_root: Path, root: Path) -> Path:
+    """What ``/data/lvis`` stands for: the LVIS API's ``lvis_val_100.json`` in v1 form (no
+    ``file_name``; paths from ``coco_url``) as both ``lvis_v1_train.json`` and ``lvis_v1_val.json``,
+    its images generated at their sizes in ``coco_root`` where coco-mini does not have them."""
+    import cv2
+    import numpy as np
+    from _lvis import load_json, write_v1
+
+    root.mkdir(parents=True)
+    data = load_json(write_v1(root / "lvis_v1_train.json"))
+    (root / "lvis_v1_val.json").write_text((root / "lvis_v1_train.json").read_text())
+    rng = np.random.default_rng(0)
+    for image in data["images"]:
+        path = coco_root.joinpath(*image["coco_url"].split("/")[-2:])
+        if path.exists():  # coco-mini's own image of that id (its true size)
+            continue
+        path.parent.mkdir(parents=True, exist_ok=True)
+        pixels = rng.integers(0, 255, (image["height"] // 16 + 1, image["width"] // 16 + 1, 3), dtype=np.uint8)
+        cv2.imwrite(str(path), cv2.resize(pixels, (image["width"], image["height"]), interpolation=cv2.INTER_NEAREST))
     return root
 
 _SKIP = re.compile(r"<!--\s*readme-test:\s*skip\s*\((?P<why>[^)]+)\)\s*-->")
@@ -221,6 +246,10 @@ def steps_from_blocks(blocks: list[Block]) -> list[Step]:
 
 def substitute_token(token: str, coco: Path, bucket: Path) -> str:
     """A README path token as it is run in a test (see the module docstring)."""
+    if token.startswith("/data/lvis/"):  # made beside the COCO root (make_lvis_root)
+        return str(coco.parent / "lvis" / token[len("/data/lvis/"):])
+    if token == "/data/coco":
+        return str(coco)
     if token.startswith("/data/coco/"):
         return str(coco / token[len("/data/coco/"):])
     if token.startswith("annotations/instances_"):

@@ -24,7 +24,9 @@ from pathlib import Path
 import pytest
 import yaml
 
-from _readme import Step, cli_limits, make_coco_root, parse_blocks, steps_from_blocks, substitute_python, substitute_token
+from _readme import (
+    Step, cli_limits, make_coco_root, make_lvis_root, parse_blocks, steps_from_blocks, substitute_python, substitute_token,
+)
 
 ROOT = Path(__file__).resolve().parents[1]
 README = (ROOT / "README.md").read_text()
@@ -110,6 +112,7 @@ class _Runner:
 def runner(tmp_path_factory, coco_mini, demo_dir) -> _Runner:
     # The demo dataset generated once per session is found where the README's cache root puts it.
     coco = make_coco_root(coco_mini, tmp_path_factory.mktemp("coco") / "coco")
+    make_lvis_root(coco, coco.parent / "lvis")
     return _Runner(tmp_path_factory.mktemp("readme"), coco, demo_dir.parent)
 
 
@@ -206,30 +209,12 @@ def _config_command(config: Path) -> str:
     return match[1] if match else "fit"
 
 
-def _config_overrides(config: Path, coco: Path, lvis: Path | None = None) -> list[str]:
-    """``--data.KEY path`` for every ``/data/coco/...`` path of the config's ``data`` section.
-
-    An LVIS config (``/data/lvis/*.json`` files over the COCO root ``/data/coco``) gets the LVIS
-    API's 100-image file in v1 form under ``lvis``, with generated images (:func:`_lvis_v1`).
-    """
+def _config_overrides(config: Path, coco: Path) -> list[str]:
+    """``--data.KEY path`` for every ``/data/...`` path of the config's ``data`` section (see
+    ``substitute_token``: the COCO root made of coco-mini, and the LVIS files beside it)."""
     data = (yaml.safe_load(config.read_text()) or {}).get("data") or {}
-    out = [arg for key, value in data.items() if isinstance(value, str) and value.startswith("/data/coco/")
-           for arg in (f"--data.{key}", substitute_token(value, coco, coco))]
-    if lvis is not None:
-        for key, value in data.items():
-            if isinstance(value, str) and (value.startswith("/data/lvis/") or value == "/data/coco"):
-                out += [f"--data.{key}", str(lvis / "lvis_v1.json" if value.startswith("/data/lvis/") else lvis / "coco")]
-    return out
-
-
-def _lvis_v1(folder: Path) -> Path:
-    """``folder`` with ``lvis_v1.json`` (tests/fixtures/lvis/lvis_val_100.json without file_name)
-    and ``coco/val2017/`` images of its sizes."""
-    from _lvis import load_json, write_images, write_v1
-
-    folder.mkdir(parents=True)
-    write_images(load_json(write_v1(folder / "lvis_v1.json")), folder / "coco", from_url=True)
-    return folder
+    return [arg for key, value in data.items() if isinstance(value, str) and value.startswith("/data/")
+            for arg in (f"--data.{key}", substitute_token(value, coco, coco))]
 
 
 @pytest.mark.slow
@@ -244,8 +229,7 @@ def test_every_config_runs(config, runner, coco_mini):
     command = _config_command(config)
     work = runner.work / f"config-{config.stem}"
     work.mkdir()
-    lvis = _lvis_v1(work / "lvis-data") if "/data/lvis/" in config.read_text() else None
     argv = [sys.executable, "-m", "seg_datamodule", command, "--config", str(config),
-            *_config_overrides(config, runner.coco, lvis), *cli_limits(command, resumes=False)]
+            *_config_overrides(config, runner.coco), *cli_limits(command, resumes=False)]
     proc = subprocess.run(argv, cwd=work, env=runner.env, capture_output=True, text=True, timeout=TIMEOUT)
     assert proc.returncode == 0, f"{shlex.join(argv)}\n{(proc.stdout + proc.stderr)[-4000:]}"
