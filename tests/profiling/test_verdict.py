@@ -249,12 +249,17 @@ def test_a_busy_thread_beside_the_optimiser_makes_it_starved(tmp_path: Path) -> 
     profiler, report, printed = _fit(tmp_path, PythonOptimizerModel(forward_ms=1.0), item_ms=0.0, callbacks=(busy,))
     verdict = _check_figures_are_the_tables(profiler, report, printed)
     opt = profiler.summary()["optimizer_step"]
-    assert verdict["key"] == "optimizer_starved", (verdict, opt)
-    figures = verdict["figures"]
+    # The rule must fire on the injected cost. Whether it is the verdict or comes in ``also``
+    # depends on what else the busy threads slowed: with 0 workers they also slow the fetch on
+    # the training thread, and on some releases that reaches the loader's share (the ordering by
+    # wall share is tested on hand-computed summaries above).
+    found = [f for f in [verdict, *verdict["also"]] if f["key"] == "optimizer_starved"]
+    assert len(found) == 1, (verdict, opt)
+    figures = found[0]["figures"]
     assert figures["optimizer_step_stepped_median_ms"] == opt["stepped_median_ms"]
     assert figures["optimizer_step_isolated_ms"] == opt["isolated_ms"] == profiler.isolated_optimizer_ms[0]
     assert figures["in_loop_over_isolated"] == opt["in_loop_over_isolated"] >= THRESHOLDS["optimizer_ratio"]
-    assert "It is not slow, it is starved" in verdict["sentence"]
+    assert "It is not slow, it is starved" in found[0]["sentence"]
 
 
 @pytest.mark.slow
