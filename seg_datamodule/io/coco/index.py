@@ -59,6 +59,8 @@ class CocoIndex:
         image_root (Path): folder the images' ``file_name`` are relative to.
         from_cache (bool): whether :meth:`build` loaded the arrays from the cache.
         cache_path (Path | None): the cache file used or written, None without a cache.
+        on_bad_sample (str): what :meth:`build` was asked to do with bad entries, ``"raise"``
+            or ``"skip"``; a dataset over the index does the same with images that fail to load.
         dropped_counts (dict[str, int]): what the options left out, not counted as skips:
             ``"crowd_dropped"`` (crowd annotations, by ``drop_crowd`` or with an image dropped
             by ``drop_empty``) and ``"image_empty_dropped"`` (images, by ``drop_empty``). Merged
@@ -86,6 +88,7 @@ class CocoIndex:
         self.dropped_counts = {"crowd_dropped": 0, "image_empty_dropped": 0}
         self.from_cache = False
         self.cache_path: Path | None = None
+        self.on_bad_sample = "raise"
 
     # -- building ----------------------------------------------------------------------------
 
@@ -152,7 +155,7 @@ class CocoIndex:
         else:
             (tables, meta), from_cache, cache_path = build(), False, None
         index = cls(tables, meta, ann_file=ann_path, image_root=image_root)
-        index.from_cache, index.cache_path = from_cache, cache_path
+        index.from_cache, index.cache_path, index.on_bad_sample = from_cache, cache_path, on_bad_sample
 
         # 2. A cache built in skip mode records its problems; raise mode raises the first.
         if on_bad_sample == "raise" and index._first_problem is not None:
