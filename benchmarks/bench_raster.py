@@ -4,7 +4,7 @@ A seeded batch of 64 mosaic canvases (640 x 640), each from 4 real coco-mini ima
 its quadrants, about 2,000-2,600 real polygon instances, rasterised at stride 4 on one thread by:
 
 * this project, from the same per-instance lists of ``(K, 2)`` rings the peers get: the timer
-  covers ``polygons_from_instances`` (lists to flat arrays) and ``rasterize_flat`` (exact,
+  covers ``Polygons.from_instances`` (lists to flat arrays) and ``rasterize_flat`` (exact,
   vectorised over every ring of the batch), as the peers convert their rings to what they need
   (int32 points, shifted coordinates) inside their timers. This is the row the ratios use;
 * this project from flat arrays already built (what the collate gets: ``Sample.polygons`` is
@@ -46,7 +46,6 @@ import numpy as np
 import torch
 
 from seg_datamodule import DetectionCollate, Polygons, Sample, rasterize_flat
-from seg_datamodule.structures import polygons_from_instances
 
 CANVAS = 640
 STRIDE = 4
@@ -88,7 +87,7 @@ def build_mosaic_batch(root: Path, num_canvases: int = 64, seed: int = 0) -> lis
                          for r in ann["segmentation"] if len(r) >= 6]
                 if rings:
                     instances.append(rings)
-        vertices, ring_offsets, instance_offsets = polygons_from_instances(instances)
+        vertices, ring_offsets, instance_offsets = Polygons.from_instances(instances).arrays
         n = len(instances)
         samples.append(Sample(image=image, image_id=c, polygons=Polygons(vertices, ring_offsets, instance_offsets),
                               labels=np.zeros(n, np.int64),
@@ -259,7 +258,7 @@ def headline(inst: list[list[np.ndarray]], flat: tuple[np.ndarray, ...], hw: tup
         return run
 
     def mine_lists(o: np.ndarray | None = None) -> object:
-        return rasterize_flat(*polygons_from_instances(inst), hw, STRIDE, out=o)
+        return rasterize_flat(*Polygons.from_instances(inst).arrays, hw, STRIDE, out=o)
 
     def mine_flat(o: np.ndarray | None = None) -> object:
         return rasterize_flat(*flat, hw, STRIDE, out=o)
@@ -299,7 +298,7 @@ def per_instance_cost(repeat: int) -> list[tuple[int, int, float, float]]:
         for span in (30, 60, 120):
             centres = rng.uniform(span, 640 - span, (1000, 2))
             inst = [[_regular_polygon(span, 24, tuple(c), rng)] for c in centres]
-            flat = polygons_from_instances(inst)
+            flat = Polygons.from_instances(inst).arrays
             hot = rasterize_flat(*flat, (canvas, canvas), STRIDE)  # same cells every run
             ms_hot = _time(lambda: rasterize_flat(*flat, (canvas, canvas), STRIDE, out=hot), repeat)
             ms_fresh = _time(lambda: rasterize_flat(*flat, (canvas, canvas), STRIDE), repeat)

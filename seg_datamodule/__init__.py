@@ -5,7 +5,7 @@ collate, ``COCOSegDataModule``), all speaking ``structures`` and built on the pu
 ``ops``; ``profiling`` (the ``StepTimeProfiler`` callback) beside it, importing nothing from it.
 """
 
-from seg_datamodule.structures import DetectionBatch, Polygons, Sample, polygons_from_instances
+from seg_datamodule.structures import DetectionBatch, Polygons, Sample
 from seg_datamodule.ops.raster import rasterize_flat, rasterize_polygons
 from seg_datamodule.data.collate import DetectionCollate, collate_detection
 from seg_datamodule.io.coco import BadAnnotationError, CocoIndex
@@ -33,7 +33,6 @@ __all__ = [
     "StepTimeProfiler",
     "collate_detection",
     "plot_step_split",
-    "polygons_from_instances",
     "rasterize_flat",
     "rasterize_polygons",
 ]

@@ -4,7 +4,7 @@ Imports only :mod:`seg_datamodule.ops` from the package.
 """
 
 from seg_datamodule.structures.batch import DetectionBatch
-from seg_datamodule.structures.polygons import Polygons, empty_polygons, polygons_from_instances
-from seg_datamodule.structures.sample import ORIGINS, Sample
+from seg_datamodule.structures.polygons import Polygons
+from seg_datamodule.structures.sample import ORIGINS, Sample, SampleBatch
 
-__all__ = ["ORIGINS", "DetectionBatch", "Polygons", "Sample", "empty_polygons", "polygons_from_instances"]
+__all__ = ["ORIGINS", "DetectionBatch", "Polygons", "Sample", "SampleBatch"]

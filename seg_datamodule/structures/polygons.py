@@ -32,7 +32,7 @@ from seg_datamodule.ops.geometry import (
 )
 from seg_datamodule.ops.ragged import flatten_rings
 
-__all__ = ["Polygons", "empty_polygons", "polygons_from_instances"]
+__all__ = ["Polygons"]
 
 
 @dataclass(frozen=True, eq=False)
@@ -153,19 +153,3 @@ class Polygons:
                 raise ValueError(f"{where}: {name} must run non-decreasing from 0 to {total}")
         if not np.isfinite(v).all():
             raise ValueError(f"{where}: NaN or infinite vertices")
-
-
-def empty_polygons() -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """``Polygons.empty().arrays``: flat polygon arrays holding no instance."""
-    return Polygons.empty().arrays
-
-
-def polygons_from_instances(
-    instances: Sequence[Sequence[Any]],
-) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """``Polygons.from_instances(instances).arrays`` (the flat arrays the kernels take).
-
-    Raises:
-        ValueError: a malformed ring, naming the instance index.
-    """
-    return flatten_rings(instances)

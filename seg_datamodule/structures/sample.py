@@ -8,22 +8,24 @@ costs little, and the collate rasterises them without touching Python objects pe
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
+from typing import Iterator, Sequence, overload
 
 import numpy as np
 
 from seg_datamodule.structures.polygons import Polygons
 
-__all__ = ["ORIGINS", "Sample"]
+__all__ = ["ORIGINS", "Sample", "SampleBatch"]
 
 #: What ``Sample.origins`` / ``DetectionBatch.origins`` codes mean: 0 an instance of the sample's
 #: own tiles, 1 a copy pasted by copy-paste, 2 an instance mixed in by MixUp.
 ORIGINS: tuple[str, ...] = ("own", "pasted", "mixup")
 
 
-@dataclass
+@dataclass(frozen=True)
 class Sample:
-    """One augmented image and its instances on the output canvas.
+    """One augmented image and its instances on the output canvas (frozen: a stage that changes a
+    sample returns a new one, ``dataclasses.replace``).
 
     Attributes:
         image (ndarray[H, W, 3] uint8): RGB pixels, C-contiguous (HWC, as OpenCV and
@@ -113,3 +115,37 @@ class Sample:
             raise ValueError(
                 f"{where}: crowd_mask {self.crowd_mask.shape} does not match image {self.image.shape[:2]}"
             )
+
+
+@dataclass(frozen=True)
+class SampleBatch(Sequence[Sample]):
+    """The samples of one batch and where that batch's annotations went, as one value.
+
+    What ``SegDataset.__getitems__`` returns: a sequence of :class:`Sample` (so any collate that
+    iterates a list takes it) with ``counts``, this batch's annotation counts by reason and its
+    decode counts, which :class:`~seg_datamodule.data.collate.DetectionCollate` puts on
+    ``DetectionBatch.counts`` so the main process counts what it trains on, not what the workers
+    built ahead.
+
+    Attributes:
+        samples (tuple[Sample, ...]): the batch, in order.
+        counts (dict[str, int]): reason (or decode key) -> count, zeros left out.
+    """
+
+    samples: tuple[Sample, ...]
+    counts: dict[str, int] = field(default_factory=dict)
+
+    def __len__(self) -> int:
+        return len(self.samples)
+
+    @overload
+    def __getitem__(self, i: int) -> Sample: ...
+
+    @overload
+    def __getitem__(self, i: slice) -> tuple[Sample, ...]: ...
+
+    def __getitem__(self, i: int | slice) -> Sample | tuple[Sample, ...]:
+        return self.samples[i]
+
+    def __iter__(self) -> Iterator[Sample]:
+        return iter(self.samples)

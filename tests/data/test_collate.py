@@ -12,13 +12,13 @@ from hypothesis import strategies as st
 from torch.utils.data import DataLoader, Dataset
 
 from _reference import reference_rasterize
-from seg_datamodule import DetectionBatch, DetectionCollate, Polygons, Sample, collate_detection, polygons_from_instances
+from seg_datamodule import DetectionBatch, DetectionCollate, Polygons, Sample, collate_detection
 
 
 def make_sample(image_id: int, instances: list, size: tuple[int, int] = (37, 50), *, seed: int = 0,
                 boxes: np.ndarray | None = None, crowd: np.ndarray | None = None) -> Sample:
     rng = np.random.default_rng(seed)
-    vertices, ring_offsets, instance_offsets = polygons_from_instances(instances)
+    vertices, ring_offsets, instance_offsets = Polygons.from_instances(instances).arrays
     n = len(instances)
     return Sample(
         image=rng.integers(0, 256, (*size, 3), dtype=np.uint8),

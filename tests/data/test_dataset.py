@@ -19,7 +19,7 @@ from seg_datamodule.data.dataset import COUNT_KEYS, SegDataset, worker_init_fn
 from seg_datamodule.ops.affine import apply_affine
 from seg_datamodule.io.images import BadImageError
 from seg_datamodule.ops.raster import rasterize_flat
-from seg_datamodule.structures import Polygons, Sample, polygons_from_instances
+from seg_datamodule.structures import Polygons, Sample
 from seg_datamodule.data.sampler import EpochShardSampler
 from seg_datamodule.transforms.augment import MosaicAffine
 from seg_datamodule.transforms.plan import draw_batch_partners
@@ -184,7 +184,7 @@ def test_validation_letterboxes_and_maps_back() -> None:
         assert abs(s.pad[0] - (160 - w * s.scale) / 2) <= 0.6
         assert abs(s.pad[1] - (160 - h * s.scale) / 2) <= 0.6
         # The first three instances lie inside the image: mapped back, they are the originals.
-        v, ro, io = polygons_from_instances(index._instances[i][:3])
+        v, ro, io = Polygons.from_instances(index._instances[i][:3]).arrays
         back = (s.polygons.vertices[: len(v)] - np.array(s.pad)) / s.scale
         np.testing.assert_allclose(back, v, atol=1e-9)
         # The border-crossing instance is clipped at the image's right edge, not clamped.

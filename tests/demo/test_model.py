@@ -12,11 +12,11 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from seg_datamodule import Sample, collate_detection, polygons_from_instances
+from seg_datamodule import Sample, collate_detection
 from seg_datamodule.demo.data import DEMO_CATEGORIES, draw_scene
 from seg_datamodule.demo.losses import box_predictions
 from seg_datamodule.models import YolactLite, assemble_masks, crop_to_boxes, mask_iou, mask_loss
-from seg_datamodule.structures import DetectionBatch, Polygons, empty_polygons
+from seg_datamodule.structures import DetectionBatch, Polygons
 
 CATEGORY_IDS = [c["id"] for c in DEMO_CATEGORIES]
 
@@ -26,7 +26,7 @@ def _scene_sample(rng: np.random.Generator, canvas: int, image_id: int) -> Sampl
     scene = draw_scene(rng, (canvas, canvas), num_shapes=(1, 4), shape_size=(16, 64))
     polygons = [inst for inst in scene.instances if not inst.iscrowd]
     crowds = [inst.crowd_mask for inst in scene.instances if inst.iscrowd]
-    vertices, ring_offsets, instance_offsets = polygons_from_instances([inst.rings for inst in polygons])
+    vertices, ring_offsets, instance_offsets = Polygons.from_instances([inst.rings for inst in polygons]).arrays
     boxes = np.array(
         [np.concatenate([np.min(np.concatenate(i.rings), 0), np.max(np.concatenate(i.rings), 0)]) for i in polygons],
         np.float32,
@@ -43,7 +43,7 @@ def _scene_sample(rng: np.random.Generator, canvas: int, image_id: int) -> Sampl
 
 
 def _empty_sample(canvas: tuple[int, int], image_id: int) -> Sample:
-    vertices, ring_offsets, instance_offsets = empty_polygons()
+    vertices, ring_offsets, instance_offsets = Polygons.empty().arrays
     return Sample(
         image=np.full((*canvas, 3), 114, np.uint8),
         image_id=image_id,
@@ -56,9 +56,9 @@ def _empty_sample(canvas: tuple[int, int], image_id: int) -> Sample:
 
 def _square_sample(canvas: tuple[int, int], image_id: int, box: tuple[float, float, float, float]) -> Sample:
     x0, y0, x1, y1 = box
-    vertices, ring_offsets, instance_offsets = polygons_from_instances(
+    vertices, ring_offsets, instance_offsets = Polygons.from_instances(
         [[np.array([[x0, y0], [x1, y0], [x1, y1], [x0, y1]])]]
-    )
+    ).arrays
     image = np.full((*canvas, 3), 114, np.uint8)
     image[int(y0) : int(y1), int(x0) : int(x1)] = (200, 40, 40)
     return Sample(

@@ -11,7 +11,7 @@ from _reference import reference_clip_ring, reference_rasterize, reference_signe
 from seg_datamodule.ops.affine import affine_scale, apply_affine, compose_affine, identity_affine, invert_affine, make_affine, to_cv2_matrix
 from seg_datamodule.ops.geometry import clip_polygons, concat_polygons, instance_areas, polygon_boxes, ring_areas, select_instances
 from seg_datamodule.ops.raster import rasterize_flat
-from seg_datamodule.structures import empty_polygons, polygons_from_instances
+from seg_datamodule.structures import Polygons
 
 # ----------------------------------------------------------------------------- strategies
 
@@ -45,7 +45,7 @@ def instances(draw: st.DrawFn) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """1-4 instances of 1-3 star rings each."""
     inst = [[draw(star_polygon()) for _ in range(draw(st.integers(1, 3)))]
             for _ in range(draw(st.integers(1, 4)))]
-    return polygons_from_instances(inst)
+    return Polygons.from_instances(inst).arrays
 
 
 @st.composite
@@ -79,7 +79,7 @@ def touching_rect(draw: st.DrawFn, integer: bool = False) -> tuple[tuple[np.ndar
                     vertex[1] = rect[1] if abs(vertex[1] - rect[1]) < abs(vertex[1] - rect[3]) else rect[3]
             rings.append(ring)
         instances_.append(rings)
-    return polygons_from_instances(instances_), rect
+    return Polygons.from_instances(instances_).arrays, rect
 
 
 def as_instances(v: np.ndarray, ro: np.ndarray, io: np.ndarray, shift: np.ndarray | float = 0.0) -> list[list[np.ndarray]]:
@@ -235,23 +235,23 @@ def test_clip_differs_from_clamping_where_an_edge_crosses_the_border() -> None:
 
 
 def test_clip_removes_instances_outside_but_keeps_their_slots() -> None:
-    v, ro, io = polygons_from_instances([[square(0, 0, 4, 4)], [square(50, 50, 60, 60)], [square(2, 2, 8, 8)]])
+    v, ro, io = Polygons.from_instances([[square(0, 0, 4, 4)], [square(50, 50, 60, 60)], [square(2, 2, 8, 8)]]).arrays
     cv, cro, cio = clip_polygons(v, ro, io, (0, 0, 5, 5))
     np.testing.assert_array_equal(cio, [0, 1, 1, 2])
     np.testing.assert_allclose(instance_areas(cv, cro, cio), [16, 0, 9])
 
 
 def test_clip_empty_input_and_bad_rect() -> None:
-    v, ro, io = empty_polygons()
+    v, ro, io = Polygons.empty().arrays
     cv, cro, cio = clip_polygons(v, ro, io, (0, 0, 1, 1))
     assert cv.shape == (0, 2) and list(cro) == [0] and list(cio) == [0]
-    v, ro, io = polygons_from_instances([[square(0, 0, 1, 1)]])
+    v, ro, io = Polygons.from_instances([[square(0, 0, 1, 1)]]).arrays
     with pytest.raises(ValueError, match="x0 <= x1"):
         clip_polygons(v, ro, io, (2, 0, 1, 1))
     with pytest.raises(ValueError, match="rect must be"):
         clip_polygons(v, ro, io, np.zeros((3, 4)))
     # Per-ring rectangles: one bad row is enough.
-    v, ro, io = polygons_from_instances([[square(0, 0, 1, 1), square(2, 2, 3, 3)]])
+    v, ro, io = Polygons.from_instances([[square(0, 0, 1, 1), square(2, 2, 3, 3)]]).arrays
     with pytest.raises(ValueError, match="y0 <= y1"):
         clip_polygons(v, ro, io, np.array([[0, 0, 5, 5], [0, 3, 5, 2]]))
 
@@ -260,13 +260,13 @@ def test_clip_empty_input_and_bad_rect() -> None:
 
 
 def test_ring_and_instance_areas() -> None:
-    v, ro, io = polygons_from_instances([[square(0, 0, 3, 2), square(10, 10, 11, 11)], [square(0, 0, 5, 5)[::-1]]])
+    v, ro, io = Polygons.from_instances([[square(0, 0, 3, 2), square(10, 10, 11, 11)], [square(0, 0, 5, 5)[::-1]]]).arrays
     np.testing.assert_allclose(ring_areas(v, ro), [6, 1, -25])
     np.testing.assert_allclose(instance_areas(v, ro, io), [7, 25])
     # Far from the origin the result stays exact (cross products are taken about the first vertex).
     far = square(1e7, 1e7, 1e7 + 3, 1e7 + 2)
     assert ring_areas(far, np.array([0, 4]))[0] == 6.0
-    assert instance_areas(*empty_polygons()).shape == (0,)
+    assert instance_areas(*Polygons.empty().arrays).shape == (0,)
     # Rings of 1 and 2 vertices have no area, and do not disturb the rings around them.
     v = np.concatenate([square(0, 0, 3, 2), [[7.0, 7.0]], square(0, 0, 5, 5)[::-1], [[1.0, 1.0], [4.0, 9.0]],
                         square(1, 1, 2, 2)])
@@ -290,13 +290,13 @@ def test_box_from_polygons_contains_the_mask(polys) -> None:
 
 
 def test_boxes_of_empty_instances_are_zero() -> None:
-    v, ro, io = polygons_from_instances([[square(1, 2, 3, 5)]])
+    v, ro, io = Polygons.from_instances([[square(1, 2, 3, 5)]]).arrays
     io = np.array([0, 0, 1, 1])  # empty, square, empty
     np.testing.assert_array_equal(polygon_boxes(v, ro, io), [[0, 0, 0, 0], [1, 2, 3, 5], [0, 0, 0, 0]])
 
 
 def test_select_instances() -> None:
-    v, ro, io = polygons_from_instances([[square(0, 0, 1, 1)], [square(5, 5, 6, 6), square(7, 7, 9, 9)], [square(2, 2, 3, 3)]])
+    v, ro, io = Polygons.from_instances([[square(0, 0, 1, 1)], [square(5, 5, 6, 6), square(7, 7, 9, 9)], [square(2, 2, 3, 3)]]).arrays
     sv, sro, sio = select_instances(v, ro, io, np.array([False, True, False]))
     np.testing.assert_array_equal(sv, np.concatenate([square(5, 5, 6, 6), square(7, 7, 9, 9)]))
     np.testing.assert_array_equal(sro, [0, 4, 8])
