@@ -24,6 +24,7 @@ import argparse
 import math
 import sys
 from collections.abc import Sequence
+from dataclasses import replace
 from pathlib import Path
 
 from lightning.pytorch import LightningModule
@@ -161,7 +162,7 @@ def loader_bench_main(argv: Sequence[str] | None = None) -> list:
     datamodule = datamodule_from_config(cli_args)
 
     def make_loader(workers: int):  # noqa: ANN202 (a DataLoader of the module's own kind)
-        datamodule.num_workers = workers  # the one setting the probe varies; the loader reads it
+        datamodule.loader_options = replace(datamodule.loader_options, num_workers=workers)  # the one setting the probe varies
         if datamodule.train_dataset is not None:  # each count starts as a fresh run: an empty cache
             datamodule.train_dataset.on_worker_start()
         return datamodule.train_dataloader()

@@ -15,20 +15,7 @@ from typing import Any, Sequence
 from seg_datamodule.io.coco.errors import format_skip_summary
 from seg_datamodule.io.images import IMAGE_ERROR_REASONS, BadImageError
 
-__all__ = ["CountedSamples", "SkipCounter", "format_report"]
-
-
-class CountedSamples(list):
-    """The samples of one batch, with ``counts``: where that batch's annotations went.
-
-    Returned by ``SegDataset.__getitems__`` (a ``list``, so any collate takes it); the package's
-    collate puts ``counts`` on ``DetectionBatch.counts`` so the main process can count what it
-    trains on, not what the workers built ahead.
-    """
-
-    def __init__(self, samples: Any = (), counts: dict[str, int] | None = None) -> None:
-        super().__init__(samples)
-        self.counts = dict(counts or {})
+__all__ = ["SkipCounter", "format_report"]
 
 
 class SkipCounter:

@@ -1,127 +1,141 @@
-"""Assemble one sample from its tiles: load them (replacing bad images), then pixels, crowd
-regions, polygons and drops.
+"""Build one sample from its decoded tiles and its images' targets, fetched in one place.
 
-Pure given its inputs: the same tiles, plan and generator give the same sample, whichever worker
-builds it.
+The second stage of the sample path (:mod:`~seg_datamodule.data.sample_path`), after
+:mod:`~seg_datamodule.data.tiles`: :func:`fetch_targets` reads everything the index holds for the
+tiles' images (polygons, labels, annotation ids, crowd regions, LVIS lists), and
+:func:`assemble_sample` warps pixels, crowd regions and polygons onto the canvas, runs the
+per-sample steps and returns the sample with the fate of every annotation. Pure given its
+inputs: the same tiles, targets and generator give the same sample, whichever worker builds it.
 """
 
 from __future__ import annotations
 
-from typing import Callable, Sequence
+from dataclasses import dataclass
 
 import cv2
 import numpy as np
 
-from seg_datamodule.data.loading import FederatedIndex, ImageIndex
-from seg_datamodule.io.images import BadImageError
+from seg_datamodule.data.loading import FederatedIndex, ImageIndex, ImageSource
+from seg_datamodule.data.tiles import Tiles
 from seg_datamodule.structures import Polygons, Sample
 from seg_datamodule.transforms.albu import AlbumentationsTransform, hsv_jitter
 from seg_datamodule.transforms.hsv import HSVJitter
-from seg_datamodule.transforms.plan import TilePlan, choose_reduce, visible_tiles
+from seg_datamodule.transforms.plan import TilePlan
 from seg_datamodule.transforms.polygons import drop_reasons, transform_polygons
 from seg_datamodule.transforms.warp import FILL_VALUE, warp_tiles
 
-__all__ = ["assemble_sample", "empty_sample", "federated_labels", "load_tiles", "other_index"]
+__all__ = ["Frame", "SampleSteps", "TileTargets", "assemble_sample", "empty_sample", "federated_labels",
+           "fetch_targets"]
 
 
-def load_tiles(
-    ids: np.ndarray,
-    plan_for: Callable[[np.ndarray], TilePlan],
-    load: Callable[[int, int], tuple[np.ndarray, int]],
-    on_bad: Callable[[BadImageError, int, int], int],
-) -> tuple[np.ndarray, TilePlan, list[np.ndarray | None], list[int]]:
-    """Plan the tiles ``ids`` and decode the visible ones, replacing images that fail to load.
+@dataclass(frozen=True)
+class SampleSteps:
+    """The per-sample steps of training (validation has none and keeps every instance).
 
-    Args:
-        ids (ndarray[K] int64): image index per tile (the sample's own image first).
-        plan_for: ``plan_for(ids) -> TilePlan`` under the sample's drawn geometry.
-        load: ``load(i, reduce) -> (image, reduce it was decoded at)``, at most ``reduce``.
-        on_bad: ``on_bad(error, i, retries) -> replacement index``; counts or raises.
-
-    Returns:
-        the tile ids after replacements, their plan, per tile the image (None when not
-        visible) and the reduction it was decoded at.
+    Attributes:
+        transforms (AlbumentationsTransform): the user's albumentations pipeline.
+        hsv (HSVJitter | None): YOLO's HSV jitter, drawn after everything else and applied
+            last, after ``transforms`` (Ultralytics' order); with ``hsv.on_device`` the gains go
+            on the sample instead, for the accelerator.
+        min_area_ratio (float): drop an instance keeping less than this fraction of its area.
+        min_box_size (float): drop an instance whose box is narrower or lower than this.
     """
-    ids = ids.copy()
-    plan = plan_for(ids)
-    images: list[np.ndarray | None] = [None] * len(ids)
-    reduces = [1] * len(ids)
-    retries = k = 0
-    visible = visible_tiles(plan)
-    while k < len(ids):
-        if visible[k]:
-            try:
-                # The coarsest JPEG scale the tile's resample allows, decided before the decode.
-                images[k], reduces[k] = load(int(ids[k]), choose_reduce(plan.matrices[k]))
-            except BadImageError as err:
-                retries += 1
-                ids[k] = on_bad(err, int(ids[k]), retries)
-                plan = plan_for(ids)
-                visible = visible_tiles(plan)
-                continue
-        k += 1
-    return ids, plan, images, reduces
+
+    transforms: AlbumentationsTransform
+    hsv: HSVJitter | None
+    min_area_ratio: float
+    min_box_size: float
+
+
+@dataclass(frozen=True)
+class Frame:
+    """Where a letterboxed validation image sits on the canvas (so predictions map back)."""
+
+    scale: float
+    pad: tuple[float, float]
+    orig_size: tuple[int, int]
+
+
+@dataclass(frozen=True)
+class TileTargets:
+    """Everything the index holds for a sample's tiles, read once.
+
+    Attributes:
+        image_id (int): COCO id of the first tile's image (the sample's own).
+        polygons (tuple[Polygons, ...]): per tile, its image's instances (original pixels).
+        labels (ndarray[N] int64), annotation_ids (ndarray[N] int64): of every tile's instances.
+        crowds (tuple[ndarray | None, ...]): per tile, its crowd mask ``bool (H, W)`` (None: none,
+            or the tile does not show).
+        neg_labels, not_exhaustive_labels (ndarray int64 | None): the canvas's LVIS lists
+            (:func:`federated_labels`); None when the index has none.
+    """
+
+    image_id: int
+    polygons: tuple[Polygons, ...]
+    labels: np.ndarray
+    annotation_ids: np.ndarray
+    crowds: tuple[np.ndarray | None, ...]
+    neg_labels: np.ndarray | None = None
+    not_exhaustive_labels: np.ndarray | None = None
+
+
+def fetch_targets(index: ImageIndex, source: ImageSource, ids: np.ndarray, visible: np.ndarray) -> TileTargets:
+    """The targets of the tiles ``ids`` (crowd masks only for the ``visible`` ones, through the cache)."""
+    tiles = [int(i) for i in ids]
+    neg = not_exhaustive = None
+    if isinstance(index, FederatedIndex):
+        neg, not_exhaustive = federated_labels(index, ids)
+    return TileTargets(
+        image_id=int(index.image_ids[tiles[0]]),
+        polygons=tuple(index.polygons(i) for i in tiles),
+        labels=np.concatenate([index.labels(i) for i in tiles]).astype(np.int64),
+        annotation_ids=np.concatenate([index.annotation_ids(i) for i in tiles]).astype(np.int64),
+        crowds=tuple(source.crowd(i) if v else None for i, v in zip(tiles, visible)),
+        neg_labels=neg,
+        not_exhaustive_labels=not_exhaustive,
+    )
 
 
 def assemble_sample(
-    index: ImageIndex,
-    ids: np.ndarray,
-    plan: TilePlan,
-    images: Sequence[np.ndarray | None],
-    reduces: Sequence[int],
-    crowd_tiles: Sequence[np.ndarray | None],
-    *,
-    flip: bool,
-    transforms: AlbumentationsTransform | None,
+    tiles: Tiles,
+    targets: TileTargets,
+    steps: SampleSteps | None,
     rng: np.random.Generator | None,
-    min_area_ratio: float,
-    min_box_size: float,
-    hsv: HSVJitter | None = None,
+    flip: bool,
+    frame: Frame | None = None,
 ) -> tuple[Sample, np.ndarray]:
     """Warp the tiles into one canvas and carry every instance of every tile through.
 
     Args:
-        index (ImageIndex): polygons, labels and annotation ids of the tiles' images.
-        ids (ndarray[K] int64): image index of each tile (the sample's own image first).
-        plan (TilePlan): where each tile lands.
-        images: per tile, the decoded image (None for a tile that does not show).
-        reduces: per tile, the JPEG reduction its image was decoded at.
-        crowd_tiles: per tile, its crowd mask ``bool (H, W)`` or None.
+        tiles (Tiles): the decoded tiles and their plan.
+        targets (TileTargets): the tiles' instances and crowd regions.
+        steps (SampleSteps | None): training's per-sample steps; None (validation) runs none
+            and drops only degenerate or outside instances.
+        rng (numpy.random.Generator | None): the sample's generator, for ``steps``.
         flip (bool): mirror the canvas horizontally.
-        transforms (AlbumentationsTransform | None): the user's pipeline (training only).
-        rng (numpy.random.Generator | None): the sample's generator, for ``transforms``.
-        min_area_ratio (float): drop an instance keeping less than this fraction of its area.
-        min_box_size (float): drop an instance whose box is narrower or lower than this.
-        hsv (HSVJitter | None): YOLO's HSV jitter (training only), drawn from ``rng`` after
-            everything else and applied last, after ``transforms`` (Ultralytics' order); with
-            ``hsv.on_device`` the gains go on the sample instead, for the accelerator.
+        frame (Frame | None): where a letterboxed image sits (validation).
 
     Returns:
         sample (Sample): the kept instances.
         codes (ndarray[N] int64): per instance of every tile, 0 if kept or the index of its
             drop reason in :data:`~seg_datamodule.transforms.polygons.DROP_REASONS`.
     """
+    plan = tiles.plan
+    assert plan is not None, "a load ended by a bad image has no plan"
     # 1. Pixels: one resample per tile, straight into the output.
-    image = warp_tiles(images, plan, reduces)
+    image = warp_tiles(list(tiles.images), plan, list(tiles.reduces))
 
     # 2. Crowd regions through the same matrices (nearest), if the index keeps them.
     crowd = None
-    if any(c is not None for c in crowd_tiles):
-        sel = [k for k, c in enumerate(crowd_tiles) if c is not None]
+    if any(c is not None for c in targets.crowds):
+        sel = [k for k, c in enumerate(targets.crowds) if c is not None]
         sub = TilePlan(plan.matrices[sel], plan.regions[sel], plan.output_size,
                        None if plan.resize is None else plan.resize[sel])
-        crowd = warp_tiles(
-            [crowd_tiles[k].view(np.uint8) for k in sel],
-            sub,
-            fill=0,
-            interpolation=cv2.INTER_NEAREST,
-            out=np.zeros(plan.output_size, np.uint8),
-        )
+        crowd = warp_tiles([targets.crowds[k].view(np.uint8) for k in sel], sub, fill=0,  # type: ignore[union-attr]
+                           interpolation=cv2.INTER_NEAREST, out=np.zeros(plan.output_size, np.uint8))
 
     # 3. Polygons: clip to each tile's region, map, clip to the output.
-    labels = np.concatenate([index.labels(int(i)) for i in ids]).astype(np.int64)
-    ann_ids = np.concatenate([index.annotation_ids(int(i)) for i in ids]).astype(np.int64)
-    polygons, area_before, area_after = transform_polygons([index.polygons(int(i)) for i in ids], plan)
+    polygons, area_before, area_after = transform_polygons(list(targets.polygons), plan)
 
     # 4. Horizontal flip: mirror pixels and vertices (exact; no resample).
     if flip:
@@ -130,46 +144,64 @@ def assemble_sample(
         crowd = None if crowd is None else cv2.flip(crowd, 1, dst=crowd)
         polygons = polygons.flip_lr(w)
 
-    # 5. The user's albumentations pipeline (training only); geometric steps move the
-    # vertices as keypoints, then the polygons are clipped to the image again.
-    if transforms and rng is not None:
-        if transforms.geometric:
-            image, vertices, crowd = transforms(rng, image, polygons.vertices, crowd)
-            unclipped = Polygons(vertices, polygons.ring_offsets, polygons.instance_offsets)
-            polygons = unclipped.clip((0.0, 0.0, float(image.shape[1]), float(image.shape[0])))
-            moved, after = unclipped.areas(), polygons.areas()
-            # Compound the two clips' ratios: before * (moved / area_after) is the area the
-            # final clip should be compared with.
-            with np.errstate(divide="ignore", invalid="ignore"):
-                area_before = np.where(area_after > 0, area_before * moved / area_after, area_before)
-            area_after = after
-        else:
-            image = transforms(rng, image)[0]
-
-    # 6. YOLO's HSV jitter last (after albumentations, as Ultralytics runs it), drawn after every
-    # other draw so that setting it changes no other augmentation.
+    # 5. The per-sample steps (training only).
     hsv_gains = None
-    if hsv is not None and rng is not None:
-        hsv_gains = hsv.draw(rng)
-        if not hsv.on_device:
-            image, hsv_gains = hsv_jitter(image, hsv_gains), None
+    if steps is not None and rng is not None:
+        image, polygons, crowd, area_before, area_after = _user_transforms(
+            steps.transforms, rng, image, polygons, crowd, (area_before, area_after))
+        # YOLO's HSV jitter last (after albumentations, as Ultralytics runs it), drawn after every
+        # other draw so that setting it changes no other augmentation.
+        if steps.hsv is not None:
+            hsv_gains = steps.hsv.draw(rng)
+            if not steps.hsv.on_device:
+                image, hsv_gains = hsv_jitter(image, hsv_gains), None
 
-    # 7. Drop what is degenerate, outside, mostly cut off or tiny.
+    # 6. Drop what is degenerate, outside, mostly cut off or tiny (validation keeps tiny instances:
+    # losses see every target there).
+    min_area_ratio, min_box_size = (0.0, 0.0) if steps is None else (steps.min_area_ratio, steps.min_box_size)
     codes, boxes = drop_reasons(polygons, area_before, area_after, min_area_ratio, min_box_size)
     keep = codes == 0
     sample = Sample(
         image=np.ascontiguousarray(image),
-        image_id=int(index.image_ids[int(ids[0])]),
+        image_id=targets.image_id,
         polygons=polygons.select(keep),
-        labels=labels[keep],
-        annotation_ids=ann_ids[keep],
+        labels=targets.labels[keep],
+        annotation_ids=targets.annotation_ids[keep],
         boxes=boxes[keep].astype(np.float32),
         crowd_mask=None if crowd is None else crowd.astype(bool),
         hsv_gains=hsv_gains,
+        neg_labels=targets.neg_labels,
+        not_exhaustive_labels=targets.not_exhaustive_labels,
+        **({} if frame is None else {"scale": frame.scale, "pad": frame.pad, "orig_size": frame.orig_size}),
     )
-    if isinstance(index, FederatedIndex):
-        sample.neg_labels, sample.not_exhaustive_labels = federated_labels(index, ids)
     return sample, codes
+
+
+def _user_transforms(
+    transforms: AlbumentationsTransform,
+    rng: np.random.Generator,
+    image: np.ndarray,
+    polygons: Polygons,
+    crowd: np.ndarray | None,
+    areas: tuple[np.ndarray, np.ndarray],
+) -> tuple[np.ndarray, Polygons, np.ndarray | None, np.ndarray, np.ndarray]:
+    """The user's albumentations pipeline: geometric steps move the vertices as keypoints, then
+    the polygons are clipped to the image again; returns image, polygons, crowd and the areas
+    before and after clipping."""
+    area_before, area_after = areas
+    if not transforms:
+        return image, polygons, crowd, area_before, area_after
+    if not transforms.geometric:
+        return transforms(rng, image)[0], polygons, crowd, area_before, area_after
+    image, vertices, crowd = transforms(rng, image, polygons.vertices, crowd)
+    unclipped = Polygons(vertices, polygons.ring_offsets, polygons.instance_offsets)
+    polygons = unclipped.clip((0.0, 0.0, float(image.shape[1]), float(image.shape[0])))
+    moved, after = unclipped.areas(), polygons.areas()
+    # Compound the two clips' ratios: before * (moved / area_after) is the area the final clip
+    # should be compared with.
+    with np.errstate(divide="ignore", invalid="ignore"):
+        area_before = np.where(area_after > 0, area_before * moved / area_after, area_before)
+    return image, polygons, crowd, area_before, after
 
 
 def federated_labels(index: FederatedIndex, ids: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
@@ -194,17 +226,7 @@ def federated_labels(index: FederatedIndex, ids: np.ndarray) -> tuple[np.ndarray
     return neg.astype(np.int64), not_exhaustive.astype(np.int64)
 
 
-def other_index(rng: np.random.Generator, bad: int, n: int) -> int:
-    """A uniform draw from ``0..n-1`` without ``bad`` (``bad`` itself when it is the only one)."""
-    if n < 2:
-        return bad
-    other = int(rng.integers(0, n - 1))
-    return other + (other >= bad)
-
-
-def empty_sample(
-    image_id: int, image_size: int, scale: float, pad: tuple[float, float], orig_size: tuple[int, int]
-) -> Sample:
+def empty_sample(image_id: int, image_size: int, frame: Frame) -> Sample:
     """A grey validation sample without instances, standing in for an image that failed to load."""
     return Sample(
         image=np.full((image_size, image_size, 3), FILL_VALUE, np.uint8),
@@ -213,7 +235,7 @@ def empty_sample(
         labels=np.zeros(0, np.int64),
         annotation_ids=np.zeros(0, np.int64),
         boxes=np.zeros((0, 4), np.float32),
-        scale=float(scale),
-        pad=(float(pad[0]), float(pad[1])),
-        orig_size=orig_size,
+        scale=frame.scale,
+        pad=frame.pad,
+        orig_size=frame.orig_size,
     )

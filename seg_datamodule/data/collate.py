@@ -21,9 +21,9 @@ from seg_datamodule.ops.checks import check_bool, check_int, check_optional_bool
 from seg_datamodule.ops.occlusion import rasterize_visible
 from seg_datamodule.ops.raster import grid_size, rasterize_flat
 from seg_datamodule.data.shm import Lease, SharedBufferPool, pooling_available
-from seg_datamodule.structures import DetectionBatch, Polygons, Sample
+from seg_datamodule.structures import DetectionBatch, Polygons, Sample, SampleBatch
 
-__all__ = ["DEFAULT_BUFFER_SLOTS", "DetectionCollate", "collate_detection", "boxes_from_polygons"]
+__all__ = ["DEFAULT_BUFFER_SLOTS", "DetectionCollate", "batch_bytes", "boxes_from_polygons", "collate_detection"]
 
 #: Shared-memory segments each worker reuses unless told otherwise (see :class:`DetectionCollate`).
 DEFAULT_BUFFER_SLOTS = 4
@@ -89,6 +89,21 @@ def _origins_of(samples: Sequence[Sample], out: torch.Tensor | None) -> torch.Te
     return out
 
 
+def batch_bytes(batch_size: int, canvas_size: tuple[int, int], instances: float, mask_stride: int) -> int:
+    """Bytes of one collated batch's single allocation: images, masks, ignore masks and the small arrays.
+
+    Args:
+        batch_size: B.
+        canvas_size: (H, W).
+        instances: targets per image (an expected value is enough for a budget).
+        mask_stride: the mask grid's stride.
+    """
+    height, width = canvas_size
+    cells = -(-height // mask_stride) * -(-width // mask_stride)
+    total = int(np.ceil(batch_size * instances))
+    return batch_size * (height * width * 3 + cells + 64) + total * (cells + 40)
+
+
 class DetectionCollate:
     """Picklable collate: ``DataLoader(collate_fn=DetectionCollate(mask_stride=4))``.
 
@@ -122,17 +137,8 @@ class DetectionCollate:
         self.pool = SharedBufferPool(buffer_slots) if buffer_slots and pooling_available() else None
 
     def batch_bytes(self, batch_size: int, canvas_size: tuple[int, int], instances: float) -> int:
-        """Bytes of one batch's single allocation: images, masks, ignore masks and the small arrays.
-
-        Args:
-            batch_size: B.
-            canvas_size: (H, W).
-            instances: targets per image (an expected value is enough for a budget).
-        """
-        height, width = canvas_size
-        cells = -(-height // self.mask_stride) * -(-width // self.mask_stride)
-        total = int(np.ceil(batch_size * instances))
-        return batch_size * (height * width * 3 + cells + 64) + total * (cells + 40)
+        """:func:`batch_bytes` at this collate's ``mask_stride``."""
+        return batch_bytes(batch_size, canvas_size, instances, self.mask_stride)
 
     def __repr__(self) -> str:
         return (f"{type(self).__name__}(mask_stride={self.mask_stride}, shared_memory={self.shared_memory}, "
@@ -262,7 +268,7 @@ class DetectionCollate:
             pads=pads,
             orig_sizes=orig_sizes,
             mask_stride=stride,
-            counts=getattr(samples, "counts", None),
+            counts=dict(samples.counts) if isinstance(samples, SampleBatch) else None,
             hsv_gains=gains[0] if gains else None,
             origins=_origins_of(samples, origins),
         )

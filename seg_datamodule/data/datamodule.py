@@ -28,24 +28,25 @@ Without ``train_ann`` the module uses the embedded demo dataset, generated on fi
 from __future__ import annotations
 
 import logging
+from dataclasses import replace
 from typing import Any, Literal
 
 import albumentations as A
 import numpy as np
 import torch
 from lightning.pytorch import LightningDataModule
-from lightning.pytorch.utilities import rank_zero_info, rank_zero_warn
+from lightning.pytorch.utilities import rank_zero_info
 from lightning.pytorch.utilities.model_helpers import is_overridden
 from torch.utils.data import DataLoader
 
 from seg_datamodule.data.accounting import format_report
-from seg_datamodule.data.collate import DEFAULT_BUFFER_SLOTS, DetectionCollate
-from seg_datamodule.data.dataset import COUNT_KEYS, DECODE_KEYS, SegDataset, worker_init_fn
+from seg_datamodule.data.dataset import COUNT_KEYS, DECODE_KEYS, SegDataset
+from seg_datamodule.data.loaders import LoaderPlan, loader_kwargs
+from seg_datamodule.data.options import AugmentOptions, IndexOptions, LoaderOptions, StreamOptions
 from seg_datamodule.data.repeat_factors import describe_repeat_factors, image_repeat_factors
 from seg_datamodule.data.predict import PredictCollate, PredictDataset
-from seg_datamodule.data.resume import ResumableDataLoader
+from seg_datamodule.data.resume import DeliveredCounts, ResumableDataLoader
 from seg_datamodule.data.sampler import EpochShardSampler
-from seg_datamodule.data.shm import SHM_PATH, free_shared_memory, slots_that_fit
 from seg_datamodule.data.splits import build_predict_images, build_test_index, check_pair
 from seg_datamodule.demo.data import ensure_demo_dataset
 from seg_datamodule.io.coco import CocoIndex
@@ -226,14 +227,9 @@ class COCOSegDataModule(LightningDataModule):
         repeat_factor_threshold: float | None = None,
     ) -> None:
         super().__init__()
-        # Checks the DataModule owns; the dataset and collate check their own arguments.
-        for name, value, minimum in (("batch_size", batch_size, 1), ("num_workers", num_workers, 0),
-                                     ("mask_stride", mask_stride, 1), ("seed", seed, 0)):
-            check_int(name, value, minimum)
-        check_int("val_batch_size", val_batch_size, 1, allow_none=True)
-        check_int("prefetch_factor", prefetch_factor, 1, allow_none=True)
+        # Checks the DataModule owns; the option objects, dataset and collate check the rest.
+        self.seed = check_int("seed", seed, 0)
         check_int("cache_images", cache_images, 0, allow_none=True)
-        check_choice("on_bad_sample", on_bad_sample, ("raise", "skip"))
         self.on_resume_mismatch = check_choice("on_resume_mismatch", on_resume_mismatch, ("raise", "restart"))
         if (train_ann is None) != (train_images is None):
             raise ValueError("give both train_ann and train_images, or neither (the demo dataset)")
@@ -251,47 +247,31 @@ class COCOSegDataModule(LightningDataModule):
         check_pair("test", test_ann, test_images)
         if predict_ann is not None and predict_images is None:
             raise ValueError("predict_ann needs predict_images, the folder its file_name values are in")
+        if stream_storage_options is not None and not isinstance(stream_storage_options, dict):
+            raise TypeError(f"stream_storage_options must be a dict, got {type(stream_storage_options).__name__}")
         # Storage options may hold credentials: kept out of checkpoints' hyperparameters.
         self.save_hyperparameters(ignore=["transforms", "stream_storage_options"])
-        self.train_ann = train_ann
-        self.train_images = train_images
-        self.val_ann = val_ann
-        self.val_images = val_images
+        self.train_ann, self.train_images = train_ann, train_images
+        self.val_ann, self.val_images = val_ann, val_images
         self.test_ann, self.test_images = test_ann, test_images
         self.predict_images, self.predict_ann = predict_images, predict_ann
-        self.image_size = image_size
-        self.mask_stride = mask_stride
-        self.batch_size = batch_size
-        self.val_batch_size = val_batch_size or batch_size
-        self.num_workers = num_workers
-        # The random affine and flip are one object the dataset draws from (it checks them here).
+        self.train_stream, self.demo_dir, self.cache_images = train_stream, demo_dir, cache_images
+        # The flat keys as one typed object per layer, built once here.
+        self.index_options = IndexOptions(on_bad_sample, drop_crowd, drop_empty, verify_images, cache_dir, use_cache)
+        self.loader_options = LoaderOptions(batch_size, batch_size if val_batch_size is None else val_batch_size,
+                                            num_workers, mask_stride, pin_memory, persistent_workers, prefetch_factor)
         check_choice("recipe", recipe, ("mosaic", "lsj"))
-        self.geometry: MosaicAffine | LargeScaleJitter = (
+        geometry: MosaicAffine | LargeScaleJitter = (
             LargeScaleJitter(image_size, tuple(lsj_scale), flip_lr) if recipe == "lsj" else
             MosaicAffine(image_size=image_size, degrees=degrees, translate=translate, scale=tuple(scale),
                          shear=shear, flip_lr=flip_lr))
-        self.hsv = None if hsv is None else HSVJitter(hsv, on_device=hsv_on_device)
-        if self.hsv is not None:
+        jitter = None if hsv is None else HSVJitter(hsv, on_device=hsv_on_device)
+        if jitter is not None:
             refuse_random_hsv(load_transforms(transforms))
-        self.augment_kwargs: dict[str, Any] = dict(
-            recipe=recipe, copy_paste=copy_paste, copy_paste_mode=copy_paste_mode, mixup=mixup,
-            mosaic=mosaic, close_mosaic=close_mosaic, mosaic_partners=mosaic_partners,
-            min_area_ratio=min_area_ratio, min_box_size=min_box_size, transforms=transforms,
-            cache_images=cache_images, hsv=self.hsv,
-        )
-        self.index_kwargs: dict[str, Any] = dict(
-            on_bad_sample=on_bad_sample, drop_crowd=drop_crowd, drop_empty=drop_empty,
-            verify_images=verify_images, cache_dir=cache_dir, use_cache=use_cache,
-        )
-        self.on_bad_sample, self.seed, self.demo_dir = on_bad_sample, seed, demo_dir
-        # What every DataLoader of this module shares (pinning is decided per run, see _on_cuda).
-        self.loader_options: dict[str, Any] = dict(
-            pin_memory=pin_memory, persistent_workers=persistent_workers, prefetch_factor=prefetch_factor
-        )
-        self.train_stream, self.stream_options = train_stream, (stream_cache_dir, stream_max_cache_size)
-        if stream_storage_options is not None and not isinstance(stream_storage_options, dict):
-            raise TypeError(f"stream_storage_options must be a dict, got {type(stream_storage_options).__name__}")
-        self.stream_storage_options = dict(stream_storage_options or {})
+        self.augment = AugmentOptions(geometry, mosaic, close_mosaic, mosaic_partners, copy_paste, copy_paste_mode,
+                                      mixup, min_area_ratio, min_box_size, transforms, jitter)
+        self.stream_options = None if train_stream is None else StreamOptions(
+            train_stream, stream_cache_dir, stream_max_cache_size, dict(stream_storage_options or {}))
         self.stream_meta: dict[str, Any] | None = None
         self.train_index: CocoIndex | None = None
         self.val_index: CocoIndex | None = None
@@ -302,6 +282,38 @@ class COCOSegDataModule(LightningDataModule):
         self.test_index: CocoIndex | None = None
         self.test_dataset: SegDataset | None = None
         self.predict_dataset: PredictDataset | None = None
+
+    # ------------------------------------------------------------------ options, read back
+
+    @property
+    def image_size(self) -> int:
+        """The canvas side ``s``."""
+        return self.augment.image_size
+
+    @property
+    def batch_size(self) -> int:
+        """Training images per batch (per rank)."""
+        return self.loader_options.batch_size
+
+    @property
+    def val_batch_size(self) -> int:
+        """Validation, test and predict images per batch."""
+        return self.loader_options.val_batch_size
+
+    @property
+    def num_workers(self) -> int:
+        """DataLoader worker processes."""
+        return self.loader_options.num_workers
+
+    @property
+    def mask_stride(self) -> int:
+        """Stride of the mask grid."""
+        return self.loader_options.mask_stride
+
+    @property
+    def on_bad_sample(self) -> str:
+        """``"raise"`` or ``"skip"`` (the indices' and so the datasets')."""
+        return self.index_options.on_bad_sample
 
     # ------------------------------------------------------------------ data sources
 
@@ -320,13 +332,13 @@ class COCOSegDataModule(LightningDataModule):
             from seg_datamodule.io.stream import check_stream_source  # LitData is an optional extra
 
             # Metadata and index.json checked before LitData reads anything (issue 29).
-            self.stream_meta = check_stream_source(self.train_stream, self.stream_storage_options)
+            assert self.stream_options is not None
+            self.stream_meta = check_stream_source(self.train_stream, self.stream_options.storage_options)
         elif self.train_stream is None and self.train_index is None:
-            self.train_index = CocoIndex.build(self.train_ann, self.train_images, **self.index_kwargs)
+            self.train_index = self.index_options.build(self.train_ann, self.train_images)
         if self.val_ann is not None and self.val_index is None:
             # Validation keeps its negatives: dropping them would bias the evaluation.
-            kwargs = dict(self.index_kwargs, drop_empty=False)
-            self.val_index = CocoIndex.build(self.val_ann, self.val_images, **kwargs)
+            self.val_index = replace(self.index_options, drop_empty=False).build(self.val_ann, self.val_images)
             train_ids, val_ids = np.asarray(self._train_categories()[0]), self.val_index.category_ids
             if not np.array_equal(train_ids, val_ids):
                 # Labels are positions in each file's sorted category ids: they must agree.
@@ -371,29 +383,22 @@ class COCOSegDataModule(LightningDataModule):
         if self.trainer is not None and self.trainer.max_epochs is not None and self.trainer.max_epochs > 0:
             max_epochs = int(self.trainer.max_epochs)
         if self.train_dataset is None:
-            kwargs = dict(self.augment_kwargs)
             index: Any = self.train_index
+            cache_images = self.cache_images
             if self.stream_meta is not None:  # a window over each streamed batch; nothing to cache
                 from seg_datamodule.io.stream import window_from_meta
 
-                index, kwargs["cache_images"] = window_from_meta(self.stream_meta, self.train_stream), 0
-            if kwargs["cache_images"] is None:
-                n = len(index)
-                kwargs["cache_images"] = n if n <= AUTO_CACHE_MAX_IMAGES else 0
-            self.train_dataset = SegDataset(
-                index, image_size=self.image_size, geometry=self.geometry, train=True,
-                max_epochs=max_epochs,
-                seed=self.seed, on_bad_sample=self.on_bad_sample, **kwargs,
-            )
+                index, cache_images = window_from_meta(self.stream_meta, self.train_stream, self.on_bad_sample), 0
+            if cache_images is None:
+                cache_images = len(index) if len(index) <= AUTO_CACHE_MAX_IMAGES else 0
+            self.train_dataset = SegDataset(index, self.augment, train=True, seed=self.seed,
+                                            cache_images=cache_images, max_epochs=max_epochs)
         elif max_epochs is not None:  # set up before a Trainer was attached, or a new Trainer
             self.train_dataset.set_max_epochs(max_epochs)
         if self.repeat_factor_threshold is not None:
             self._setup_repeat_factors(stage)
         if self.val_index is not None and self.val_dataset is None:
-            self.val_dataset = SegDataset(
-                self.val_index, image_size=self.image_size, train=False, seed=self.seed,
-                on_bad_sample=self.on_bad_sample,
-            )
+            self.val_dataset = SegDataset(self.val_index, self.augment, train=False, seed=self.seed)
         if stage == "test":
             self._setup_test()
         elif stage == "predict":
@@ -403,14 +408,14 @@ class COCOSegDataModule(LightningDataModule):
         if self.test_ann is None or self.test_dataset is not None:
             return
         train = str(self.train_ann or self.train_stream)
-        self.test_index = build_test_index(self.test_ann, self.test_images, self.index_kwargs, self.category_ids, train)
-        self.test_dataset = SegDataset(self.test_index, image_size=self.image_size, train=False, seed=self.seed,
-                                       on_bad_sample=self.on_bad_sample)
+        self.test_index = build_test_index(self.test_ann, self.test_images, self.index_options, self.category_ids,
+                                           train)
+        self.test_dataset = SegDataset(self.test_index, self.augment, train=False, seed=self.seed)
 
     def _setup_predict(self) -> None:
         if self.predict_images is None or self.predict_dataset is not None:
             return
-        images = build_predict_images(self.predict_images, self.predict_ann, self.index_kwargs, self.category_ids,
+        images = build_predict_images(self.predict_images, self.predict_ann, self.index_options, self.category_ids,
                                       str(self.train_ann or self.train_stream))
         self.predict_dataset = PredictDataset(images, image_size=self.image_size, on_bad_sample=self.on_bad_sample)
 
@@ -431,45 +436,9 @@ class COCOSegDataModule(LightningDataModule):
             )
 
     def _loader_kwargs(self, dataset: Any = None, batch_size: int = 1, what: str = "the loader") -> dict[str, Any]:
-        workers = self.num_workers
-        prefetch = self.loader_options["prefetch_factor"] if workers > 0 else None
-        return dict(
-            num_workers=workers,
-            collate_fn=DetectionCollate(mask_stride=self.mask_stride,
-                                        buffer_slots=self._slots_that_fit(dataset, batch_size, prefetch, what)),
-            pin_memory=self.loader_options["pin_memory"] and self._on_cuda(),
-            worker_init_fn=worker_init_fn if workers > 0 else None,
-            persistent_workers=self.loader_options["persistent_workers"] and workers > 0,
-            prefetch_factor=prefetch,
-        )
-
-    def _slots_that_fit(self, dataset: Any, batch_size: int, prefetch: int | None, what: str) -> int:
-        """Reused shared-memory slots per worker that ``/dev/shm`` holds, checked before any worker starts.
-
-        The batch is estimated from the index's mean instances per image (four tiles' worth for a
-        mosaic); every rank on the node counts, since they share ``/dev/shm``.
-
-        Raises:
-            SharedMemoryError: the batches in flight alone do not fit (the message says how much
-                is needed, how much is free and the fixes).
-        """
-        slots = DEFAULT_BUFFER_SLOTS
-        index = getattr(dataset, "index", None)
-        if self.num_workers == 0 or not hasattr(index, "num_instances"):
-            return slots
-        per_image = index.num_instances / max(1, len(index))
-        if getattr(dataset, "train", False) and getattr(dataset, "mosaic", 0.0) > 0:
-            per_image *= 4
-        nbytes = DetectionCollate(mask_stride=self.mask_stride, buffer_slots=0).batch_bytes(
-            batch_size, (self.image_size, self.image_size), per_image)
         local_ranks = 1 if self.trainer is None else max(1, int(self.trainer.num_devices))
-        fit = slots_that_fit(nbytes, self.num_workers * local_ranks, slots, prefetch or 2, free_shared_memory(),
-                             what)
-        if fit < slots:
-            rank_zero_warn(f"{what}: {SHM_PATH} holds {fit} reused shared-memory slots per worker, not "
-                           f"{slots} (about {nbytes / (1 << 20):,.1f} MiB a batch); batches beyond them are "
-                           "allocated afresh (slower, still exact). More shared memory: Docker --shm-size")
-        return fit
+        plan = LoaderPlan(self.loader_options, dataset, batch_size, local_ranks, what)
+        return loader_kwargs(plan, (self.image_size, self.image_size), self._on_cuda())
 
     def _on_cuda(self) -> bool:
         """Pinning only pays (and only works) when batches go to a CUDA device."""
@@ -488,26 +457,24 @@ class COCOSegDataModule(LightningDataModule):
         assert self.train_dataset is not None
         world_size, rank = self._world()
         progress = self._trained_batches if self.trainer is not None else None
+        # A reloaded loader keeps counting where the last one was.
+        counts = DeliveredCounts(None if self._train_loader is None else self._train_loader.delivered_counts)
+        kwargs = self._loader_kwargs(self.train_dataset, self.batch_size, "the train loader")
         loader: Any
-        if self.train_stream is not None:  # LitData shards over ranks and workers itself
-            from seg_datamodule.io.stream import stream_train_loader
+        if self.stream_options is not None:  # LitData shards over ranks and workers itself
+            from seg_datamodule.data.streaming import stream_train_loader
 
-            kwargs = self._loader_kwargs(self.train_dataset, self.batch_size, "the train loader") | {
-                "persistent_workers": False}  # LitData's epoch lives in workers
-            loader = stream_train_loader(
-                self.train_stream, self.train_dataset, kwargs.pop("collate_fn"), batch_size=self.batch_size,
-                seed=self.seed, cache_dir=self.stream_options[0], max_cache_size=self.stream_options[1],
-                storage_options=self.stream_storage_options, progress=progress, **kwargs)
+            kwargs["persistent_workers"] = False  # LitData's epoch lives in workers
+            loader = stream_train_loader(self.stream_options, self.train_dataset, kwargs.pop("collate_fn"),
+                                         batch_size=self.batch_size, progress=progress, counts=counts, **kwargs)
         else:
             sampler = EpochShardSampler(self.train_dataset, num_replicas=world_size, rank=rank, shuffle=True,
                                         seed=self.seed, repeat_factors=self.repeat_factors)
             if self.trainer is not None:  # a reloaded loader: its length is the coming epoch's
                 sampler.set_epoch(int(self.trainer.current_epoch))
             loader = ResumableDataLoader(self.train_dataset, batch_size=self.batch_size, sampler=sampler,
-                                         progress=progress, on_mismatch=self.on_resume_mismatch,
-                                         **self._loader_kwargs(self.train_dataset, self.batch_size, "the train loader"))
-        if self._train_loader is not None:  # a reloaded loader keeps counting where the last one was
-            loader.counts.total.update(self._train_loader.delivered_counts)
+                                         progress=progress, on_mismatch=self.on_resume_mismatch, counts=counts,
+                                         **kwargs)
         if self._loader_state is not None:  # a checkpoint being resumed
             loader.load_state_dict(self._loader_state)
             self._loader_state = None
@@ -622,7 +589,7 @@ class COCOSegDataModule(LightningDataModule):
         if dataset is not None:
             counts = self._counts_of("train", dataset)
             decodes = {key: counts.get(key, 0) for key in DECODE_KEYS}
-            decodes["setting"] = f"mosaic_partners={dataset.mosaic_partners!r}, cache_images={dataset.cache_images}"
+            decodes["setting"] = f"mosaic_partners={dataset.augment.mosaic_partners!r}, cache_images={dataset.cache_images}"
         report = format_report(self.skip_counts, decodes)
         if self.repeat_factors is not None and self.repeat_factor_threshold is not None:
             drawn = None if self._train_loader is None else len(self._train_loader.sampler)

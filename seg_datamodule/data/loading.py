@@ -4,7 +4,7 @@ decode table that decodes each image once per batch, and the DataLoader worker s
 
 from __future__ import annotations
 
-from collections import OrderedDict
+from collections import Counter, OrderedDict
 from typing import Any, Callable, Protocol, runtime_checkable
 
 import cv2
@@ -16,7 +16,8 @@ from seg_datamodule.io.images import BadImageError
 from seg_datamodule.ops.checks import check_int
 from seg_datamodule.structures import Polygons
 
-__all__ = ["BatchDecodes", "FederatedIndex", "ImageIndex", "ImageSource", "LRUCache", "SharedEpoch", "worker_init_fn"]
+__all__ = ["BatchDecodes", "FederatedIndex", "ImageIndex", "ImageSource", "LRUCache", "SharedEpoch", "TileDecodes",
+           "worker_init_fn"]
 
 
 @runtime_checkable
@@ -26,6 +27,8 @@ class ImageIndex(Protocol):
     image_ids: np.ndarray
     heights: np.ndarray
     widths: np.ndarray
+    #: ``"raise"`` or ``"skip"``: what to do with an image that fails to load.
+    on_bad_sample: str
 
     def __len__(self) -> int: ...
 
@@ -127,17 +130,15 @@ class LRUCache:
 
 
 class ImageSource:
-    """An index's images and crowd masks, through a per-worker LRU cache, with decodes counted.
+    """An index's images and crowd masks, through a per-worker LRU cache.
 
     Args:
         index (ImageIndex): where the images come from.
         cache_images (int): entries kept per kind (0: none).
-        count: called with ``"decodes"`` for every decode (a cache miss), and also with
-            ``"reduced_decodes"`` when it ran at reduced JPEG scale.
     """
 
-    def __init__(self, index: ImageIndex, cache_images: int, count: Callable[[str], None]) -> None:
-        self.index, self.cache_images, self.count = index, cache_images, count
+    def __init__(self, index: ImageIndex, cache_images: int) -> None:
+        self.index, self.cache_images = index, cache_images
         self._cache: LRUCache | None = None
 
     def __getstate__(self) -> dict[str, Any]:
@@ -147,29 +148,46 @@ class ImageSource:
         """Empty the cache (a new worker)."""
         self._cache = None
 
-    def image(self, i: int, reduce: int) -> np.ndarray:
+    def image(self, i: int, reduce: int, log: Counter[str]) -> np.ndarray:
         """Image ``i`` decoded at ``reduce``; raises ``BadImageError``.
 
         Cached by ``(i, reduce)``: serving a finer decode would change the pixels, and a sample
-        would then depend on what its worker happened to decode before.
+        would then depend on what its worker happened to decode before. Every decode (a cache
+        miss) adds 1 to ``log["decodes"]``, and to ``log["reduced_decodes"]`` when ``reduce > 1``.
         """
-        return self._lru().get("images", (i, reduce), lambda: self._decode(i, reduce))
+        return self._lru().get("images", (i, reduce), lambda: self._decode(i, reduce, log))
 
     def crowd(self, i: int) -> np.ndarray | None:
         """Image ``i``'s crowd mask (decoded from RLE), or None."""
         return self._lru().get("crowd", i, lambda: self.index.crowd_mask(i))
 
-    def _decode(self, i: int, reduce: int) -> np.ndarray:
+    def _decode(self, i: int, reduce: int, log: Counter[str]) -> np.ndarray:
         image = self.index.load_image(i, reduce=reduce)
-        self.count("decodes")
+        log["decodes"] += 1
         if reduce > 1:
-            self.count("reduced_decodes")
+            log["reduced_decodes"] += 1
         return image
 
     def _lru(self) -> LRUCache:
         if self._cache is None:
             self._cache = LRUCache(self.cache_images)
         return self._cache
+
+
+class TileDecodes:
+    """Decodes for a sample built alone: each tile at its own scale (through the cache).
+
+    Args:
+        source (ImageSource): the images.
+        log (Counter): where decodes are counted (see :meth:`ImageSource.image`).
+    """
+
+    def __init__(self, source: ImageSource, log: Counter[str]) -> None:
+        self._source, self._log = source, log
+
+    def get(self, i: int, reduce: int) -> tuple[np.ndarray, int]:
+        """Image ``i`` at ``reduce``, and ``reduce``; raises ``BadImageError``."""
+        return self._source.image(i, reduce, self._log), reduce
 
 
 class BatchDecodes:
@@ -181,11 +199,12 @@ class BatchDecodes:
     it built before, so samples stay a pure function of ``(seed, epoch, batch)``.
 
     Args:
-        decode: ``decode(i, reduce) -> uint8 (H', W', 3)``, raising ``BadImageError``.
+        source (ImageSource): the images.
+        log (Counter): where decodes are counted (see :meth:`ImageSource.image`).
     """
 
-    def __init__(self, decode: Callable[[int, int], np.ndarray]) -> None:
-        self._decode = decode
+    def __init__(self, source: ImageSource, log: Counter[str]) -> None:
+        self._source, self._log = source, log
         self._wanted: dict[int, int] = {}
         self._done: dict[int, tuple[np.ndarray, int] | BadImageError] = {}
 
@@ -202,7 +221,7 @@ class BatchDecodes:
         if i not in self._done:
             r = min(reduce, self._wanted.get(i, reduce))
             try:
-                self._done[i] = (self._decode(i, r), r)
+                self._done[i] = (self._source.image(i, r, self._log), r)
             except BadImageError as err:
                 self._done[i] = err
         done = self._done[i]

@@ -28,8 +28,9 @@ from torch.utils.data import DataLoader
 
 from seg_datamodule.data.sampler import EpochShardSampler
 from seg_datamodule.ops.checks import check_choice
+from seg_datamodule.structures import DetectionBatch
 
-__all__ = ["DeliveredCounts", "ResumableDataLoader", "current_rank", "dataset_fingerprint", "gather_per_rank"]
+__all__ = ["DeliveredCounts", "ResumableDataLoader", "batch_counts", "current_rank", "dataset_fingerprint", "gather_per_rank"]
 
 _VERSION = 1
 
@@ -50,11 +51,12 @@ class DeliveredCounts:
     :meth:`state` is every rank's consumed counts in rank order (:func:`gather_per_rank`; a
     checkpoint is written by rank 0 alone) and :meth:`load` takes this rank's back: the one
     delivered-counts logic of :class:`ResumableDataLoader` and
-    :class:`~seg_datamodule.io.stream.loader.StreamTrainLoader`.
+    :class:`~seg_datamodule.data.streaming.StreamTrainLoader`.
     """
 
-    def __init__(self) -> None:
-        self.total: collections.Counter[str] = collections.Counter()
+    def __init__(self, start: dict[str, int] | None = None) -> None:
+        # ``start``: what a previous loader of the same run delivered (a reloaded train loader).
+        self.total: collections.Counter[str] = collections.Counter(start or {})
         self._recent: collections.deque[tuple[int, int, dict[str, int]]] = collections.deque(maxlen=64)
 
     def add(self, epoch: int, position: int, counts: dict[str, int]) -> None:
@@ -84,6 +86,11 @@ class DeliveredCounts:
         self._recent.clear()
 
 
+def batch_counts(batch: Any) -> dict[str, int]:
+    """A batch's delivered counts: ``DetectionBatch.counts``; none for any other batch type."""
+    return dict(batch.counts or {}) if isinstance(batch, DetectionBatch) else {}
+
+
 def current_rank() -> int:
     """This process's global rank (0 outside ``torch.distributed``)."""
     if torch.distributed.is_available() and torch.distributed.is_initialized():
@@ -101,6 +108,8 @@ class ResumableDataLoader(DataLoader):
             handed out, right for a loop that fetches nothing ahead.
         on_mismatch: what to do with a state saved for another dataset, batch size or world
             size: ``"raise"`` (default) or ``"restart"`` the epoch with a warning.
+        counts: where delivered counts go (a reloaded loader continues its predecessor's);
+            None: from zero.
 
     Raises:
         TypeError: ``sampler`` is not an ``EpochShardSampler``.
@@ -111,6 +120,7 @@ class ResumableDataLoader(DataLoader):
         *args: Any,
         progress: Callable[[], int] | None = None,
         on_mismatch: Literal["raise", "restart"] = "raise",
+        counts: DeliveredCounts | None = None,
         **kwargs: Any,
     ) -> None:
         super().__init__(*args, **kwargs)
@@ -119,7 +129,7 @@ class ResumableDataLoader(DataLoader):
         self.progress = progress
         self.on_mismatch = check_choice("on_mismatch", on_mismatch, ("raise", "restart"))
         self._handed_out = 0
-        self.counts = DeliveredCounts()
+        self.counts = DeliveredCounts() if counts is None else counts
         self._resume: tuple[int, int] | None = None
         self._started = False
 
@@ -142,7 +152,7 @@ class ResumableDataLoader(DataLoader):
     def _counting(self, batches: Iterator[Any]) -> Iterator[Any]:
         epoch = int(self.sampler.epoch)  # type: ignore[attr-defined]
         for batch in batches:
-            self.counts.add(epoch, self._handed_out, getattr(batch, "counts", None) or {})
+            self.counts.add(epoch, self._handed_out, batch_counts(batch))
             self._handed_out += 1
             yield batch
 

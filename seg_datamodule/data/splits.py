@@ -12,10 +12,12 @@ must have the training data's category ids (:func:`check_categories`).
 
 from __future__ import annotations
 
-from typing import Any, Sequence
+from dataclasses import replace
+from typing import Sequence
 
 import numpy as np
 
+from seg_datamodule.data.options import IndexOptions
 from seg_datamodule.io.coco import CocoIndex
 from seg_datamodule.io.predict_source import PredictImages, images_from_index, list_image_folder
 
@@ -45,14 +47,14 @@ def check_categories(file: str, category_ids: np.ndarray, train_ids: Sequence[in
 
 
 def build_test_index(
-    ann: str, images: str, index_kwargs: dict[str, Any], train_ids: Sequence[int], train_source: str
+    ann: str, images: str, options: IndexOptions, train_ids: Sequence[int], train_source: str
 ) -> CocoIndex:
     """The test split's index: like validation, negatives kept (an image-info file has only those).
 
     Args:
         ann (str): the COCO JSON (``annotations`` optional).
         images (str): its image folder.
-        index_kwargs (dict): the DataModule's :meth:`CocoIndex.build` options.
+        options (IndexOptions): the DataModule's index options.
         train_ids (Sequence[int]): the training data's sorted category ids.
         train_source (str): the training data, for messages.
 
@@ -60,13 +62,13 @@ def build_test_index(
         BadAnnotationError: a bad entry with ``on_bad_sample="raise"``.
         ValueError: the file's category ids differ from the training data's.
     """
-    index = CocoIndex.build(ann, images, **dict(index_kwargs, drop_empty=False))
+    index = replace(options, drop_empty=False).build(ann, images)
     check_categories(ann, index.category_ids, train_ids, train_source)
     return index
 
 
 def build_predict_images(
-    images: str, ann: str | None, index_kwargs: dict[str, Any], train_ids: Sequence[int], train_source: str
+    images: str, ann: str | None, options: IndexOptions, train_ids: Sequence[int], train_source: str
 ) -> PredictImages:
     """What ``predict`` reads: ``images`` walked recursively, or the images ``ann`` lists in it.
 
@@ -74,7 +76,7 @@ def build_predict_images(
         images (str): a folder of image files, or the folder ``ann``'s ``file_name`` values are in.
         ann (str | None): a COCO image-info or instances JSON (its annotations are not read for
             predicting, but a bad entry is still raised or counted by ``on_bad_sample``).
-        index_kwargs (dict): the DataModule's :meth:`CocoIndex.build` options.
+        options (IndexOptions): the DataModule's index options.
         train_ids (Sequence[int]): the training data's sorted category ids.
         train_source (str): the training data, for messages.
 
@@ -84,5 +86,5 @@ def build_predict_images(
     """
     if ann is None:
         return list_image_folder(images)
-    index = build_test_index(ann, images, index_kwargs, train_ids, train_source)
+    index = build_test_index(ann, images, options, train_ids, train_source)
     return images_from_index(index, images, ann)

@@ -1,5 +1,7 @@
-"""Object-storage training: COCO -> LitData chunks (:mod:`.convert`), checked (:mod:`.schema`,
-:mod:`.source`) and streamed back (:mod:`.loader`) from any S3-compatible endpoint (:mod:`.endpoint`).
+"""Object-storage training data: COCO -> LitData chunks (:mod:`.convert`), checked (:mod:`.schema`,
+:mod:`.source`) and read back as records (:mod:`.loader`) from any S3-compatible endpoint
+(:mod:`.endpoint`). The train loader over these records is
+:mod:`seg_datamodule.data.streaming` (``io`` imports nothing from ``data``).
 
 Importing this package does not import LitData (an optional extra, ``pip install
 'seg-datamodule[stream]'``); the loader classes import it on first use.
@@ -25,14 +27,12 @@ from seg_datamodule.io.stream.source import check_stream_index, check_stream_sou
 
 __all__ = [
     "FORMAT_VERSION", "META_FILE", "MissingChunkError", "RECORD_DTYPES", "RECORD_SCHEMA", "RecordWindow",
-    "SCHEMA_VERSION", "StreamBatchCollate", "StreamFormatError", "StreamRecords", "StreamTrainLoader",
-    "check_index", "check_meta", "check_record", "check_stream_index", "check_stream_source", "convert_coco",
-    "read_stream_meta", "record_from_index", "s3_storage_options", "split_source", "stream_drop_count",
-    "stream_train_loader", "window_from_meta",
+    "SCHEMA_VERSION", "StreamFormatError", "StreamRecords", "check_index", "check_meta", "check_record",
+    "check_stream_index", "check_stream_source", "convert_coco", "read_stream_meta", "record_from_index", "s3_storage_options", "split_source", "stream_drop_count",
+    "window_from_meta",
 ]
 
-_LAZY = ("StreamBatchCollate", "StreamRecords", "StreamTrainLoader", "stream_drop_count", "stream_train_loader",
-         "window_from_meta")
+_LAZY = ("StreamRecords", "stream_drop_count", "window_from_meta")
 
 
 def __getattr__(name: str) -> Any:

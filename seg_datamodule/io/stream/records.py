@@ -22,6 +22,7 @@ from pycocotools import mask as mask_utils
 
 from seg_datamodule.io.images import BadImageError, decode_image_bytes, reduced_size
 from seg_datamodule.io.stream.schema import RECORD_DTYPES, RECORD_INTS, RECORD_SCHEMA
+from seg_datamodule.ops.checks import check_choice
 from seg_datamodule.structures import Polygons
 
 __all__ = ["RECORD_DTYPES", "RECORD_INTS", "RecordWindow", "check_record", "crowd_rle", "record_from_index",
@@ -129,9 +130,12 @@ class RecordWindow:
         image_ids, heights, widths (ndarray[N] int64): every image of the converted dataset, by
             position.
         name (str): the stream, for messages.
+        on_bad_sample (str): ``"raise"`` or ``"skip"``: what a dataset over the window does with
+            an image that fails to decode.
     """
 
-    def __init__(self, image_ids: np.ndarray, heights: np.ndarray, widths: np.ndarray, name: str = "stream") -> None:
+    def __init__(self, image_ids: np.ndarray, heights: np.ndarray, widths: np.ndarray, name: str = "stream",
+                 on_bad_sample: str = "raise") -> None:
         self.image_ids = np.asarray(image_ids, np.int64)
         self.heights = np.asarray(heights, np.int64)
         self.widths = np.asarray(widths, np.int64)
@@ -139,6 +143,7 @@ class RecordWindow:
             raise ValueError("image_ids, heights and widths must be 1-D arrays of one length, got shapes "
                              f"{self.image_ids.shape}, {self.heights.shape}, {self.widths.shape}")
         self.name = name
+        self.on_bad_sample = check_choice("on_bad_sample", on_bad_sample, ("raise", "skip"))
         self._records: dict[int, Mapping[str, Any]] = {}
 
     def __len__(self) -> int:

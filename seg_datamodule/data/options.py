@@ -1,0 +1,165 @@
+"""The DataModule's flat YAML keys as frozen, typed option objects, built once at the edge.
+
+``COCOSegDataModule`` keeps its flat keyword arguments (they are what users write in YAML); it
+turns them into these objects in ``__init__`` and hands the objects to the layers below, so
+options travel as one checked value instead of ``**kwargs`` dicts or tuples read by position.
+
+* :class:`IndexOptions`: how an annotation file becomes a ``CocoIndex`` (bad entries, crowd,
+  empty images, the cache);
+* :class:`AugmentOptions`: what a training sample draws (the geometry, which also fixes the
+  canvas size, mosaic, copy-paste, MixUp, the user's albumentations pipeline, HSV jitter);
+* :class:`LoaderOptions`: what every DataLoader of the module shares;
+* :class:`StreamOptions`: where a LitData chunk set streams from.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import asdict, dataclass, field
+from typing import Any, Literal
+
+import albumentations as A
+
+from seg_datamodule.io.coco import CocoIndex
+from seg_datamodule.ops.checks import check_bool, check_choice, check_int, check_number
+from seg_datamodule.transforms.augment import MosaicAffine
+from seg_datamodule.transforms.hsv import HSVJitter
+from seg_datamodule.transforms.lsj import LargeScaleJitter
+
+__all__ = ["AugmentOptions", "IndexOptions", "LoaderOptions", "StreamOptions"]
+
+
+@dataclass(frozen=True)
+class IndexOptions:
+    """How an annotation file becomes an index (see :meth:`CocoIndex.build
+    <seg_datamodule.io.coco.CocoIndex.build>` for each field).
+
+    A dataset over the index reads ``on_bad_sample`` from it (``CocoIndex.on_bad_sample``), so
+    the index and the images' loading never disagree.
+    """
+
+    on_bad_sample: Literal["raise", "skip"] = "raise"
+    drop_crowd: bool = False
+    drop_empty: bool = False
+    verify_images: bool = False
+    cache_dir: str | None = None
+    use_cache: bool = True
+
+    def __post_init__(self) -> None:
+        check_choice("on_bad_sample", self.on_bad_sample, ("raise", "skip"))
+        for name in ("drop_crowd", "drop_empty", "verify_images", "use_cache"):
+            check_bool(name, getattr(self, name))
+
+    def build(self, ann_file: str | os.PathLike[str], image_root: str | os.PathLike[str]) -> CocoIndex:
+        """``CocoIndex.build(ann_file, image_root, **these options)``."""
+        return CocoIndex.build(ann_file, image_root, **asdict(self))
+
+
+@dataclass(frozen=True)
+class AugmentOptions:
+    """What a training sample draws; validation reads only the canvas size from it.
+
+    Attributes:
+        geometry (MosaicAffine | LargeScaleJitter): the random affine and flip of the mosaic
+            recipe, or large-scale jitter (``recipe == "lsj"``); its ``image_size`` is the
+            canvas side ``s`` (the one place it is given).
+        mosaic (float): probability of a 4-image mosaic per training sample (mosaic recipe).
+        close_mosaic (int): switch mosaic off for the last ``close_mosaic`` epochs.
+        mosaic_partners (str): ``"batch"`` (the batch's other images, one decode per output
+            image) or ``"uniform"`` (over the dataset).
+        copy_paste (float): probability of copy-paste per sample.
+        copy_paste_mode (str): ``"flip"`` (the sample's mirror image) or ``"batch"``.
+        mixup (float): probability of MixUp per sample, with another sample of the batch.
+        min_area_ratio (float): drop an instance keeping less than this fraction of its area.
+        min_box_size (float): drop an instance whose box is narrower or lower than this.
+        transforms (albumentations.BaseCompose | str | None): the user's per-sample pipeline, or
+            a file ``A.load`` reads.
+        hsv (HSVJitter | None): YOLO's HSV gain jitter, in the workers or on the accelerator.
+
+    Raises:
+        TypeError: a field has the wrong type.
+        ValueError: a field is out of range.
+    """
+
+    geometry: MosaicAffine | LargeScaleJitter = field(default_factory=MosaicAffine)
+    mosaic: float = 1.0
+    close_mosaic: int = 0
+    mosaic_partners: Literal["batch", "uniform"] = "batch"
+    copy_paste: float = 0.0
+    copy_paste_mode: Literal["flip", "batch"] = "flip"
+    mixup: float = 0.0
+    min_area_ratio: float = 0.1
+    min_box_size: float = 2.0
+    transforms: A.BaseCompose | str | None = None
+    hsv: HSVJitter | None = None
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.geometry, (MosaicAffine, LargeScaleJitter)):
+            raise TypeError(f"geometry must be a MosaicAffine or a LargeScaleJitter, got {type(self.geometry).__name__}")
+        check_number("mosaic", self.mosaic, 0.0, 1.0)
+        check_int("close_mosaic", self.close_mosaic, minimum=0)
+        check_choice("mosaic_partners", self.mosaic_partners, ("batch", "uniform"))
+        check_number("min_area_ratio", self.min_area_ratio, 0.0, 1.0)
+        check_number("min_box_size", self.min_box_size)
+        if self.hsv is not None and not isinstance(self.hsv, HSVJitter):
+            raise TypeError(f"hsv must be an HSVJitter or None, got {type(self.hsv).__name__}")
+        # copy_paste, copy_paste_mode and mixup are checked by SampleMixing, which owns them.
+
+    @property
+    def image_size(self) -> int:
+        """The canvas side ``s`` (square ``s x s``), the geometry's."""
+        return int(self.geometry.image_size)
+
+    @property
+    def recipe(self) -> Literal["mosaic", "lsj"]:
+        """``"lsj"`` for large-scale jitter, else ``"mosaic"``."""
+        return "lsj" if isinstance(self.geometry, LargeScaleJitter) else "mosaic"
+
+
+@dataclass(frozen=True)
+class LoaderOptions:
+    """What every DataLoader of the module shares (pinning is decided per run: CUDA only)."""
+
+    batch_size: int = 16
+    val_batch_size: int = 16
+    num_workers: int = 4
+    mask_stride: int = 4
+    pin_memory: bool = True
+    persistent_workers: bool = True
+    prefetch_factor: int | None = 2
+
+    def __post_init__(self) -> None:
+        for name, minimum in (("batch_size", 1), ("val_batch_size", 1), ("num_workers", 0), ("mask_stride", 1)):
+            check_int(name, getattr(self, name), minimum)
+        check_int("prefetch_factor", self.prefetch_factor, 1, allow_none=True)
+        check_bool("pin_memory", self.pin_memory)
+        check_bool("persistent_workers", self.persistent_workers)
+
+    @property
+    def prefetch(self) -> int | None:
+        """The DataLoader's ``prefetch_factor`` (None without workers, where it must be)."""
+        return self.prefetch_factor if self.num_workers > 0 else None
+
+
+@dataclass(frozen=True)
+class StreamOptions:
+    """A LitData chunk set to stream training from (``seg-datamodule convert`` writes one).
+
+    Attributes:
+        source (str): local folder or ``s3://`` / ``gs://`` URI of the chunk set.
+        cache_dir (str | None): where LitData caches the chunks of a remote source.
+        max_cache_size (str | None): LitData's cache limit (e.g. ``"50GB"``).
+        storage_options (dict): passed to LitData's storage client (endpoint, credentials);
+            kept out of checkpoints and of ``repr``.
+    """
+
+    source: str
+    cache_dir: str | None = None
+    max_cache_size: str | None = None
+    storage_options: dict[str, Any] = field(default_factory=dict, repr=False)
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.source, str) or not self.source:
+            raise TypeError(f"train_stream must be a non-empty str, got {self.source!r}")
+        if not isinstance(self.storage_options, dict):
+            raise TypeError(f"stream_storage_options must be a dict, got {type(self.storage_options).__name__}")

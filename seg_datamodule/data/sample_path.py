@@ -1,0 +1,216 @@
+"""The one path every sample takes: draw the tiles, decode, assemble, mix, and count.
+
+1. **Draw** (:meth:`SamplePath.draw_tiles`): from the sample's own generator, mosaic or not, its
+   tile images (for ``mosaic_partners="batch"``, from the batch's other images) and the geometry
+   draw. Nothing is decoded yet.
+2. **Decode** (:class:`~seg_datamodule.data.tiles.TileLoader`): a batch plans every tile first, so
+   each image is decoded once, at the finest JPEG scale any of its tiles needs; an image that fails
+   to load comes back as an event, replaced (``on_bad_sample="skip"``) or raised.
+3. **Assemble** (:mod:`~seg_datamodule.data.assemble`): the tiles' targets fetched in one place,
+   then pixels, crowd regions and polygons onto the canvas, the user's albumentations pipeline and
+   HSV jitter, and the drops.
+4. **Mix** (:class:`~seg_datamodule.transforms.mixing.SampleMixing`): copy-paste and MixUp with
+   partners from the same batch, as they were before any mixing.
+
+Every method returns its samples *and* their counts (annotations by reason, decodes) as values;
+the dataset adds them to its shared counters and the batch carries them. Training, validation,
+``__getitem__``, ``__getitems__`` and streaming all come through here.
+"""
+
+from __future__ import annotations
+
+import collections
+from dataclasses import dataclass
+from typing import Sequence
+
+import numpy as np
+
+from seg_datamodule.data.assemble import Frame, SampleSteps, assemble_sample, empty_sample, fetch_targets
+from seg_datamodule.data.loading import BatchDecodes, ImageIndex, ImageSource, TileDecodes
+from seg_datamodule.data.options import AugmentOptions
+from seg_datamodule.data.tiles import BadTile, Decoder, TileDraw, TileLoader, Tiles
+from seg_datamodule.io.images import IMAGE_ERROR_REASONS, BadImageError
+from seg_datamodule.structures import Sample
+from seg_datamodule.transforms.albu import AlbumentationsTransform
+from seg_datamodule.transforms.mixing import MixResult, SampleMixing
+from seg_datamodule.transforms.plan import choose_reduce, draw_batch_partners, visible_tiles
+from seg_datamodule.transforms.polygons import DROP_REASONS
+
+__all__ = ["Counts", "SampleKey", "SamplePath"]
+
+#: Reason (or decode key) -> count, for one sample or one batch.
+Counts = collections.Counter
+
+# Tags the batch partner generator's seed apart from the per-sample ``[seed, epoch, index]`` ones.
+_PARTNER_STREAM = 0x6D6F7361
+
+
+@dataclass(frozen=True)
+class SampleKey:
+    """Which sample to build.
+
+    Attributes:
+        epoch (int): the epoch it belongs to.
+        index (int): its image.
+        copy (int): which of the image's copies in the epoch (repeat-factor sampling; 0 draws as
+            an image drawn once does).
+        mosaic_allowed (bool): whether mosaic may apply this epoch (``close_mosaic``).
+    """
+
+    epoch: int
+    index: int
+    copy: int = 0
+    mosaic_allowed: bool = False
+
+
+class SamplePath:
+    """Builds training and validation samples over one index, with their counts.
+
+    Args:
+        index (ImageIndex): the images and annotations; its ``on_bad_sample`` says whether a bad
+            image is replaced (``"skip"``) or raised.
+        options (AugmentOptions): the augmentation, and the canvas size.
+        seed (int): base seed.
+        cache_images (int): decoded images (and crowd masks) kept per worker.
+        max_retries (int): bad images tolerated per sample before giving up.
+    """
+
+    def __init__(self, index: ImageIndex, options: AugmentOptions, seed: int, cache_images: int,
+                 max_retries: int) -> None:
+        self.index, self.options, self.seed = index, options, seed
+        self.geometry = options.geometry
+        self.sizes = np.stack([np.asarray(index.heights, np.int64), np.asarray(index.widths, np.int64)], axis=1)
+        self.skip_bad = index.on_bad_sample == "skip"
+        self.images = ImageSource(index, cache_images)
+        self.tiles = TileLoader(self.geometry, self.sizes, self.skip_bad, max_retries)
+        self.steps = SampleSteps(AlbumentationsTransform(options.transforms), options.hsv,
+                                 options.min_area_ratio, options.min_box_size)
+        self.mixing = SampleMixing(options.copy_paste, options.copy_paste_mode, options.mixup,
+                                   options.min_area_ratio, options.min_box_size)
+
+    def generator(self, key: SampleKey) -> np.random.Generator:
+        """The generator sample ``key`` draws from: ``default_rng([seed, epoch, index(, copy)])``."""
+        return np.random.default_rng([self.seed, key.epoch, key.index, *([key.copy] if key.copy else [])])
+
+    # ------------------------------------------------------------------ training
+
+    def train_batch(self, keys: Sequence[SampleKey]) -> tuple[list[Sample], Counts]:
+        """A training batch (two or more keys), mosaic partners as ``options.mosaic_partners`` says."""
+        counts: Counts = Counts(samples=len(keys))
+        if self.options.mosaic_partners == "batch":
+            rngs, samples = self._partnered(keys, counts)
+        else:
+            rngs, samples = [], []
+            for key in keys:
+                rng, sample = self._alone(key, counts, counts)
+                rngs.append(rng)
+                samples.append(sample)
+        if self.mixing.enabled:
+            samples = [_count_mix(result, counts) for result in self.mixing.mix_group(rngs, samples)]
+        return samples, counts
+
+    def train_one(self, key: SampleKey) -> tuple[Sample, Counts]:
+        """One training sample built alone: mosaic and mixing partners uniform over the dataset."""
+        counts: Counts = Counts(samples=1)
+        rng, sample = self._alone(key, counts, counts)
+        if not self.mixing.enabled:
+            return sample, counts
+        # Built alone, the partners come from the dataset: built the same way, their decodes
+        # counted, their annotations not (only the targets they lend are, as pasted / mixed in).
+        n = len(self.sizes)
+        draw = self.mixing.draw(rng, n)
+        need = {draw.paste_shift if draw.paste else 0, draw.mix_shift if draw.mix else 0} - {0}
+        bases = {k: self._alone(SampleKey(key.epoch, (key.index + k) % n, 0, key.mosaic_allowed), Counts(), counts)[1]
+                 for k in sorted(need)}
+        result = self.mixing.apply(rng, sample, draw, bases.get(draw.paste_shift), bases.get(draw.mix_shift))
+        return _count_mix(result, counts), counts
+
+    def draw_tiles(self, rng: np.random.Generator, key: SampleKey, ids: np.ndarray | None = None) -> TileDraw:
+        """The sample's tiles: mosaic or not (one draw, always), its images (``ids``, or drawn
+        uniformly over the dataset for a mosaic), then the geometry."""
+        mosaic = bool(rng.random() < self.options.mosaic) and key.mosaic_allowed
+        if ids is None:
+            ids = (self.geometry.draw_indices(rng, key.index, len(self.sizes)) if mosaic
+                   else np.array([key.index], np.int64))
+        elif not mosaic:
+            ids = ids[:1]
+        return TileDraw(ids, self.geometry.draw(rng, mosaic))
+
+    def _alone(self, key: SampleKey, counts: Counts, decodes: Counts) -> tuple[np.random.Generator, Sample]:
+        rng = self.generator(key)
+        tiles = self.draw_tiles(rng, key)
+        return rng, self._build(rng, key, tiles, TileDecodes(self.images, decodes), counts)
+
+    def _partnered(self, keys: Sequence[SampleKey], counts: Counts) -> tuple[list[np.random.Generator], list[Sample]]:
+        """The batch's samples before mixing, mosaic partners from the batch; and their generators."""
+        # 1. Partners: positions of other batch images, from the batch's own generator.
+        indices = np.array([key.index for key in keys], np.int64)
+        batch_rng = np.random.default_rng([self.seed, keys[0].epoch, _PARTNER_STREAM, *indices.tolist()])
+        partners = draw_batch_partners(batch_rng, len(keys))
+        # 2. Per sample, from its own generator: mosaic or not, then the geometry.
+        rngs = [self.generator(key) for key in keys]
+        draws = [self.draw_tiles(rng, key, indices[np.concatenate([[b], partners[b]])])
+                 for b, (rng, key) in enumerate(zip(rngs, keys))]
+        # 3. Every tile planned before any decode, so each image is decoded once at the finest
+        # scale it needs.
+        decoder = BatchDecodes(self.images, counts)
+        for tiles in draws:
+            plan = self.tiles.plan(tiles)
+            for k in np.flatnonzero(visible_tiles(plan)):
+                decoder.want(int(tiles.ids[k]), choose_reduce(plan.matrices[k]))
+        return rngs, [self._build(rng, key, tiles, decoder, counts) for rng, key, tiles in zip(rngs, keys, draws)]
+
+    def _build(self, rng: np.random.Generator, key: SampleKey, draw: TileDraw, decoder: Decoder,
+               counts: Counts) -> Sample:
+        tiles = self.tiles.load(draw, decoder, rng, f"sample {key.index} (epoch {key.epoch})")
+        self._settle(tiles.bad, counts)
+        targets = fetch_targets(self.index, self.images, tiles.ids, tiles.visible)
+        sample, codes = assemble_sample(tiles, targets, self.steps, rng, flip=draw.draw.flip)
+        _count_codes(codes, counts)
+        return sample
+
+    # ------------------------------------------------------------------ validation
+
+    def letterboxed(self, i: int) -> tuple[Sample, Counts]:
+        """Image ``i`` letterboxed to ``s x s``, every instance kept (validation, test)."""
+        counts: Counts = Counts(samples=1)
+        plan, scale, pad = self.geometry.letterbox.plan(tuple(self.sizes[i]))
+        frame = Frame(float(scale), (float(pad[0]), float(pad[1])), (int(self.sizes[i, 0]), int(self.sizes[i, 1])))
+        reduce = choose_reduce(plan.matrices[0])
+        try:
+            image = self.images.image(i, reduce, counts)
+        except BadImageError as err:
+            self._settle((BadTile(i, err),), counts)
+            return empty_sample(int(self.index.image_ids[i]), self.options.image_size, frame), counts
+        tiles = Tiles(np.array([i], np.int64), plan, (image,), (reduce,))
+        targets = fetch_targets(self.index, self.images, tiles.ids, tiles.visible)
+        sample, codes = assemble_sample(tiles, targets, None, None, flip=False, frame=frame)
+        _count_codes(codes, counts)
+        return sample, counts
+
+    # ------------------------------------------------------------------ bad images
+
+    def _settle(self, bad: Sequence[BadTile], counts: Counts) -> None:
+        """Raise the first bad image (``on_bad_sample="raise"``), or count each with its annotations."""
+        for event in bad:
+            if not self.skip_bad:
+                raise event.error
+            reason = event.error.reason
+            counts[reason if reason in IMAGE_ERROR_REASONS else "image_corrupt"] += 1
+            counts["bad_image"] += len(self.index.labels(event.index))
+
+
+def _count_codes(codes: np.ndarray, counts: Counts) -> None:
+    """Count each instance as ``kept`` or by its drop reason."""
+    for reason, n in zip(DROP_REASONS, np.bincount(codes, minlength=len(DROP_REASONS))):
+        if n:
+            counts[reason] += int(n)
+
+
+def _count_mix(result: MixResult, counts: Counts) -> Sample:
+    """Count what mixing added (``pasted``, ``mixed_in``) and took (``occluded``) as targets."""
+    for key, n in (("pasted", result.pasted), ("mixed_in", result.mixed_in), ("occluded", result.occluded),
+                   ("kept", result.pasted + result.mixed_in - result.occluded)):
+        if n:
+            counts[key] += n
+    return result.sample
