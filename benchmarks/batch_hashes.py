@@ -25,7 +25,6 @@ from pathlib import Path
 from typing import Any
 
 import albumentations as A
-import numpy as np
 import torch
 
 from seg_datamodule import COCOSegDataModule

@@ -28,32 +28,27 @@ Without ``train_ann`` the module uses the embedded demo dataset, generated on fi
 from __future__ import annotations
 
 import logging
-from dataclasses import replace
 from typing import Any, Literal
 
 import albumentations as A
 import numpy as np
-import torch
 from lightning.pytorch import LightningDataModule
 from lightning.pytorch.utilities import rank_zero_info
-from lightning.pytorch.utilities.model_helpers import is_overridden
-from torch.utils.data import DataLoader
 
-from seg_datamodule.data.accounting import format_report
-from seg_datamodule.data.dataset import COUNT_KEYS, DECODE_KEYS, SegDataset
-from seg_datamodule.data.loaders import LoaderPlan, loader_kwargs
+from seg_datamodule.data.dataset import SegDataset
+from seg_datamodule.data.module_counts import CountsHooks
+from seg_datamodule.data.module_loaders import LoaderHooks
+from seg_datamodule.data.module_sources import DataSources
 from seg_datamodule.data.options import AugmentOptions, IndexOptions, LoaderOptions, StreamOptions
+from seg_datamodule.data.predict import PredictDataset
 from seg_datamodule.data.repeat_factors import describe_repeat_factors, image_repeat_factors
-from seg_datamodule.data.predict import PredictCollate, PredictDataset
-from seg_datamodule.data.resume import DeliveredCounts, ResumableDataLoader
-from seg_datamodule.data.sampler import EpochShardSampler
-from seg_datamodule.data.splits import build_predict_images, build_test_index, check_pair
-from seg_datamodule.demo.data import ensure_demo_dataset
+from seg_datamodule.data.resume import ResumableDataLoader
+from seg_datamodule.data.splits import check_pair
 from seg_datamodule.io.coco import CocoIndex
 from seg_datamodule.ops.checks import check_choice, check_int, check_number
 from seg_datamodule.transforms.albu import load_transforms
 from seg_datamodule.transforms.augment import MosaicAffine
-from seg_datamodule.transforms.hsv import HSVJitter, apply_pending_hsv, refuse_random_hsv
+from seg_datamodule.transforms.hsv import HSVJitter, refuse_random_hsv
 from seg_datamodule.transforms.lsj import LargeScaleJitter
 
 __all__ = ["AUTO_CACHE_MAX_IMAGES", "COCOSegDataModule"]
@@ -64,7 +59,7 @@ AUTO_CACHE_MAX_IMAGES = 512
 log = logging.getLogger(__name__)
 
 
-class COCOSegDataModule(LightningDataModule):
+class COCOSegDataModule(DataSources, LoaderHooks, CountsHooks, LightningDataModule):
     """Instance-segmentation batches from COCO-format data, masks rasterised in the workers.
 
     Args:
@@ -315,62 +310,6 @@ class COCOSegDataModule(LightningDataModule):
         """``"raise"`` or ``"skip"`` (the indices' and so the datasets')."""
         return self.index_options.on_bad_sample
 
-    # ------------------------------------------------------------------ data sources
-
-    def _resolve_paths(self) -> None:
-        """Fill in the demo dataset's paths when no training data was given."""
-        if self.train_ann is not None or self.train_stream is not None:
-            return
-        demo = ensure_demo_dataset(self.demo_dir)
-        self.train_ann, self.train_images = str(demo.train_ann), str(demo.train_images)
-        if self.val_ann is None:
-            self.val_ann, self.val_images = str(demo.val_ann), str(demo.val_images)
-
-    def _build_indices(self) -> None:
-        self._resolve_paths()
-        if self.train_stream is not None and self.stream_meta is None:
-            from seg_datamodule.io.stream import check_stream_source  # LitData is an optional extra
-
-            # Metadata and index.json checked before LitData reads anything (issue 29).
-            assert self.stream_options is not None
-            self.stream_meta = check_stream_source(self.train_stream, self.stream_options.storage_options)
-        elif self.train_stream is None and self.train_index is None:
-            self.train_index = self.index_options.build(self.train_ann, self.train_images)
-        if self.val_ann is not None and self.val_index is None:
-            # Validation keeps its negatives: dropping them would bias the evaluation.
-            self.val_index = replace(self.index_options, drop_empty=False).build(self.val_ann, self.val_images)
-            train_ids, val_ids = np.asarray(self._train_categories()[0]), self.val_index.category_ids
-            if not np.array_equal(train_ids, val_ids):
-                # Labels are positions in each file's sorted category ids: they must agree.
-                raise ValueError(
-                    f"{self.val_ann}: category ids {val_ids.tolist()} differ from those of "
-                    f"{self.train_ann or self.train_stream}: {train_ids.tolist()}; validation labels would not match"
-                )
-
-    def _train_categories(self) -> tuple[list[int], list[str]]:
-        if self.stream_meta is not None:
-            return list(self.stream_meta["category_ids"]), list(self.stream_meta["class_names"])
-        assert self.train_index is not None
-        return self.train_index.category_ids.tolist(), self.train_index.class_names
-
-    @property
-    def category_ids(self) -> list[int]:
-        """COCO category id of each label ``0..C-1`` (the training data's ids, sorted)."""
-        self._build_indices()
-        return [int(c) for c in self._train_categories()[0]]
-
-    @property
-    def num_classes(self) -> int:
-        """C, the number of categories (contiguous labels ``0..C-1``) of the training data."""
-        self._build_indices()
-        return len(self._train_categories()[0])
-
-    @property
-    def class_names(self) -> list[str]:
-        """Category names in label order."""
-        self._build_indices()
-        return self._train_categories()[1]
-
     # ------------------------------------------------------------------ Lightning hooks
 
     def prepare_data(self) -> None:
@@ -404,21 +343,6 @@ class COCOSegDataModule(LightningDataModule):
         elif stage == "predict":
             self._setup_predict()
 
-    def _setup_test(self) -> None:
-        if self.test_ann is None or self.test_dataset is not None:
-            return
-        train = str(self.train_ann or self.train_stream)
-        self.test_index = build_test_index(self.test_ann, self.test_images, self.index_options, self.category_ids,
-                                           train)
-        self.test_dataset = SegDataset(self.test_index, self.augment, train=False, seed=self.seed)
-
-    def _setup_predict(self) -> None:
-        if self.predict_images is None or self.predict_dataset is not None:
-            return
-        images = build_predict_images(self.predict_images, self.predict_ann, self.index_options, self.category_ids,
-                                      str(self.train_ann or self.train_stream))
-        self.predict_dataset = PredictDataset(images, image_size=self.image_size, on_bad_sample=self.on_bad_sample)
-
     def _setup_repeat_factors(self, stage: str) -> None:
         """Per-image repeat factors of the training index; the Trainer must reload the loader."""
         if self.repeat_factors is None:
@@ -435,167 +359,3 @@ class COCOSegDataModule(LightningDataModule):
                 f"Trainer(reload_dataloaders_every_n_epochs=1) (got {reload})"
             )
 
-    def _loader_kwargs(self, dataset: Any = None, batch_size: int = 1, what: str = "the loader") -> dict[str, Any]:
-        local_ranks = 1 if self.trainer is None else max(1, int(self.trainer.num_devices))
-        plan = LoaderPlan(self.loader_options, dataset, batch_size, local_ranks, what)
-        return loader_kwargs(plan, (self.image_size, self.image_size), self._on_cuda())
-
-    def _on_cuda(self) -> bool:
-        """Pinning only pays (and only works) when batches go to a CUDA device."""
-        if self.trainer is None:
-            return torch.cuda.is_available()
-        return self.trainer.strategy.root_device.type == "cuda"
-
-    def _world(self) -> tuple[int, int]:
-        if self.trainer is None:
-            return 1, 0
-        return int(self.trainer.world_size), int(self.trainer.global_rank)
-
-    def train_dataloader(self) -> DataLoader:
-        if self.train_dataset is None:
-            self.setup("fit")
-        assert self.train_dataset is not None
-        world_size, rank = self._world()
-        progress = self._trained_batches if self.trainer is not None else None
-        # A reloaded loader keeps counting where the last one was.
-        counts = DeliveredCounts(None if self._train_loader is None else self._train_loader.delivered_counts)
-        kwargs = self._loader_kwargs(self.train_dataset, self.batch_size, "the train loader")
-        loader: Any
-        if self.stream_options is not None:  # LitData shards over ranks and workers itself
-            from seg_datamodule.data.streaming import stream_train_loader
-
-            kwargs["persistent_workers"] = False  # LitData's epoch lives in workers
-            loader = stream_train_loader(self.stream_options, self.train_dataset, kwargs.pop("collate_fn"),
-                                         batch_size=self.batch_size, progress=progress, counts=counts, **kwargs)
-        else:
-            sampler = EpochShardSampler(self.train_dataset, num_replicas=world_size, rank=rank, shuffle=True,
-                                        seed=self.seed, repeat_factors=self.repeat_factors)
-            if self.trainer is not None:  # a reloaded loader: its length is the coming epoch's
-                sampler.set_epoch(int(self.trainer.current_epoch))
-            loader = ResumableDataLoader(self.train_dataset, batch_size=self.batch_size, sampler=sampler,
-                                         progress=progress, on_mismatch=self.on_resume_mismatch, counts=counts,
-                                         **kwargs)
-        if self._loader_state is not None:  # a checkpoint being resumed
-            loader.load_state_dict(self._loader_state)
-            self._loader_state = None
-        self._train_loader = loader
-        return loader
-
-    def on_after_batch_transfer(self, batch: Any, dataloader_idx: int) -> Any:
-        """Apply the batch's pending HSV jitter (``hsv_on_device``) on its device, then the model's hook.
-
-        Lightning runs only the DataModule's hook when both define it, so the model's own
-        ``on_after_batch_transfer`` is called from here, after the jitter.
-        """
-        batch = apply_pending_hsv(batch)
-        model = None if self.trainer is None else self.trainer.lightning_module
-        if model is not None and is_overridden("on_after_batch_transfer", model):
-            batch = model.on_after_batch_transfer(batch, dataloader_idx)
-        return batch
-
-    def state_dict(self) -> dict[str, Any]:
-        """The train loader's state, also kept here so a resume can apply it early enough.
-
-        Lightning saves the loader's own ``state_dict`` with the fit loop and restores it in
-        ``FitLoop.setup_data``; but when ``configure_optimizers`` reads
-        ``trainer.estimated_stepping_batches`` (any schedule sized to the run, as
-        :class:`~seg_datamodule.demo.model.YolactLite` does), ``setup_data`` runs before the
-        loops are restored, creates and starts the iterator, and is then skipped, so that state
-        would never reach the loader. The DataModule's state is restored before that point.
-        """
-        return {} if self._train_loader is None else {"train_loader": self._train_loader.state_dict()}
-
-    def load_state_dict(self, state_dict: dict[str, Any]) -> None:
-        """Keep the train loader's state for the next ``train_dataloader()`` (see :meth:`state_dict`)."""
-        self._loader_state = state_dict.get("train_loader")
-
-    def _trained_batches(self) -> int:
-        """Batches of the current epoch the Trainer has taken (fetched ahead ones not included)."""
-        return int(self.trainer.fit_loop.epoch_loop.batch_progress.current.ready)
-
-    def val_dataloader(self) -> DataLoader | list:
-        if self.val_dataset is None and self.val_ann is not None:
-            self.setup("validate")
-        if self.val_dataset is None:
-            return []
-        # Sequential; under DDP Lightning shards it with its own DistributedSampler.
-        return DataLoader(self.val_dataset, batch_size=self.val_batch_size, shuffle=False,
-                          **self._loader_kwargs(self.val_dataset, self.val_batch_size, "the validation loader"))
-
-    def test_dataloader(self) -> DataLoader | list:
-        """The ``test_ann`` split, in order, letterboxed (as :meth:`val_dataloader`); ``[]`` without one."""
-        self._setup_test()
-        if self.test_dataset is None:
-            return []
-        return DataLoader(self.test_dataset, batch_size=self.val_batch_size, shuffle=False,
-                          **self._loader_kwargs(self.test_dataset, self.val_batch_size, "the test loader"))
-
-    def predict_dataloader(self) -> DataLoader:
-        """``predict_images`` in order, letterboxed, without targets (see :mod:`~seg_datamodule.data.predict`).
-
-        Raises:
-            ValueError: no ``predict_images`` was given.
-        """
-        self._setup_predict()
-        if self.predict_dataset is None:
-            raise ValueError("predict needs predict_images (a folder, or the folder of predict_ann's images)")
-        kwargs = self._loader_kwargs()
-        kwargs["collate_fn"] = PredictCollate(self.image_size, mask_stride=self.mask_stride)
-        return DataLoader(self.predict_dataset, batch_size=self.val_batch_size, shuffle=False, **kwargs)
-
-    # ------------------------------------------------------------------ accounting
-
-    @property
-    def skip_counts(self) -> dict[str, dict[str, int]]:
-        """Where every annotation went, by source and reason.
-
-        ``train_index`` / ``val_index``: annotations and images left out of the index at setup
-        (``on_bad_sample="skip"``, ``drop_crowd``, ``drop_empty``). ``train`` / ``val``: per
-        annotation of every tile drawn, ``kept`` (in the sample) or the reason it was dropped
-        (outside the canvas, clipped below ``min_area_ratio``, a tiny box, a bad image).
-        ``train`` counts the batches the Trainer took (each batch carries its counts, so batches
-        the workers built ahead but nobody trained on are not counted, and a resumed run
-        continues the count saved in the checkpoint); ``val`` counts what the workers built.
-        Under DDP each rank counts its own shard.
-        """
-        out: dict[str, dict[str, int]] = {}
-        for name, index in (("train_index", self.train_index), ("val_index", self.val_index),
-                            ("test_index", self.test_index)):
-            if index is not None:
-                out[name] = {**index.skip_counts, **index.dropped_counts}
-        if self.stream_meta is not None:  # skipped at conversion; per epoch, LitData's DDP tail
-            from seg_datamodule.io.stream import stream_drop_count
-
-            out["train_index"] = {**self.stream_meta["skip_counts"], **self.stream_meta["dropped_counts"],
-                                  "image_ddp_tail_per_epoch": stream_drop_count(
-                                      self.stream_meta["num_records"], self._world()[0], self.batch_size)}
-        for name, dataset in (("train", self.train_dataset), ("val", self.val_dataset), ("test", self.test_dataset)):
-            if dataset is not None:
-                out[name] = {key: 0 for key in COUNT_KEYS} | {
-                    k: v for k, v in self._counts_of(name, dataset).items() if k in COUNT_KEYS
-                }
-        return out
-
-    def _counts_of(self, name: str, dataset: SegDataset) -> dict[str, int]:
-        """Training: the batches trained on (exact across a resume); else what the workers built."""
-        if name == "train" and self._train_loader is not None:
-            return self._train_loader.delivered_counts
-        return dataset.counts | dataset.decode_counts
-
-    def report(self) -> str:
-        """A human-readable summary of :attr:`skip_counts` and the training decodes per image."""
-        dataset = self.train_dataset
-        decodes = None
-        if dataset is not None:
-            counts = self._counts_of("train", dataset)
-            decodes = {key: counts.get(key, 0) for key in DECODE_KEYS}
-            decodes["setting"] = f"mosaic_partners={dataset.augment.mosaic_partners!r}, cache_images={dataset.cache_images}"
-        report = format_report(self.skip_counts, decodes)
-        if self.repeat_factors is not None and self.repeat_factor_threshold is not None:
-            drawn = None if self._train_loader is None else len(self._train_loader.sampler)
-            report += "\n" + describe_repeat_factors(self.repeat_factors, self.repeat_factor_threshold, drawn)
-        return report
-
-    def teardown(self, stage: str) -> None:
-        if stage == "fit":
-            rank_zero_info(f"seg_datamodule: where the annotations went (by reason)\n{self.report()}")

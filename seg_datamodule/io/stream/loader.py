@@ -24,7 +24,7 @@ from __future__ import annotations
 from typing import Any
 
 import numpy as np
-from litdata import StreamingDataLoader, StreamingDataset
+from litdata import StreamingDataset
 from litdata.streaming.serializers import _SERIALIZERS, Serializer
 
 from seg_datamodule.compat import require_version, verified_note
