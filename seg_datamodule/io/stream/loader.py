@@ -43,8 +43,9 @@ def check_litdata(loader: object | None = None) -> None:
     """Raise unless LitData is the release the state fixes were verified on (and, given a
     ``loader``, it has the private counters they rewrite). Called at import.
 
-    :class:`StreamTrainLoader` rewrites LitData's private counters and ``restore`` flag; with
-    another release they may mean something else and a resumed run would see other samples.
+    :class:`~seg_datamodule.data.streaming.StreamTrainLoader` rewrites LitData's private counters
+    and ``restore`` flag; with another release they may mean something else and a resumed run
+    would see other samples.
 
     Raises:
         ImportError: another LitData is installed (the message names the supported release).
