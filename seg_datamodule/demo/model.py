@@ -129,7 +129,7 @@ class YolactLite(YolactNet, L.LightningModule):
         check_number("cls_weight", cls_weight, 0.0)
         check_bool("cosine_schedule", cosine_schedule)
         check_bool("coco_eval", coco_eval)
-        # The network's layers (YolactNet), then Lightning's own set-up along the MRO.
+        # YolactNet runs Lightning's own set-up (next in the MRO), then builds the layers.
         super().__init__(num_classes, num_prototypes, width, mask_stride)
         # val_ann is left out of the hyperparameters: the DataModule logs its own, and Lightning
         # refuses a key logged by both with different values (the model's default is None).
