@@ -36,7 +36,7 @@ import psutil
 from litdata.streaming.downloader import LocalDownloaderWithCache, register_downloader
 
 from seg_datamodule.data.datamodule import COCOSegDataModule
-from seg_datamodule.io.stream import convert_coco
+from seg_datamodule.io.stream import ChunkOptions, IndexOptions, convert_coco
 
 _LATENCY_S = [0.0]  # read by the downloader in the (forked) workers
 _DOWNLOADS = [0]
@@ -162,8 +162,8 @@ def main() -> None:
     chunks = work / "chunks"
     shutil.rmtree(chunks, ignore_errors=True)
     start = time.perf_counter()
-    meta = convert_coco(args.ann, args.images, str(chunks), chunk_bytes=args.chunk_bytes, num_workers=2,
-                        start_method="fork", on_bad_sample="skip")
+    meta = convert_coco(args.ann, args.images, str(chunks), IndexOptions(on_bad_sample="skip"),
+                        ChunkOptions(chunk_bytes=args.chunk_bytes, num_workers=2, start_method="fork"))
     results: dict[str, Any] = {
         "images": meta["num_records"], "convert_s": round(time.perf_counter() - start, 2),
         "chunks": len(list(chunks.glob("*.bin"))),

@@ -13,8 +13,10 @@ Data path inside the model::
                                                  \\-> ProtoNet -> protos (B,k,Hp,Wp), Hp = ceil(H/4)
     mask_logits[n] = coefficients[n] @ protos[image of n]                          (N, Hp, Wp)
 
-The loss pieces are pure functions over tensors in :mod:`~seg_datamodule.demo.losses`; the
-LightningModule only wires them.
+The network is :class:`~seg_datamodule.demo.network.YolactNet`, which this LightningModule
+subclasses (so the layers' names are the ``state_dict`` keys); the loss pieces are pure functions
+over tensors in :mod:`~seg_datamodule.demo.losses`, and the metrics and the predict boxes come from
+:mod:`~seg_datamodule.demo.scoring`: the LightningModule only wires them.
 
 Validation also reports COCO mask and box AP (``val/segm_AP``, ``val/bbox_AP``, ...) with
 :class:`~seg_datamodule.evaluation.COCOMaskMAP` against the validation annotation file. The
@@ -44,95 +46,34 @@ ordinary batch.
 from __future__ import annotations
 
 import math
-import os
-from pathlib import Path
-from typing import Any, NamedTuple
+from typing import Any
 
 import lightning as L
 import torch
 import torch.nn.functional as F
-from torch import Tensor, nn
+from torch import Tensor
 from lightning.pytorch.utilities import rank_zero_info
-from torchvision.ops import roi_align
 
-from seg_datamodule.demo.losses import assemble_masks, box_predictions, mask_iou, mask_loss
+from seg_datamodule.demo.losses import box_predictions, mask_iou, mask_loss
+from seg_datamodule.demo.network import YolactNet, YolactOutput
+from seg_datamodule.demo.scoring import (
+    TEST_STATS,
+    VAL_STATS,
+    check_datamodule_agrees,
+    held_out_metric,
+    picked_stats,
+    prediction_boxes,
+    validation_metric,
+)
 from seg_datamodule.evaluation import COCOMaskMAP, CocoDetections, LVISMaskMAP
-from seg_datamodule.evaluation.lvis_eval import LVISFileError
 from seg_datamodule.evaluation.results import batch_detections
 from seg_datamodule.ops.checks import check_bool, check_int, check_number
 from seg_datamodule.structures import DetectionBatch
 
 __all__ = ["YolactLite", "YolactOutput"]
 
-# ImageNet statistics in uint8 units; any fixed statistics would do for a model trained from scratch.
-_MEAN = (123.675, 116.28, 103.53)
-_STD = (58.395, 57.12, 57.375)
-_FEATURE_STRIDE = 8  # the stride the coefficients are pooled from
-_POOL = 7  # roi_align output side
 
-
-# ------------------------------------------------------------------------------ pure functions
-
-
-class YolactOutput(NamedTuple):
-    """What :meth:`YolactLite.forward` returns.
-
-    Attributes:
-        protos (Tensor[B, k, Hp, Wp] float): prototype maps on the mask grid.
-        coefficients (Tensor[N, k] float): per-instance coefficients in ``[-1, 1]``.
-        class_logits (Tensor[N, C] float): per-instance class logits.
-        mask_logits (Tensor[N, Hp, Wp] float): per-instance mask logits (not cropped).
-    """
-
-    protos: Tensor
-    coefficients: Tensor
-    class_logits: Tensor
-    mask_logits: Tensor
-
-
-def _check_datamodule_agrees(val_ann: str | None, mask_stride: int, datamodule: Any) -> None:
-    """Refuse a model whose ``val_ann`` or ``mask_stride`` contradicts the DataModule's.
-
-    Args:
-        val_ann: the model's own ``val_ann`` (``None``: take the DataModule's).
-        mask_stride: the model's prototype stride.
-        datamodule: the Trainer's DataModule, or ``None`` (plain DataLoaders: nothing to check).
-
-    Raises:
-        ValueError: naming both files, or both strides.
-    """
-    dm_ann = getattr(datamodule, "val_ann", None)
-    if val_ann is not None and dm_ann is not None and not _same_file(val_ann, dm_ann):
-        raise ValueError(
-            f"YolactLite(val_ann={str(val_ann)!r}) differs from the DataModule's val_ann={str(dm_ann)!r}; "
-            "the model scores the DataModule's validation images, so leave the model's val_ann unset "
-            "(it takes the DataModule's) or give both the same file"
-        )
-    dm_stride = getattr(datamodule, "mask_stride", None)
-    if isinstance(dm_stride, int) and dm_stride != mask_stride:
-        raise ValueError(
-            f"YolactLite(mask_stride={mask_stride}) differs from the DataModule's mask_stride={dm_stride}; "
-            "the prototype grid must be the masks' grid"
-        )
-
-
-def _same_file(a: str | os.PathLike, b: str | os.PathLike) -> bool:
-    """Whether two paths name one file (resolved; by inode when both exist)."""
-    try:
-        return os.path.samefile(a, b)
-    except OSError:
-        return Path(a).resolve() == Path(b).resolve()
-
-
-def _conv(c_in: int, c_out: int, stride: int = 1) -> nn.Sequential:
-    return nn.Sequential(
-        nn.Conv2d(c_in, c_out, 3, stride=stride, padding=1, bias=False),
-        nn.BatchNorm2d(c_out),
-        nn.ReLU(inplace=True),
-    )
-
-
-class YolactLite(L.LightningModule):
+class YolactLite(YolactNet, L.LightningModule):
     """A small YOLACT-style model trained from a :class:`DetectionBatch`.
 
     Args:
@@ -177,7 +118,6 @@ class YolactLite(L.LightningModule):
         coco_eval: bool = True,
         val_ann: str | None = None,
     ) -> None:
-        super().__init__()
         # The package's one argument checker: TypeError for a wrong type, ValueError for a bad value.
         for name, value in (("num_classes", num_classes), ("num_prototypes", num_prototypes), ("width", width)):
             check_int(name, value, 1)
@@ -189,91 +129,18 @@ class YolactLite(L.LightningModule):
         check_number("cls_weight", cls_weight, 0.0)
         check_bool("cosine_schedule", cosine_schedule)
         check_bool("coco_eval", coco_eval)
+        # YolactNet runs Lightning's own set-up (next in the MRO), then builds the layers.
+        super().__init__(num_classes, num_prototypes, width, mask_stride)
         # val_ann is left out of the hyperparameters: the DataModule logs its own, and Lightning
         # refuses a key logged by both with different values (the model's default is None).
         self.save_hyperparameters(ignore=["val_ann"])
         self.val_ann = val_ann
-        self.num_classes = num_classes
-        self.num_prototypes = num_prototypes
-        self.mask_stride = mask_stride
         #: Made at ``setup`` once the annotation file is known (see ``val_ann``).
         self.coco_metric: COCOMaskMAP | None = None
         #: Made at ``setup("test")`` from the DataModule's ``test_ann`` when it has annotations.
         self.test_metric: COCOMaskMAP | None = None
         #: COCO category id of each label, for ``predict_step`` (the DataModule's, at ``setup``).
         self.category_ids: list[int] | None = None
-        self.register_buffer("pixel_mean", torch.tensor(_MEAN).view(1, 3, 1, 1), persistent=False)
-        self.register_buffer("pixel_std", torch.tensor(_STD).view(1, 3, 1, 1), persistent=False)
-
-        w = width
-        # Backbone: strided 3x3 blocks, /2 /4 /8 /16; the /16 stage adds context to /8.
-        self.stem = _conv(3, w, 2)
-        self.stage4 = nn.Sequential(_conv(w, 2 * w, 2), _conv(2 * w, 2 * w))
-        self.stage8 = nn.Sequential(_conv(2 * w, 4 * w, 2), _conv(4 * w, 4 * w))
-        self.stage16 = nn.Sequential(_conv(4 * w, 8 * w, 2), _conv(8 * w, 8 * w))
-        self.top_down = nn.Conv2d(8 * w, 4 * w, 1)
-        self.p8 = _conv(4 * w, 4 * w)
-        # ProtoNet: /8 -> upsample to the mask grid, plus a /4 skip for sharp edges.
-        self.proto_in = _conv(4 * w, 2 * w)
-        self.proto_skip = nn.Conv2d(2 * w, 2 * w, 1)
-        self.proto_out = nn.Sequential(_conv(2 * w, 2 * w), nn.Conv2d(2 * w, num_prototypes, 1), nn.ReLU())
-        # Per-instance head on roi-aligned /8 features: no batch norm, so one instance works.
-        self.roi_conv = nn.Sequential(nn.Conv2d(4 * w, 2 * w, 3, padding=1), nn.ReLU(inplace=True))
-        self.roi_fc = nn.Sequential(nn.Flatten(), nn.Linear(2 * w * _POOL * _POOL, 8 * w), nn.ReLU(inplace=True))
-        self.coefficient_head = nn.Linear(8 * w, num_prototypes)
-        self.class_head = nn.Linear(8 * w, num_classes)
-
-    # -------------------------------------------------------------------------------- forward
-
-    def features(self, images: Tensor) -> tuple[Tensor, Tensor]:
-        """Backbone and ProtoNet.
-
-        Args:
-            images (Tensor[B, 3, H, W] uint8): RGB images.
-
-        Returns:
-            p8 (Tensor[B, 4w, ceil(H/8), ceil(W/8)] float) and
-            protos (Tensor[B, k, ceil(H/s), ceil(W/s)] float), s = ``mask_stride``.
-        """
-        height, width = images.shape[-2:]
-        x = (images.float() - self.pixel_mean) / self.pixel_std
-        c4 = self.stage4(self.stem(x))
-        c8 = self.stage8(c4)
-        c16 = self.stage16(c8)
-        p8 = self.p8(c8 + F.interpolate(self.top_down(c16), size=c8.shape[-2:], mode="nearest"))
-        grid = (-(-height // self.mask_stride), -(-width // self.mask_stride))
-        proto = F.interpolate(self.proto_in(p8), size=grid, mode="bilinear", align_corners=False)
-        skip = self.proto_skip(c4)
-        if skip.shape[-2:] != grid:
-            skip = F.interpolate(skip, size=grid, mode="bilinear", align_corners=False)
-        protos = self.proto_out(proto + skip)
-        return p8, protos
-
-    def forward(self, images: Tensor, boxes: Tensor, boxes_per_image: Tensor) -> YolactOutput:
-        """Prototypes, and coefficients, class logits and mask logits at the given boxes.
-
-        Args:
-            images (Tensor[B, 3, H, W] uint8): RGB images.
-            boxes (Tensor[N, 4] float32): xyxy boxes in canvas pixels, image after image.
-            boxes_per_image (Tensor[B] int64): boxes per image; sums to N.
-
-        Returns:
-            :class:`YolactOutput`.
-        """
-        p8, protos = self.features(images)
-        image_index = torch.repeat_interleave(
-            torch.arange(images.shape[0], device=boxes.device), boxes_per_image.to(boxes.device)
-        )
-        # float32 whatever the autocast dtype: bf16 would move a box by up to 2 px at 640.
-        rois = torch.cat([image_index[:, None].float(), boxes.float()], dim=1)
-        pooled = roi_align(
-            p8.float(), rois, output_size=_POOL, spatial_scale=1.0 / _FEATURE_STRIDE, sampling_ratio=2, aligned=True
-        ).to(p8.dtype)
-        hidden = self.roi_fc(self.roi_conv(pooled))
-        coefficients = torch.tanh(self.coefficient_head(hidden))
-        class_logits = self.class_head(hidden)
-        mask_logits = assemble_masks(protos, coefficients, boxes_per_image)
-        return YolactOutput(protos, coefficients, class_logits, mask_logits)
 
     # ------------------------------------------------------------------------------ the steps
 
@@ -320,7 +187,7 @@ class YolactLite(L.LightningModule):
         (the demo dataset's, when no files were given).
         """
         datamodule = getattr(self._trainer, "datamodule", None) if self._trainer is not None else None
-        _check_datamodule_agrees(self.val_ann, self.mask_stride, datamodule)
+        check_datamodule_agrees(self.val_ann, self.mask_stride, datamodule)
         if stage in ("test", "predict"):
             self._setup_held_out(stage)
             return
@@ -329,18 +196,7 @@ class YolactLite(L.LightningModule):
         ann_file = self.val_ann if self.val_ann is not None else getattr(datamodule, "val_ann", None)
         if ann_file is None:
             return
-        metric = COCOMaskMAP(ann_file)
-        try:
-            num_categories = len(metric.category_ids)
-        except LVISFileError:  # an LVIS file: federated LVIS AP instead
-            metric = LVISMaskMAP(ann_file)
-            num_categories = len(metric.category_ids)
-        if num_categories != self.num_classes:
-            raise ValueError(
-                f"{ann_file} has {num_categories} categories but the model has num_classes="
-                f"{self.num_classes}; COCO AP needs label k to be the file's k-th category"
-            )
-        self.coco_metric = metric
+        self.coco_metric = validation_metric(ann_file, self.num_classes)
 
     def _setup_held_out(self, stage: str) -> None:
         """Test: a COCO metric on the DataModule's ``test_ann`` (if annotated); both: category ids."""
@@ -350,16 +206,7 @@ class YolactLite(L.LightningModule):
         ann_file = getattr(datamodule, "test_ann", None)
         if stage != "test" or not self.hparams.coco_eval or ann_file is None or self.test_metric is not None:
             return
-        metric = COCOMaskMAP(ann_file)
-        if not metric.coco.dataset.get("annotations"):
-            rank_zero_info(f"{ann_file} has no annotations (an image-info file): test/ logs the losses, no COCO AP")
-            return
-        if len(metric.category_ids) != self.num_classes:
-            raise ValueError(
-                f"{ann_file} has {len(metric.category_ids)} categories but the model has num_classes="
-                f"{self.num_classes}; COCO AP needs label k to be the file's k-th category"
-            )
-        self.test_metric = metric
+        self.test_metric = held_out_metric(ann_file, self.num_classes)
 
     def validation_step(self, batch: DetectionBatch, batch_idx: int) -> None:
         """Logs ``val/loss``, ``val/mask_loss``, ``val/cls_loss``, ``val/mask_iou``, ``val/cls_acc``.
@@ -390,9 +237,7 @@ class YolactLite(L.LightningModule):
             return
         results = metric.compute()
         metric.reset()
-        names = ("AP", "AP50", "AP75", "AP_small", "AP_medium", "AP_large", "APs", "APm", "APl", "APr", "APc", "APf")
-        logged = {f"val/{k}": v for k, v in results.items() if k.split("_", 1)[1] in names}
-        for name, value in logged.items():
+        for name, value in picked_stats(results, "val", VAL_STATS).items():
             # The same value on every rank; sync_dist keeps Lightning's epoch-level DDP check quiet.
             self.log(name, value, prog_bar=name == "val/segm_AP", sync_dist=True)
         if not self.trainer.sanity_checking:
@@ -419,10 +264,8 @@ class YolactLite(L.LightningModule):
             return
         results = metric.compute()
         metric.reset()
-        names = ("AP", "AP50", "AP75", "AP_small", "AP_medium", "AP_large")
-        for name, value in results.items():
-            if name.split("_", 1)[1] in names:
-                self.log(f"test/{name}", value, sync_dist=True)
+        for name, value in picked_stats(results, "test", TEST_STATS).items():
+            self.log(name, value, sync_dist=True)
         rank_zero_info(f"COCO test segm AP {results['segm_AP']:.4f}, bbox AP {results['bbox_AP']:.4f} "
                        "(at the ground-truth boxes)")
 
@@ -435,20 +278,7 @@ class YolactLite(L.LightningModule):
         Returns:
             boxes (Tensor[N, 4] float32) xyxy canvas pixels, boxes_per_image (Tensor[B] int64).
         """
-        given = batch.boxes.float().split(batch.boxes_per_image.tolist())
-        height, width = batch.images.shape[-2:]
-        boxes = []
-        for b, own in enumerate(given):
-            if len(own):
-                boxes.append(own)
-                continue
-            # The image without its letterbox pad: pad .. pad + size * scale, inside the canvas.
-            pad, size, scale = batch.pads[b].float(), batch.orig_sizes[b].flip(0).float(), batch.scales[b].float()
-            box = torch.cat([pad, pad + size * scale]).clamp(min=0.0)
-            box = torch.minimum(box, box.new_tensor([width, height, width, height], dtype=torch.float32))
-            boxes.append(box[None])
-        per_image = torch.tensor([len(b) for b in boxes], dtype=torch.int64, device=batch.boxes.device)
-        return (torch.cat(boxes) if boxes else batch.boxes.new_zeros((0, 4))), per_image
+        return prediction_boxes(batch)
 
     def predict_step(self, batch: DetectionBatch, batch_idx: int, dataloader_idx: int = 0) -> CocoDetections:
         """Detections in original-image pixels and COCO category ids, image by image.

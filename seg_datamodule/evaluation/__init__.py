@@ -15,11 +15,12 @@ from seg_datamodule.evaluation.coco_metric import COCOMaskMAP
 from seg_datamodule.evaluation.lvis_eval import LVIS_STAT_NAMES, evaluate_lvis, load_lvis
 from seg_datamodule.evaluation.lvis_metric import LVISMaskMAP
 from seg_datamodule.evaluation.letterbox import boxes_to_canvas, boxes_to_original, masks_to_original
-from seg_datamodule.evaluation.predictions import CocoDetections, canvas_predictions_to_coco
+from seg_datamodule.evaluation.predictions import BatchLetterbox, CocoDetections, canvas_predictions_to_coco
 from seg_datamodule.evaluation.results import batch_detections, detections_to_results
 from seg_datamodule.evaluation.writer import COCOResultsWriter
 
 __all__ = [
+    "BatchLetterbox",
     "COCOMaskMAP",
     "COCOResultsWriter",
     "CocoDetections",

@@ -33,7 +33,7 @@ from seg_datamodule.evaluation.coco_eval import (
     resolve_backend,
 )
 from seg_datamodule.evaluation.lvis_eval import LVISFileError, is_lvis_dataset
-from seg_datamodule.evaluation.predictions import CocoDetections, canvas_predictions_to_coco
+from seg_datamodule.evaluation.predictions import BatchLetterbox, CocoDetections, canvas_predictions_to_coco
 from seg_datamodule.ops.checks import check_number
 
 __all__ = ["COCOMaskMAP"]
@@ -185,14 +185,9 @@ class COCOMaskMAP(Metric):
         assert self._sizes is not None and coco is not None
         dets = canvas_predictions_to_coco(
             preds,
-            image_ids=batch.image_ids,
-            scales=batch.scales,
-            pads=batch.pads,
-            orig_sizes=batch.orig_sizes,
-            canvas_size=tuple(batch.images.shape[-2:]),
-            mask_stride=int(batch.mask_stride),
-            category_ids=self.category_ids,
-            image_sizes=self._sizes,
+            BatchLetterbox.from_batch(batch),
+            self.category_ids,
+            self._sizes,
             with_masks="segm" in self.iou_types,
             mask_threshold=self.mask_threshold,
             source=self.ann_file,

@@ -23,7 +23,40 @@ from torch import Tensor
 
 from seg_datamodule.evaluation.letterbox import MaskWindow, boxes_to_original, mask_windows
 
-__all__ = ["CocoDetections", "canvas_predictions_to_coco", "encode_windows", "mask_stride_of"]
+__all__ = ["BatchLetterbox", "CocoDetections", "canvas_predictions_to_coco", "encode_windows", "mask_stride_of"]
+
+
+@dataclass(frozen=True)
+class BatchLetterbox:
+    """Where a batch's images sit on its canvas: what maps canvas predictions back to the originals.
+
+    Attributes:
+        image_ids (Tensor[B] int64): COCO image ids.
+        scales (Tensor[B] float): original -> canvas scale of each image.
+        pads (Tensor[B, 2] float): letterbox (left, top) padding, canvas pixels.
+        orig_sizes (Tensor[B, 2] int64): original (H, W).
+        canvas_size (tuple[int, int]): (Hc, Wc) of the canvas.
+        mask_stride (int): stride of the mask grid when masks are not full-canvas.
+    """
+
+    image_ids: Tensor
+    scales: Tensor
+    pads: Tensor
+    orig_sizes: Tensor
+    canvas_size: tuple[int, int]
+    mask_stride: int
+
+    @classmethod
+    def from_batch(cls, batch: Any) -> BatchLetterbox:
+        """A :class:`~seg_datamodule.structures.DetectionBatch`'s letterbox (its canvas is ``images.shape[-2:]``)."""
+        return cls(
+            image_ids=batch.image_ids,
+            scales=batch.scales,
+            pads=batch.pads,
+            orig_sizes=batch.orig_sizes,
+            canvas_size=tuple(batch.images.shape[-2:]),
+            mask_stride=int(batch.mask_stride),
+        )
 
 
 @dataclass(frozen=True)
@@ -177,14 +210,10 @@ def _check_image(
 
 def canvas_predictions_to_coco(
     preds: Sequence[Mapping[str, Tensor]],
-    image_ids: Tensor,
-    scales: Tensor,
-    pads: Tensor,
-    orig_sizes: Tensor,
-    canvas_size: tuple[int, int],
-    mask_stride: int,
+    letterbox: BatchLetterbox,
     category_ids: Sequence[int],
     image_sizes: Mapping[int, tuple[int, int]],
+    *,
     with_masks: bool = True,
     mask_threshold: float = 0.5,
     source: str = "the annotation file",
@@ -197,12 +226,8 @@ def canvas_predictions_to_coco(
             (when ``with_masks``) exactly one of ``masks (Tensor[N, Hm, Wm] bool or float
             probabilities)`` and ``mask_logits (Tensor[N, Hm, Wm] float)``, on the canvas
             (``Hm, Wm = Hc, Wc``) or its stride grid (``ceil(Hc / mask_stride)``, ...).
-        image_ids (Tensor[B] int64): COCO image ids.
-        scales (Tensor[B] float): original -> canvas scale of each image.
-        pads (Tensor[B, 2] float): letterbox (left, top) padding, canvas pixels.
-        orig_sizes (Tensor[B, 2] int64): original (H, W).
-        canvas_size (tuple[int, int]): (Hc, Wc) of the canvas.
-        mask_stride (int): stride of the mask grid when masks are not full-canvas.
+        letterbox (BatchLetterbox): the batch's image ids, scales, pads, original sizes, canvas
+            size ``(Hc, Wc)`` and mask stride (:meth:`BatchLetterbox.from_batch`).
         category_ids (Sequence[int]): label ``k`` is category ``category_ids[k]``.
         image_sizes (Mapping[int, tuple[int, int]]): (H, W) of every image of the annotation file.
         with_masks (bool): encode masks (segm evaluation); boxes only otherwise.
@@ -218,6 +243,8 @@ def canvas_predictions_to_coco(
             scores, a label out of range), an image id not in ``image_sizes`` or an original size
             that differs from the file's, naming the image id.
     """
+    image_ids, scales, pads, orig_sizes = letterbox.image_ids, letterbox.scales, letterbox.pads, letterbox.orig_sizes
+    canvas_size, mask_stride = letterbox.canvas_size, letterbox.mask_stride
     batch = int(image_ids.shape[0])
     if not isinstance(preds, Sequence) or isinstance(preds, (str, bytes)) or isinstance(preds, Mapping):
         raise TypeError(f"preds must be a list with one dict per image, got {type(preds).__name__}")

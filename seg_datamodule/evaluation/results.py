@@ -21,7 +21,7 @@ from typing import Any, Mapping, Sequence
 import numpy as np
 from torch import Tensor
 
-from seg_datamodule.evaluation.predictions import CocoDetections, canvas_predictions_to_coco
+from seg_datamodule.evaluation.predictions import BatchLetterbox, CocoDetections, canvas_predictions_to_coco
 
 __all__ = ["batch_detections", "detections_to_results"]
 
@@ -50,10 +50,8 @@ def batch_detections(
     """
     sizes = {int(i): (int(h), int(w)) for i, (h, w) in zip(batch.image_ids.tolist(), batch.orig_sizes.tolist())}
     return canvas_predictions_to_coco(
-        preds, image_ids=batch.image_ids, scales=batch.scales, pads=batch.pads, orig_sizes=batch.orig_sizes,
-        canvas_size=tuple(batch.images.shape[-2:]), mask_stride=int(batch.mask_stride),
-        category_ids=category_ids, image_sizes=sizes, with_masks=with_masks, mask_threshold=mask_threshold,
-        source="the batch",
+        preds, BatchLetterbox.from_batch(batch), category_ids, sizes, with_masks=with_masks,
+        mask_threshold=mask_threshold, source="the batch",
     )
 
 

@@ -10,12 +10,13 @@ from __future__ import annotations
 import math
 from array import array
 from collections.abc import Mapping
+from dataclasses import dataclass
 
 import numpy as np
 
 from seg_datamodule.ops.checks import check_int
 
-__all__ = ["PHASES", "StepTimeAccumulator"]
+__all__ = ["PHASES", "StepLabels", "StepTimeAccumulator"]
 
 #: Phase names, a contract: keys of :meth:`~seg_datamodule.profiling.callback.StepTimeProfiler.summary`, ``step_time/<phase>_ms``.
 PHASES: tuple[str, ...] = (
@@ -31,6 +32,26 @@ _FETCH, _TO_DEVICE, _FORWARD, _BACKWARD, _OPTIMIZER, _OTHER, _STEP = range(len(P
 _SPLIT = PHASES[:_STEP]  # the exclusive phases, whose shares sum to 1
 _TIMED_SET = frozenset(PHASES[:_OTHER])  # the phases with their own brackets
 _LABELS = ("batch", "epoch", "global_step", "optimizer_calls")
+
+
+@dataclass(frozen=True)
+class StepLabels:
+    """Where a step sits in the fit: the label columns of its row (:meth:`StepTimeAccumulator.update`).
+
+    Attributes:
+        batch (int | None): the batch index across epochs; the row count when ``None``.
+        epoch (int): the epoch.
+        global_step (int | None): the optimiser steps so far; ``batch`` when ``None``.
+        optimizer_calls (int): optimiser steps taken in this step (0 while accumulating).
+    """
+
+    batch: int | None = None
+    epoch: int = 0
+    global_step: int | None = None
+    optimizer_calls: int = 0
+
+
+_NO_LABELS = StepLabels()
 
 
 class StepTimeAccumulator:
@@ -76,10 +97,7 @@ class StepTimeAccumulator:
         *,
         device_ms: Mapping[str, float] | None = None,
         device_busy_ms: float | None = None,
-        batch: int | None = None,
-        epoch: int = 0,
-        global_step: int | None = None,
-        optimizer_calls: int = 0,
+        labels: StepLabels = _NO_LABELS,
     ) -> dict[str, float]:
         """Add one step.
 
@@ -92,10 +110,8 @@ class StepTimeAccumulator:
                 included, and ``step``, the device's span of the step; ``None`` off CUDA.
             device_busy_ms (float | None): a lower bound of the time the device was busy
                 within ``device_ms["step"]``.
-            batch (int | None): the batch index across epochs; the row count when ``None``.
-            epoch (int): the epoch.
-            global_step (int | None): the optimiser steps so far; ``batch`` when ``None``.
-            optimizer_calls (int): optimiser steps taken in this step (0 while accumulating).
+            labels (StepLabels): the step's batch index, epoch, optimiser steps so far and
+                optimiser calls (the defaults: the row count, epoch 0, the batch, none).
 
         Returns:
             dict[str, float]: the stored row, ``<phase>_ms`` for every phase.
@@ -107,12 +123,12 @@ class StepTimeAccumulator:
         if not phase_ms.keys() <= _TIMED_SET:
             unknown = sorted(set(phase_ms) - _TIMED_SET)
             raise ValueError(f"phase_ms keys must be among {timed}, got unknown {unknown}")
-        batch = self._count if batch is None else batch
+        batch = self._count if labels.batch is None else labels.batch
         row: dict[str, float] = {
             "batch": float(batch),
-            "epoch": float(epoch),
-            "global_step": float(batch if global_step is None else global_step),
-            "optimizer_calls": float(optimizer_calls),
+            "epoch": float(labels.epoch),
+            "global_step": float(batch if labels.global_step is None else labels.global_step),
+            "optimizer_calls": float(labels.optimizer_calls),
         }
         named = 0.0
         for p in timed:

@@ -4,14 +4,13 @@ Each hook calls one method of :class:`~seg_datamodule.profiling.recorder.StepRec
 docstring is the phase contract: which hook opens and closes which phase, and what is measured
 under accumulation, AMP, manual optimisation and CUDA); the fetch, which no public hook
 brackets, comes through the tap on the Trainer's profiler (``tap.py``). The callback also owns
-the fit's lifecycle: set-up, per-step logging as Lightning logs, the end-of-fit report
-(``report.py``, ``plot.py``), the partial report after an exception, and the isolated
-optimiser timing (``optimizer.py``) with the loader's workers stopped.
+the fit's lifecycle: set-up, per-step logging as Lightning logs, and when the end-of-fit work
+runs (the report, the partial report after an exception, the isolated optimiser timing with the
+loader's workers stopped); that work itself is in ``end_of_fit.py``.
 """
 
 from __future__ import annotations
 
-import math
 import os
 import time
 from collections.abc import Mapping
@@ -26,12 +25,17 @@ from lightning.pytorch.utilities.rank_zero import rank_zero_info, rank_zero_warn
 from seg_datamodule.compat import warn_unverified
 from seg_datamodule.ops.checks import check_bool, check_int
 from seg_datamodule.profiling.accumulator import StepTimeAccumulator
-from seg_datamodule.profiling.optimizer import running_beside, time_optimizer_step
-from seg_datamodule.profiling.recorder import StepRecorder, step_metrics
-from seg_datamodule.profiling.report import build_report, format_table, write_report
+from seg_datamodule.profiling.end_of_fit import (
+    publish_report,
+    summary_with_isolated,
+    time_optimizers_alone,
+    wall_account,
+)
+from seg_datamodule.profiling.recorder import StepLogWindow, StepRecorder, step_metrics
+from seg_datamodule.profiling.report import FitFacts, build_report
 from seg_datamodule.profiling.tap import attach, detach
 from seg_datamodule.profiling.timing import CudaMarks, PhaseTimer
-from seg_datamodule.profiling.trainer_internals import gather_medians, loader_info, log_step, shut_down_train_workers
+from seg_datamodule.profiling.trainer_internals import gather_medians, loader_info, log_step
 
 __all__ = ["StepTimeProfiler"]
 
@@ -135,13 +139,12 @@ class StepTimeProfiler(Callback):
         self._partial: str | None = None  # what stopped the fit early, for the report
         self._dirpath: str | None = None  # resolved at the start of training (a collective)
         self._train_start_s = 0.0
-        self._window: list[Mapping[str, float]] = []  # rows of the optimiser step being logged
+        self._log_window = StepLogWindow()  # rows of the optimiser step being logged
         self._recorder: StepRecorder | None = None  # from the start to the end of training
         self._hook_handles: list[Any] = []
         self._profiler: Any = None  # the Trainer's profiler our fetch tap is attached to
         self._fetch_checked = False
         self._warned: set[str] = set()  # each silent phase is warned about once a fit
-        self._log_every = 0
 
     # -- results ---------------------------------------------------------------------------
 
@@ -153,13 +156,7 @@ class StepTimeProfiler(Callback):
         over optimisers) and ``in_loop_over_isolated`` (``stepped_median_ms / isolated_ms``).
         Empty before any step past the warm-up.
         """
-        summary = self.accumulator.compute()
-        if summary and self.isolated_optimizer_ms:
-            isolated = float(sum(self.isolated_optimizer_ms))
-            opt = summary["optimizer_step"]
-            opt["isolated_ms"] = isolated
-            opt["in_loop_over_isolated"] = opt["stepped_median_ms"] / isolated if isolated > 0 else math.nan
-        return summary
+        return summary_with_isolated(self.accumulator, self.isolated_optimizer_ms)
 
     def rows(self) -> list[dict[str, float | int]]:
         """Every step's row (warm-up included): labels and ``<phase>_ms`` (``device_*`` on CUDA)."""
@@ -167,10 +164,10 @@ class StepTimeProfiler(Callback):
 
     def report(self) -> dict[str, Any]:
         """What ``step_time.json`` holds; see :func:`~seg_datamodule.profiling.report.build_report`."""
-        return build_report(
-            summary=self.summary(),
-            rows=self.rows(),
-            warmup_steps=self.warmup_steps,
+        return build_report(self.summary(), self.rows(), self.warmup_steps, self._facts())
+
+    def _facts(self) -> FitFacts:
+        return FitFacts(
             rank_medians_ms=self.rank_medians_ms,
             isolated_optimizer_ms=self.isolated_optimizer_ms,
             isolated_context=self.isolated_context,
@@ -185,16 +182,11 @@ class StepTimeProfiler(Callback):
         if stage != "fit":
             return
         self.accumulator.reset()
-        self.rank_medians_ms = None
-        self.isolated_optimizer_ms = None
-        self.isolated_context = None
-        self.wall = None
-        self.loader_info = None
+        self.rank_medians_ms = self.isolated_optimizer_ms = self.isolated_context = self.wall = self.loader_info = None
         self.report_paths = []
         self._partial = None
-        self._window = []
         every = self.log_every_n_steps
-        self._log_every = trainer.log_every_n_steps if every is None else every
+        self._log_window = StepLogWindow(trainer.log_every_n_steps if every is None else every)
         if self.synchronize and trainer.strategy.root_device.type != "cuda":
             rank_zero_info(
                 f"StepTimeProfiler: synchronize=True has no effect on {trainer.strategy.root_device.type}"
@@ -236,18 +228,10 @@ class StepTimeProfiler(Callback):
 
     def on_train_end(self, trainer: Trainer, pl_module: LightningModule) -> None:
         self._end_of_training(trainer)
-        if self.isolated_optimizer_steps > 0:
-            # The loader's workers would still prefetch beside the "alone" timing and hide the
-            # very starvation it is there to show (issue 12.2); Lightning stops them right after
-            # this hook anyway (fit_loop.teardown), so stopping them first changes nothing else.
-            shut_down = shut_down_train_workers(trainer)
-            self.isolated_context = {"loader_workers_shut_down": shut_down, **running_beside()}
-            try:
-                self.isolated_optimizer_ms = [
-                    time_optimizer_step(opt, self.isolated_optimizer_steps) for opt in trainer.optimizers
-                ]
-            except Exception as error:  # an optimiser that cannot be deep-copied (ZeRO, foreign types)
-                rank_zero_warn(f"StepTimeProfiler: could not time the optimiser step in isolation: {error!r}")
+        if self.isolated_optimizer_steps > 0:  # the loader's workers stopped first (issue 12.2)
+            self.isolated_context, self.isolated_optimizer_ms = time_optimizers_alone(
+                trainer, self.isolated_optimizer_steps
+            )
         if trainer.world_size > 1:
             self.rank_medians_ms = gather_medians(trainer, self.accumulator)
         if trainer.is_global_zero:
@@ -335,15 +319,10 @@ class StepTimeProfiler(Callback):
                 self._warn_silent_phases()
 
     def _log_step(self, trainer: Trainer, row: Mapping[str, float], labels: Mapping[str, int], calls: int) -> None:
-        """Log as Lightning logs step metrics (``update_train_step_metrics``): nothing for a batch
-        that only accumulates (automatic optimisation), then one point for the optimiser step,
-        summed over its batches, at ``x = _batches_that_stepped`` when ``(x + 1) % n == 0``."""
-        self._window.append(row)
-        if labels["automatic"] and not calls:
-            return
-        window, self._window = self._window, []
-        step = labels["log_step"]
-        if self._log_every and (step + 1) % self._log_every == 0 and trainer.loggers:
+        """Log as Lightning logs step metrics: one point per logged optimiser step (:class:`StepLogWindow`)."""
+        due = self._log_window.add(row, labels, calls)
+        if due is not None and trainer.loggers:
+            step, window = due
             metrics = step_metrics(window)
             for logger in trainer.loggers:
                 logger.log_metrics(metrics, step=step)
@@ -376,42 +355,14 @@ class StepTimeProfiler(Callback):
             pending.clear()
         self._remove_hooks()
         self._warn_silent_phases(end_of_fit=True)
-        steps_s = float(self.accumulator.column("step_ms", measured_only=False).sum()) / 1e3
-        self.wall = {
-            "train_s": train_s,
-            "steps_s": steps_s,
-            # Validation, checkpointing, logging, callbacks after this one, epoch starts: no step's.
-            "between_steps_s": max(0.0, train_s - steps_s),
-            "steps_share": steps_s / train_s if train_s > 0 else math.nan,
-        }
+        self.wall = wall_account(train_s, self.accumulator)
         self._recorder = None  # no step after this; on_exception from here on has nothing to add
 
     def _write_report(self) -> None:
-        summary = self.summary()
-        steps = len(self.accumulator)
-        if not summary and not (self._partial and steps):
-            rank_zero_warn(
-                f"StepTimeProfiler: {steps} training steps, not more than"
-                f" warmup_steps={self.warmup_steps}; nothing to report."
-            )
-            return
-        report = self.report()
-        if summary:
-            rank_zero_info(
-                format_table(
-                    summary,
-                    self.rank_medians_ms,
-                    steps - self.warmup_steps,
-                    wall=self.wall,
-                    stopped_by=self._partial,
-                    isolated_context=self.isolated_context,
-                    verdict=report["verdict"],
-                )
-            )
-        if self._dirpath is not None:
-            self.report_paths = write_report(report, Path(self._dirpath), self.filename, self.save_plot)
-            what = "partial report" if self._partial else "report"
-            rank_zero_info(f"StepTimeProfiler: {what} written to " + ", ".join(map(str, self.report_paths)))
+        self.report_paths = publish_report(
+            self.summary(), self.rows(), self.warmup_steps, self._facts(),
+            dirpath=self._dirpath, filename=self.filename, save_plot=self.save_plot,
+        )
 
     def _remove_hooks(self) -> None:
         for handle in self._hook_handles:

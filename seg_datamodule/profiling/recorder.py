@@ -67,12 +67,13 @@ from seg_datamodule.profiling.accumulator import (
     _OPTIMIZER,
     _TO_DEVICE,
     PHASES,
+    StepLabels,
     StepTimeAccumulator,
 )
 from seg_datamodule.profiling.tap import FETCH_ACTION_SUFFIX
 from seg_datamodule.profiling.timing import PhaseTimer, StepRecord, split_record
 
-__all__ = ["StepRecorder", "step_metrics"]
+__all__ = ["StepLogWindow", "StepRecorder", "step_metrics"]
 
 # The public hooks of one automatically optimised step, in the order Lightning calls them (the
 # closure runs training_step and backward inside optimizer.step, before the step proper).
@@ -228,10 +229,7 @@ class StepRecorder:
                 phase_ms,
                 device_ms=device_ms,
                 device_busy_ms=busy_ms,
-                batch=labels["batch"],
-                epoch=labels["epoch"],
-                global_step=labels["global_step"],
-                optimizer_calls=record.optimizer_calls,
+                labels=StepLabels(labels["batch"], labels["epoch"], labels["global_step"], record.optimizer_calls),
             )
             moved.append((row, labels, record.optimizer_calls))
         return moved
@@ -255,3 +253,29 @@ def step_metrics(window: Sequence[Mapping[str, float]]) -> dict[str, float]:
         busy = sum(r["device_busy_ms"] for r in window)
         metrics["step_time/device_busy_share"] = busy / span if span > 0 else math.nan
     return metrics
+
+
+class StepLogWindow:
+    """The rows of the optimiser step being logged, and when its point is due, as Lightning logs.
+
+    Lightning logs step metrics (``update_train_step_metrics``) as: nothing for a batch that only
+    accumulates (automatic optimisation), then one point for the optimiser step, at ``x =
+    _batches_that_stepped``, when ``(x + 1) % n == 0``. The point sums the step's batches
+    (:func:`step_metrics`).
+
+    Args:
+        every (int): n; 0 logs nothing.
+    """
+
+    def __init__(self, every: int = 0) -> None:
+        self.every = every
+        self._rows: list[Mapping[str, float]] = []
+
+    def add(self, row: Mapping[str, float], labels: Mapping[str, int], calls: int) -> tuple[int, list] | None:
+        """Add a step's row (:meth:`StepRecorder.drain`); ``(x, rows of the optimiser step)`` when a point is due."""
+        self._rows.append(row)
+        if labels["automatic"] and not calls:
+            return None
+        window, self._rows = self._rows, []
+        step = labels["log_step"]
+        return (step, window) if self.every and (step + 1) % self.every == 0 else None

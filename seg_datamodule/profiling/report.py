@@ -10,6 +10,7 @@ import json
 import math
 import textwrap
 from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -19,7 +20,34 @@ from seg_datamodule.profiling.accumulator import PHASES
 from seg_datamodule.profiling.plot import plot_step_split
 from seg_datamodule.profiling.verdict import judge_step_time
 
-__all__ = ["build_report", "format_table", "write_report"]
+__all__ = ["FitFacts", "build_report", "format_table", "write_report"]
+
+
+@dataclass(frozen=True)
+class FitFacts:
+    """What a fit measured beside its per-step rows: the report's figures other than the summary.
+
+    Attributes:
+        rank_medians_ms: per phase, each rank's median (ms), gathered under DDP; ``None`` on one
+            process.
+        isolated_optimizer_ms: per optimiser, the median of its step timed alone (ms); ``None``
+            when not measured.
+        isolated_context: what ran beside that timing (threads, child processes, whether the
+            loader's workers were shut down first).
+        wall: ``train_s``, ``steps_s``, ``between_steps_s``, ``steps_share``.
+        stopped_by: the exception that ended the fit early, or ``None``.
+        loader: the train loader's ``num_workers``, ``batch_size``, ``pin_memory`` and ``cores``.
+    """
+
+    rank_medians_ms: Mapping[str, Sequence[float]] | None = None
+    isolated_optimizer_ms: Sequence[float] | None = None
+    isolated_context: Mapping[str, Any] | None = None
+    wall: Mapping[str, float] | None = None
+    stopped_by: str | None = None
+    loader: Mapping[str, Any] | None = None
+
+
+_NO_FACTS = FitFacts()
 
 
 def _slowest(medians: Sequence[float]) -> int | None:
@@ -44,12 +72,7 @@ def build_report(
     summary: Mapping[str, Mapping[str, float]],
     rows: Sequence[Mapping[str, float | int]],
     warmup_steps: int,
-    rank_medians_ms: Mapping[str, Sequence[float]] | None = None,
-    isolated_optimizer_ms: Sequence[float] | None = None,
-    isolated_context: Mapping[str, Any] | None = None,
-    wall: Mapping[str, float] | None = None,
-    stopped_by: str | None = None,
-    loader: Mapping[str, Any] | None = None,
+    facts: FitFacts = _NO_FACTS,
 ) -> dict[str, Any]:
     """What ``step_time.json`` holds, NaN written as ``null``.
 
@@ -64,26 +87,34 @@ def build_report(
     ``pin_memory``, ``cores``); ``verdict``
     (:func:`~seg_datamodule.profiling.verdict.judge_step_time` over the summary, the wall time,
     the loader and the isolated context; ``None`` for an empty summary); ``rows`` (every step).
+
+    Args:
+        summary: :meth:`~seg_datamodule.profiling.callback.StepTimeProfiler.summary`.
+        rows: every step's row, warm-up included.
+        warmup_steps: the steps left out of the summary.
+        facts: what the fit measured beside the rows (:class:`FitFacts`).
     """
     ranks = None
-    if rank_medians_ms is not None:
+    if facts.rank_medians_ms is not None:
         ranks = {
-            "median_ms": dict(rank_medians_ms),
-            "slowest_rank": {p: _slowest(v) for p, v in rank_medians_ms.items()},
+            "median_ms": dict(facts.rank_medians_ms),
+            "slowest_rank": {p: _slowest(v) for p, v in facts.rank_medians_ms.items()},
         }
     return _finite(
         {
             "phases": list(PHASES),
             "warmup_steps": warmup_steps,
-            "partial": stopped_by is not None,
-            "stopped_by": stopped_by,
+            "partial": facts.stopped_by is not None,
+            "stopped_by": facts.stopped_by,
             "summary": dict(summary),
-            "wall": None if wall is None else dict(wall),
+            "wall": None if facts.wall is None else dict(facts.wall),
             "ranks": ranks,
-            "isolated_optimizer_ms": None if isolated_optimizer_ms is None else list(isolated_optimizer_ms),
-            "isolated_context": None if isolated_context is None else dict(isolated_context),
-            "loader": None if loader is None else dict(loader),
-            "verdict": judge_step_time(summary, wall=wall, loader=loader, isolated_context=isolated_context),
+            "isolated_optimizer_ms": None if facts.isolated_optimizer_ms is None else list(facts.isolated_optimizer_ms),
+            "isolated_context": None if facts.isolated_context is None else dict(facts.isolated_context),
+            "loader": None if facts.loader is None else dict(facts.loader),
+            "verdict": judge_step_time(
+                summary, wall=facts.wall, loader=facts.loader, isolated_context=facts.isolated_context
+            ),
             "rows": list(rows),
         }
     )

@@ -28,6 +28,8 @@ from seg_datamodule.data.dataset import SegDataset  # noqa: E402
 from seg_datamodule.io.coco import CocoIndex  # noqa: E402
 from seg_datamodule.io.images import BadImageError  # noqa: E402
 from seg_datamodule.io.stream import (  # noqa: E402
+    ChunkOptions,
+    IndexOptions,
     META_FILE,
     RECORD_DTYPES,
     check_record,
@@ -41,11 +43,10 @@ from seg_datamodule.io.stream import (  # noqa: E402
 # LitData's advice for production cache sizes; the tests use a tiny cache on purpose.
 pytestmark = pytest.mark.filterwarnings("ignore:.*max_cache_size.*")
 
-_CONVERT = dict(start_method="fork", chunk_bytes="128KB", cache_dir=None)
 
-
-def _convert(ann: Path, images: Path, out: Path, **kwargs) -> dict:
-    return convert_coco(ann, images, str(out), **{**_CONVERT, **kwargs})
+def _convert(ann: Path, images: Path, out: Path, on_bad_sample: str = "raise", chunk_bytes: str = "128KB") -> dict:
+    return convert_coco(ann, images, str(out), IndexOptions(on_bad_sample=on_bad_sample),
+                        ChunkOptions(chunk_bytes=chunk_bytes, start_method="fork"))
 
 
 def _records(out: Path) -> dict[int, dict]:
@@ -227,6 +228,19 @@ def test_convert_command_line(demo_dir: Path, tmp_path: Path) -> None:
     assert f"{out}: 48 images" in result.stdout and "nothing skipped" in result.stdout
     assert read_stream_meta(str(out))["num_records"] == 48
     assert (out / META_FILE).is_file() and (out / "index.json").is_file()
+
+
+def test_convert_options_check_their_arguments_when_made(tmp_path: Path) -> None:
+    """The flags of ``seg-datamodule convert`` become two checked frozen options; nothing else is taken."""
+    with pytest.raises(ValueError, match=r"on_bad_sample must be one of \['raise', 'skip'\], got 'maybe'"):
+        IndexOptions(on_bad_sample="maybe")
+    with pytest.raises(TypeError, match="drop_crowd must be a bool, got 1"):
+        IndexOptions(drop_crowd=1)
+    with pytest.raises(ValueError, match="num_workers must be >= 1, got 0"):
+        ChunkOptions(num_workers=0)
+    with pytest.raises(TypeError, match="index_options must be of type IndexOptions"):
+        convert_coco("a.json", "images", str(tmp_path / "out"), {"on_bad_sample": "skip"})
+    assert not (tmp_path / "out").exists()
 
 
 def test_package_imports_without_litdata() -> None:

@@ -27,6 +27,7 @@ from _s3_server import LoopbackS3  # noqa: E402
 from seg_datamodule.data.collate import DetectionCollate  # noqa: E402
 from seg_datamodule.data.dataset import SegDataset  # noqa: E402
 from seg_datamodule.io.stream import (  # noqa: E402
+    ChunkOptions,
     check_stream_source,
     convert_coco,
     stream_train_loader,
@@ -61,7 +62,7 @@ def _download(s3: LoopbackS3, prefix: str, folder: Path) -> Path:
 def demo_chunks(demo_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, dict]:
     out = tmp_path_factory.mktemp("s3demo") / "chunks"
     meta = convert_coco(demo_dir / "annotations" / "instances_train2017.json", demo_dir / "train2017", str(out),
-                        start_method="fork", chunk_bytes="64KB")
+                        chunk_options=ChunkOptions(start_method="fork", chunk_bytes="64KB"))
     return out, meta
 
 

@@ -25,6 +25,7 @@ from seg_datamodule.data.collate import DetectionCollate  # noqa: E402
 from seg_datamodule.data.dataset import SegDataset  # noqa: E402
 from seg_datamodule.io.coco import CocoIndex  # noqa: E402
 from seg_datamodule.io.stream import (  # noqa: E402
+    ChunkOptions,
     META_FILE,
     SCHEMA_VERSION,
     StreamFormatError,
@@ -75,7 +76,7 @@ def clean(demo_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
     """A real conversion of the demo training split."""
     out = tmp_path_factory.mktemp("trust") / "clean"
     convert_coco(demo_dir / "annotations" / "instances_train2017.json", demo_dir / "train2017", str(out),
-                 start_method="fork", chunk_bytes="256KB")
+                 chunk_options=ChunkOptions(start_method="fork", chunk_bytes="256KB"))
     return out
 
 
@@ -351,7 +352,7 @@ def test_a_real_conversion_passes_and_convert_refuses_its_own_drift(
     monkeypatch.setattr(convert_module, "record_from_index", lambda *a: {**original(*a), "extra": 0})
     with pytest.raises(StreamFormatError, match=r"unexpected \['extra'\]"):  # fork: workers see the patch
         convert_coco(demo_dir / "annotations" / "instances_train2017.json", demo_dir / "train2017",
-                     str(tmp_path / "drift"), start_method="fork")
+                     str(tmp_path / "drift"), chunk_options=ChunkOptions(start_method="fork"))
 
 
 # ----------------------------------------------------------------------------- s3:// (a loopback moto server)

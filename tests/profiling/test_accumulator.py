@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 
 from _profiling_doubles import SPLIT
-from seg_datamodule.profiling import PHASES, StepTimeAccumulator
+from seg_datamodule.profiling import PHASES, StepLabels, StepTimeAccumulator
 
 
 
@@ -27,7 +27,7 @@ def test_accumulator_statistics_and_shares() -> None:
     fetch = [40.0, 42.0, 44.0, 46.0]
     for i, f in enumerate(fetch):
         phases = {"train_dataloader_next": f, "optimizer_step": 30.0}
-        acc.update(f + 30.0 + 5.0, phases, optimizer_calls=i % 2)
+        acc.update(f + 30.0 + 5.0, phases, labels=StepLabels(optimizer_calls=i % 2))
     summary = acc.compute()
     assert set(summary) == set(PHASES)
     s = summary["train_dataloader_next"]

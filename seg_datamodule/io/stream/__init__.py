@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from seg_datamodule.io.stream.convert import FORMAT_VERSION, convert_coco
+from seg_datamodule.io.stream.convert import FORMAT_VERSION, ChunkOptions, IndexOptions, convert_coco
 from seg_datamodule.io.stream.endpoint import MissingChunkError, s3_storage_options
 from seg_datamodule.io.stream.records import RecordWindow, check_record, record_from_index
 from seg_datamodule.io.stream.schema import (
@@ -26,10 +26,10 @@ from seg_datamodule.io.stream.schema import (
 from seg_datamodule.io.stream.source import check_stream_index, check_stream_source, read_stream_meta, split_source
 
 __all__ = [
-    "FORMAT_VERSION", "META_FILE", "MissingChunkError", "RECORD_DTYPES", "RECORD_SCHEMA", "RecordWindow",
-    "SCHEMA_VERSION", "StreamFormatError", "StreamRecords", "check_index", "check_meta", "check_record",
-    "check_stream_index", "check_stream_source", "convert_coco", "read_stream_meta", "record_from_index", "s3_storage_options", "split_source", "stream_drop_count",
-    "window_from_meta",
+    "ChunkOptions", "FORMAT_VERSION", "IndexOptions", "META_FILE", "MissingChunkError", "RECORD_DTYPES",
+    "RECORD_SCHEMA", "RecordWindow", "SCHEMA_VERSION", "StreamFormatError", "StreamRecords", "check_index",
+    "check_meta", "check_record", "check_stream_index", "check_stream_source", "convert_coco", "read_stream_meta",
+    "record_from_index", "s3_storage_options", "split_source", "stream_drop_count", "window_from_meta",
 ]
 
 _LAZY = ("StreamRecords", "stream_drop_count", "window_from_meta")

@@ -48,13 +48,16 @@ def convert_parser() -> argparse.ArgumentParser:
 
 def convert_main(argv: Sequence[str] | None = None) -> dict:
     """Run ``seg-datamodule convert``; returns the metadata written beside the chunks."""
-    from seg_datamodule.io.stream.convert import convert_coco
+    from seg_datamodule.io.stream.convert import ChunkOptions, IndexOptions, convert_coco
 
     args = convert_parser().parse_args(argv)
+    # The flags stay flat for users; the options travel as two frozen types from here on.
+    index_options = IndexOptions(on_bad_sample=args.on_bad_sample, drop_crowd=args.drop_crowd,
+                                 drop_empty=args.drop_empty, verify_images=args.verify_images)
+    chunk_options = ChunkOptions(chunk_bytes=args.chunk_bytes, num_workers=args.num_workers, seed=args.seed,
+                                 overwrite=args.overwrite, start_method=args.start_method)
     meta = convert_coco(
-        args.ann_file, args.images, args.output, on_bad_sample=args.on_bad_sample, drop_crowd=args.drop_crowd,
-        drop_empty=args.drop_empty, verify_images=args.verify_images, chunk_bytes=args.chunk_bytes,
-        num_workers=args.num_workers, seed=args.seed, overwrite=args.overwrite, start_method=args.start_method,
+        args.ann_file, args.images, args.output, index_options, chunk_options,
         storage_options={"endpoint_url": args.endpoint_url} if args.endpoint_url else None,
     )
     if args.json:

@@ -10,6 +10,10 @@ chunks mix images; LitData does not keep item order, so every record carries its
 
 Beside the chunks, :data:`META_FILE` holds the categories, the skip and drop counts, and every
 image's id and size by position (what a streamed batch plans its mosaic from).
+
+The options travel as two frozen types built once at the edge (the ``seg-datamodule convert``
+flags, :mod:`~seg_datamodule.io.stream.cli`): :class:`IndexOptions` (how the index is built)
+and :class:`ChunkOptions` (how the chunks are written).
 """
 
 from __future__ import annotations
@@ -19,6 +23,7 @@ import json
 import os
 import tempfile
 import time
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal
 
@@ -32,7 +37,10 @@ from seg_datamodule.io.stream.schema import META_FILE, SCHEMA_VERSION
 from seg_datamodule.io.stream.source import check_stream_source, read_stream_meta, split_source
 from seg_datamodule.ops.checks import check_bool, check_choice, check_int
 
-__all__ = ["FORMAT_VERSION", "META_FILE", "convert_coco", "read_stream_meta", "require_litdata", "split_source"]
+__all__ = [
+    "ChunkOptions", "FORMAT_VERSION", "IndexOptions", "META_FILE", "convert_coco", "read_stream_meta",
+    "require_litdata", "split_source",
+]
 
 #: The record schema's version (:data:`~seg_datamodule.io.stream.schema.SCHEMA_VERSION`), written to
 #: the metadata; readers refuse another.
@@ -48,6 +56,78 @@ def require_litdata() -> Any:
             "streaming needs LitData: pip install 'seg-datamodule[stream]' (litdata==0.2.76)"
         ) from err
     return litdata
+
+
+@dataclass(frozen=True)
+class IndexOptions:
+    """How the converter builds its :class:`~seg_datamodule.io.coco.CocoIndex`: ``CocoIndex.build``'s options.
+
+    Attributes:
+        on_bad_sample: ``"raise"`` on the first bad entry, or ``"skip"`` and count it.
+        drop_crowd: leave crowd regions out.
+        drop_empty: leave out images without target instances.
+        verify_images: decode every image now (a bad image could not be replaced while
+            streaming).
+        cache_dir: folder of the index cache; ``None``: the default cache folder.
+        use_cache: read and write the index cache at all.
+
+    Raises:
+        TypeError, ValueError: ``on_bad_sample`` is neither ``"raise"`` nor ``"skip"``, or a flag
+            is not a bool.
+    """
+
+    on_bad_sample: Literal["raise", "skip"] = "raise"
+    drop_crowd: bool = False
+    drop_empty: bool = False
+    verify_images: bool = False
+    cache_dir: str | os.PathLike[str] | None = None
+    use_cache: bool = True
+
+    def __post_init__(self) -> None:
+        check_choice("on_bad_sample", self.on_bad_sample, ("raise", "skip"))
+        for name in ("drop_crowd", "drop_empty", "verify_images", "use_cache"):
+            check_bool(name, getattr(self, name))
+
+    def build(self, ann_file: str | os.PathLike[str], images_root: str | os.PathLike[str]) -> CocoIndex:
+        """``CocoIndex.build`` of ``ann_file`` over ``images_root`` with these options."""
+        return CocoIndex.build(
+            ann_file, images_root, on_bad_sample=self.on_bad_sample, drop_crowd=self.drop_crowd,
+            drop_empty=self.drop_empty, verify_images=self.verify_images, cache_dir=self.cache_dir,
+            use_cache=self.use_cache,
+        )
+
+
+@dataclass(frozen=True)
+class ChunkOptions:
+    """How the converter writes the chunks with ``litdata.optimize``.
+
+    Attributes:
+        chunk_bytes: target chunk size (LitData syntax, ``"64MB"``).
+        num_workers: ``litdata.optimize`` worker processes.
+        seed: seed of the input shuffle.
+        overwrite: replace existing chunks in the output.
+        start_method: how ``litdata.optimize`` starts its workers (``"fork"`` starts in about a
+            second, LitData's default ``"spawn"`` re-imports torch in every worker).
+
+    Raises:
+        TypeError, ValueError: ``num_workers`` < 1, a negative ``seed``, a non-bool
+            ``overwrite``.
+    """
+
+    chunk_bytes: int | str = "64MB"
+    num_workers: int = 1
+    seed: int = 0
+    overwrite: bool = False
+    start_method: str | None = None
+
+    def __post_init__(self) -> None:
+        check_int("num_workers", self.num_workers, 1)
+        check_int("seed", self.seed, 0)
+        check_bool("overwrite", self.overwrite)
+
+
+_DEFAULT_INDEX = IndexOptions()
+_DEFAULT_CHUNKS = ChunkOptions()
 
 
 def _read_bytes(index: CocoIndex, i: int) -> bytes:
@@ -101,18 +181,10 @@ def convert_coco(
     ann_file: str | os.PathLike[str],
     images_root: str | os.PathLike[str],
     output_dir: str,
+    index_options: IndexOptions = _DEFAULT_INDEX,
+    chunk_options: ChunkOptions = _DEFAULT_CHUNKS,
     *,
-    on_bad_sample: Literal["raise", "skip"] = "raise",
-    drop_crowd: bool = False,
-    drop_empty: bool = False,
-    verify_images: bool = False,
-    cache_dir: str | None = None,
-    chunk_bytes: int | str = "64MB",
-    num_workers: int = 1,
-    seed: int = 0,
-    overwrite: bool = False,
     storage_options: dict[str, Any] | None = None,
-    start_method: str | None = None,
 ) -> dict[str, Any]:
     """Convert a COCO dataset to LitData chunks (a local folder, or ``s3://...`` via LitData's upload).
 
@@ -120,18 +192,13 @@ def convert_coco(
         ann_file: COCO instances JSON.
         images_root: folder of the images (``file_name`` is relative to it).
         output_dir: where the chunks go: a folder, ``local:/folder`` or a bucket URL.
-        on_bad_sample, drop_crowd, drop_empty, verify_images, cache_dir: as for
-            ``CocoIndex.build`` (``verify_images`` decodes every image now; a bad image could
-            not be replaced while streaming).
-        chunk_bytes: target chunk size (LitData syntax, ``"64MB"``).
-        num_workers: ``litdata.optimize`` worker processes.
-        seed: seed of the input shuffle.
-        overwrite: replace existing chunks in ``output_dir``.
+        index_options (IndexOptions): how the index is built (``on_bad_sample``, ``drop_crowd``,
+            ``drop_empty``, ``verify_images``, ``cache_dir``, ``use_cache``).
+        chunk_options (ChunkOptions): how the chunks are written (``chunk_bytes``,
+            ``num_workers``, the shuffle ``seed``, ``overwrite``, ``start_method``).
         storage_options: passed to LitData for a remote ``output_dir`` (completed by
             :func:`~seg_datamodule.io.stream.endpoint.s3_storage_options`: ``AWS_ENDPOINT_URL``,
             bounded retries, plain ``http://``).
-        start_method: how ``litdata.optimize`` starts its workers (``"fork"`` starts in about a
-            second, LitData's default ``"spawn"`` re-imports torch in every worker).
 
     Returns:
         dict: the metadata written to :data:`META_FILE` (counts under ``skip_counts``,
@@ -140,31 +207,31 @@ def convert_coco(
     Raises:
         ImportError: LitData is not installed.
         BadAnnotationError, BadImageError: a bad entry with ``on_bad_sample="raise"``.
-        TypeError, ValueError: a bad argument.
+        TypeError, ValueError: a bad argument (the options check theirs when made).
     """
     litdata = require_litdata()
-    check_choice("on_bad_sample", on_bad_sample, ("raise", "skip"))
-    check_int("num_workers", num_workers, 1)
-    check_int("seed", seed, 0)
-    check_bool("overwrite", overwrite)
+    for name, value, kind in (("index_options", index_options, IndexOptions),
+                              ("chunk_options", chunk_options, ChunkOptions)):
+        if not isinstance(value, kind):
+            raise TypeError(f"{name} must be of type {kind.__name__}, got {value!r}")
     out, remote = split_source(output_dir)
     storage_options = s3_storage_options(out, storage_options)  # endpoint, bounded retries, http://
     start = time.perf_counter()
     # 1. The index: every JSON problem raised or counted exactly as the map-style loader does.
-    index = CocoIndex.build(ann_file, images_root, on_bad_sample=on_bad_sample, drop_crowd=drop_crowd,
-                            drop_empty=drop_empty, verify_images=verify_images, cache_dir=cache_dir)
+    index = index_options.build(ann_file, images_root)
     # 2. Files that cannot be opened: raised or counted like the images verify_images finds.
-    positions, read_counts, read_examples = _readable(index, on_bad_sample)
+    positions, read_counts, read_examples = _readable(index, index_options.on_bad_sample)
     if positions.size == 0:
         raise ValueError(f"{ann_file}: no image left to convert ({format_skip_summary(read_counts)})")
     # 3. Shuffle so chunks mix images, then write the chunks.
-    inputs = np.random.default_rng([seed, 0x636F6E76]).permutation(positions).tolist()
+    inputs = np.random.default_rng([chunk_options.seed, 0x636F6E76]).permutation(positions).tolist()
     if not remote:
         Path(out).mkdir(parents=True, exist_ok=True)
     litdata.optimize(
-        functools.partial(_record, index), inputs, output_dir if remote else out, chunk_bytes=chunk_bytes,
-        num_workers=num_workers, mode="overwrite" if overwrite else None, verbose=False,
-        storage_options=storage_options, start_method=start_method,
+        functools.partial(_record, index), inputs, output_dir if remote else out,
+        chunk_bytes=chunk_options.chunk_bytes, num_workers=chunk_options.num_workers,
+        mode="overwrite" if chunk_options.overwrite else None, verbose=False, storage_options=storage_options,
+        start_method=chunk_options.start_method,
     )
     # 4. The metadata beside the chunks.
     skip_counts = dict(index.skip_counts)
@@ -177,8 +244,9 @@ def convert_coco(
         "litdata_version": getattr(litdata, "__version__", "unknown"),
         "ann_file": str(ann_file),
         "images_root": str(images_root),
-        "options": {"on_bad_sample": on_bad_sample, "drop_crowd": drop_crowd, "drop_empty": drop_empty,
-                    "verify_images": verify_images, "seed": seed, "chunk_bytes": chunk_bytes},
+        "options": {"on_bad_sample": index_options.on_bad_sample, "drop_crowd": index_options.drop_crowd,
+                    "drop_empty": index_options.drop_empty, "verify_images": index_options.verify_images,
+                    "seed": chunk_options.seed, "chunk_bytes": chunk_options.chunk_bytes},
         "num_records": int(positions.size),
         "num_instances": int(sum(len(index.labels(int(i))) for i in positions)),
         "category_ids": [int(c) for c in index.category_ids],
