@@ -11,6 +11,7 @@ from __future__ import annotations
 from typing import Any, Mapping
 
 import numpy as np
+from pycocotools import mask as mask_utils
 
 from seg_datamodule.io.coco.instances import VERTEX_SCALE, CrowdRegion
 from seg_datamodule.io.images import MAX_IMAGE_PIXELS
@@ -19,8 +20,8 @@ from seg_datamodule.ops.ragged import offsets_from_lengths, ragged_index
 from seg_datamodule.structures import Polygons
 
 __all__ = [
-    "FEDERATED_TABLES", "TABLE_KEYS", "assemble", "check_tables", "crowd_rles", "image_polygons", "select_images",
-    "without_crowd",
+    "FEDERATED_TABLES", "TABLE_KEYS", "assemble", "category_presence", "check_tables", "crowd_mask", "crowd_rles",
+    "image_polygons", "select_images", "tables_equal", "without_crowd",
 ]
 
 #: Every array of an index (also what the cache stores).
@@ -176,6 +177,32 @@ def crowd_rles(tables: Mapping[str, np.ndarray], i: int) -> list[dict[str, Any]]
     size = [int(t["heights"][i]), int(t["widths"][i])]
     off, raw = t["crowd_rle_offsets"], t["crowd_rle_bytes"]
     return [{"size": size, "counts": raw[off[k] : off[k + 1]].tobytes()} for k in range(a, b)]
+
+
+def crowd_mask(tables: Mapping[str, np.ndarray], i: int) -> np.ndarray | None:
+    """Union of image ``i``'s crowd regions (ndarray[H, W] bool), or None when it has none."""
+    rles = crowd_rles(tables, i)
+    if not rles:
+        return None
+    merged = rles[0] if len(rles) == 1 else mask_utils.merge(rles, intersect=0)
+    return np.ascontiguousarray(mask_utils.decode(merged), dtype=bool)
+
+
+def category_presence(tables: Mapping[str, np.ndarray]) -> tuple[np.ndarray, np.ndarray]:
+    """Every (image, label) pair with a target instance or a crowd region, sorted, each once."""
+    t = tables
+    images = np.arange(len(t["image_ids"]), dtype=np.int64)
+    owner = np.concatenate([np.repeat(images, np.diff(t["instance_offsets"])),
+                            np.repeat(images, np.diff(t["crowd_offsets"]))])
+    labels = np.concatenate([t["labels"], t["crowd_labels"]]).astype(np.int64)
+    num_classes = max(int(t["category_ids"].shape[0]), 1)
+    pairs = np.unique(owner * num_classes + labels)
+    return pairs // num_classes, pairs % num_classes
+
+
+def tables_equal(a: Mapping[str, np.ndarray], b: Mapping[str, np.ndarray]) -> bool:
+    """Whether two indexes' tables hold the same arrays, dtypes included."""
+    return all(a[k].dtype == b[k].dtype and np.array_equal(a[k], b[k]) for k in TABLE_KEYS)
 
 
 def check_tables(tables: Mapping[str, np.ndarray], meta: Mapping[str, Any]) -> str | None:
