@@ -1,8 +1,9 @@
 """COCO annotation files -> a flat, worker-safe, cached index; bad input named or counted.
 
-``parse`` reads and checks the JSON, ``instances`` turns annotation chunks into arrays,
-``tables`` selects on them and checks them, ``cache`` stores them, ``reading`` opens the images,
-``errors`` says what can be wrong, ``index`` is the :class:`CocoIndex` users see.
+``parse`` reads and checks the JSON, ``scan`` checks its annotations chunk by chunk,
+``instances`` turns annotation chunks into arrays, ``tables`` assembles, selects on and checks
+them, ``cache`` stores them, ``building`` loads them and applies build's options, ``reading``
+opens the images, ``errors`` says what can be wrong, ``index`` is the :class:`CocoIndex` users see.
 """
 
 from seg_datamodule.io.coco.cache import default_cache_dir

@@ -10,9 +10,8 @@ issue 13246; detectron2's ``DatasetFromList(serialize=True)`` solves the same pr
 index pickles as a handful of buffers. ``pycocotools.mask`` does all RLE work, and the tests
 hold the index against ``COCO`` as the reference.
 
-The options ``drop_crowd``, ``drop_empty`` and ``verify_images`` are applied after loading, so
-they share one cache; ``on_bad_sample`` too (the cache records what was skipped, and
-``"raise"`` raises the first recorded problem).
+The options are applied after loading, so they share one cache
+(:mod:`~seg_datamodule.io.coco.building`).
 
 What can be wrong in the JSON, and what then happens: :mod:`seg_datamodule.io.coco.errors`.
 """
@@ -25,23 +24,15 @@ from pathlib import Path
 from typing import Any, Literal, Mapping
 
 import numpy as np
-from pycocotools import mask as mask_utils
 
-from seg_datamodule.io.coco.cache import cached_tables, default_cache_dir
-from seg_datamodule.io.coco.errors import BadAnnotationError, error_from_first, format_skip_summary
-from seg_datamodule.io.coco.parse import build_tables
-from seg_datamodule.io.coco.reading import count_image_errors, find_bad_images, load_checked_image
-from seg_datamodule.io.coco.tables import TABLE_KEYS, crowd_rles, image_polygons, select_images, without_crowd
-from seg_datamodule.io.images import BadImageError
-from seg_datamodule.ops.checks import check_choice
-from seg_datamodule.ops.rle import mask_to_rings, rle_counts_from_string  # their home is ops.rle
+from seg_datamodule.io.coco.building import BuildOptions, Loaded, apply_options, load_tables
+from seg_datamodule.io.coco.cache import default_cache_dir
+from seg_datamodule.io.coco.errors import format_skip_summary
+from seg_datamodule.io.coco.reading import find_bad_images, load_checked_image
+from seg_datamodule.io.coco.tables import TABLE_KEYS, category_presence, crowd_mask, image_polygons, tables_equal
 from seg_datamodule.structures import Polygons
 
-# mask_to_rings and rle_counts_from_string stay importable from here, where they used to live.
-__all__ = [
-    "BadAnnotationError", "BadImageError", "CocoIndex", "default_cache_dir", "format_skip_summary",
-    "mask_to_rings", "rle_counts_from_string",
-]
+__all__ = ["CocoIndex", "default_cache_dir"]
 
 _log = logging.getLogger(__name__)
 
@@ -68,12 +59,8 @@ class CocoIndex:
     """
 
     def __init__(
-        self,
-        tables: Mapping[str, np.ndarray],
-        meta: Mapping[str, Any],
-        *,
-        ann_file: str | os.PathLike[str],
-        image_root: str | os.PathLike[str],
+        self, tables: Mapping[str, np.ndarray], meta: Mapping[str, Any], *,
+        ann_file: str | os.PathLike[str], image_root: str | os.PathLike[str],
     ) -> None:
         missing = [k for k in TABLE_KEYS if k not in tables]
         if missing:
@@ -136,80 +123,24 @@ class CocoIndex:
                 ``"raise"`` mode for every problem).
             BadImageError: ``verify_images`` in ``"raise"`` mode found a bad image.
         """
-        check_choice("on_bad_sample", on_bad_sample, ("raise", "skip"))
-        for name, value in (("drop_crowd", drop_crowd), ("drop_empty", drop_empty),
-                            ("verify_images", verify_images), ("use_cache", use_cache)):
-            if not isinstance(value, bool):
-                raise TypeError(f"{name} must be a bool, got {value!r}")
+        options = BuildOptions(on_bad_sample, drop_crowd, drop_empty, verify_images, use_cache)
         ann_path = Path(ann_file).absolute()
-        if not ann_path.is_file():
-            raise FileNotFoundError(f"annotation file {ann_path} does not exist")
-
-        # 1. Cached arrays, or a build from the JSON (then cached).
-        def build() -> tuple[dict[str, np.ndarray], dict[str, Any]]:
-            return build_tables(ann_path, on_bad_sample)
-
-        if use_cache:
-            folder = None if cache_dir is None else Path(cache_dir)
-            (tables, meta), from_cache, cache_path = cached_tables(ann_path, folder, build)
-        else:
-            (tables, meta), from_cache, cache_path = build(), False, None
+        # 1. Cached arrays, or a build from the JSON (then cached); raise mode raises the first
+        # problem a cache built in skip mode recorded.
+        (tables, meta), from_cache, cache_path = load_tables(ann_path, cache_dir, options)
         index = cls(tables, meta, ann_file=ann_path, image_root=image_root)
         index.from_cache, index.cache_path, index.on_bad_sample = from_cache, cache_path, on_bad_sample
 
-        # 2. A cache built in skip mode records its problems; raise mode raises the first.
-        if on_bad_sample == "raise" and index._first_problem is not None:
-            raise error_from_first(index._first_problem, ann_path)
-
-        # 3. Options applied on the loaded arrays, so one cache serves them all.
-        if verify_images:
-            index = index._verified(on_bad_sample)
-        if drop_crowd:
-            index = index._without_crowd()
-        if drop_empty:
-            index = index._select(index.instance_counts > 0, count_empty=True)
+        # 2. Options applied on the loaded arrays, so one cache serves them all.
+        errors = find_bad_images(index.load_image, index.num_images) if verify_images else []
+        loaded = Loaded(index._t, index._skip_counts, index._skip_examples, index.dropped_counts)
+        index._t, index._skip_counts, index._skip_examples, index.dropped_counts = apply_options(
+            loaded, options, errors
+        )
         if index._skip_counts:
             example = next(iter(index._skip_examples.values()), [""])[0]
             _log.warning("%s: %s; e.g. %s", ann_path, format_skip_summary(index._skip_counts), example)
         return index
-
-    def _replace(self, tables: Mapping[str, np.ndarray]) -> "CocoIndex":
-        new = CocoIndex.__new__(CocoIndex)
-        new.__dict__.update(self.__dict__)
-        new._t = dict(tables)
-        new._skip_counts = dict(self._skip_counts)
-        new._skip_examples = {k: list(v) for k, v in self._skip_examples.items()}
-        new.dropped_counts = dict(self.dropped_counts)
-        return new
-
-    def _select(self, keep: np.ndarray, *, count_empty: bool = False) -> "CocoIndex":
-        """The index restricted to the images where ``keep`` (bool[I]) is True."""
-        keep = np.asarray(keep, bool)
-        out = self._replace(select_images(self._t, keep))
-        if count_empty:
-            out.dropped_counts["image_empty_dropped"] += int((~keep).sum())
-            out.dropped_counts["crowd_dropped"] += int(self.crowd_counts[~keep].sum())
-        return out
-
-    def _without_crowd(self) -> "CocoIndex":
-        out = self._replace(without_crowd(self._t))
-        out.dropped_counts["crowd_dropped"] += self.num_crowd
-        return out
-
-    def _verified(self, on_bad_sample: str) -> "CocoIndex":
-        """Decode every image; raise on the first bad one, or leave the bad ones out."""
-
-        errors = find_bad_images(self.load_image, self.num_images)
-        bad = [e for e in errors if e is not None]
-        if not bad:
-            return self
-        if on_bad_sample == "raise":
-            raise bad[0]
-        keep = np.array([e is None for e in errors], bool)
-        out = self._select(keep)
-        lost = int(self.instance_counts[~keep].sum() + self.crowd_counts[~keep].sum())
-        out._skip_counts, out._skip_examples = count_image_errors(out._skip_counts, out._skip_examples, bad, lost)
-        return out
 
     # -- sizes and metadata ------------------------------------------------------------------
 
@@ -310,17 +241,9 @@ class CocoIndex:
     def __eq__(self, other: object) -> bool:
         if not isinstance(other, CocoIndex):
             return NotImplemented
-        return (
-            self.ann_file == other.ann_file
-            and self.image_root == other.image_root
-            and self._class_names == other._class_names
-            and self._skip_counts == other._skip_counts
-            and self.dropped_counts == other.dropped_counts
-            and all(
-                self._t[k].dtype == other._t[k].dtype and np.array_equal(self._t[k], other._t[k])
-                for k in TABLE_KEYS
-            )
-        )
+        mine = (self.ann_file, self.image_root, self._class_names, self._skip_counts, self.dropped_counts)
+        theirs = (other.ann_file, other.image_root, other._class_names, other._skip_counts, other.dropped_counts)
+        return mine == theirs and tables_equal(self._t, other._t)
 
     __hash__ = None  # type: ignore[assignment]
 
@@ -339,9 +262,7 @@ class CocoIndex:
         LVIS v1 images have no ``file_name``: ``http://images.cocodataset.org/val2017/x.jpg``
         gives ``val2017/x.jpg`` (see :mod:`seg_datamodule.io.coco.lvis_fields`).
         """
-        i = self._check_index(i)
-        off = self._t["file_name_offsets"]
-        return self._t["file_name_bytes"][off[i] : off[i + 1]].tobytes().decode("utf-8")
+        return self._segment("file_name_offsets", "file_name_bytes", i).tobytes().decode("utf-8")
 
     def file_path(self, i: int) -> Path:
         """``image_root / file_name`` of image ``i`` (for LVIS v1, the path taken from ``coco_url``)."""
@@ -358,8 +279,7 @@ class CocoIndex:
         Raises:
             KeyError: no image has that id.
         """
-        ids = self._t["image_ids"]
-        hits = np.flatnonzero(ids == image_id)
+        hits = np.flatnonzero(self._t["image_ids"] == image_id)
         if hits.size == 0:
             raise KeyError(f"no image with id {image_id} in {self.ann_file}")
         return int(hits[0])
@@ -375,33 +295,29 @@ class CocoIndex:
 
     def labels(self, i: int) -> np.ndarray:
         """(ndarray[N] int64) contiguous labels of image ``i``'s target instances (a copy)."""
-        return self._per_instance("labels", i)
+        return self._segment("instance_offsets", "labels", i)
 
     def annotation_ids(self, i: int) -> np.ndarray:
         """(ndarray[N] int64) COCO annotation ids of image ``i``'s target instances (a copy)."""
-        return self._per_instance("annotation_ids", i)
+        return self._segment("instance_offsets", "annotation_ids", i)
 
-    def _per_instance(self, key: str, i: int) -> np.ndarray:
+    def _segment(self, offsets_key: str, key: str, i: int) -> np.ndarray:
+        """Image ``i``'s segment of the ragged table ``key`` (a copy)."""
         i = self._check_index(i)
-        off = self._t["instance_offsets"]
+        off = self._t[offsets_key]
         return self._t[key][off[i] : off[i + 1]].copy()
 
     def bboxes(self, i: int) -> np.ndarray:
         """(ndarray[N, 4] float64) the JSON's ``[x, y, w, h]`` boxes of image ``i``'s target instances."""
-        return self._per_instance("bboxes", i)
+        return self._segment("instance_offsets", "bboxes", i)
 
     def neg_labels(self, i: int) -> np.ndarray:
         """(ndarray[K_i] int64) sorted labels of image ``i``'s ``neg_category_ids`` (LVIS: verified absent)."""
-        return self._per_image_labels("neg", i)
+        return self._segment("neg_label_offsets", "neg_labels", i)
 
     def not_exhaustive_labels(self, i: int) -> np.ndarray:
         """(ndarray[K_i] int64) sorted labels of image ``i``'s ``not_exhaustive_category_ids`` (LVIS)."""
-        return self._per_image_labels("not_exhaustive", i)
-
-    def _per_image_labels(self, key: str, i: int) -> np.ndarray:
-        i = self._check_index(i)
-        off = self._t[f"{key}_label_offsets"]
-        return self._t[f"{key}_labels"][off[i] : off[i + 1]].copy()
+        return self._segment("not_exhaustive_label_offsets", "not_exhaustive_labels", i)
 
     def category_presence(self) -> tuple[np.ndarray, np.ndarray]:
         """Every (image, label) pair with at least one annotation, crowd regions included.
@@ -413,17 +329,11 @@ class CocoIndex:
             image indices (ndarray[P] int64) and labels (ndarray[P] int64), sorted by image then
             label, each pair once.
         """
-        images = np.arange(len(self), dtype=np.int64)
-        owner = np.concatenate([np.repeat(images, self.instance_counts), np.repeat(images, self.crowd_counts)])
-        labels = np.concatenate([self._t["labels"], self._t["crowd_labels"]]).astype(np.int64)
-        pairs = np.unique(owner * max(self.num_classes, 1) + labels)
-        return pairs // max(self.num_classes, 1), pairs % max(self.num_classes, 1)
+        return category_presence(self._t)
 
     def crowd_annotation_ids(self, i: int) -> np.ndarray:
         """(ndarray[K_i] int64) annotation ids of image ``i``'s crowd regions."""
-        i = self._check_index(i)
-        off = self._t["crowd_offsets"]
-        return self._t["crowd_annotation_ids"][off[i] : off[i + 1]].copy()
+        return self._segment("crowd_offsets", "crowd_annotation_ids", i)
 
     def crowd_mask(self, i: int) -> np.ndarray | None:
         """Union of image ``i``'s crowd regions, decoded from RLE with pycocotools.
@@ -432,11 +342,7 @@ class CocoIndex:
             ndarray[H, W] bool at the JSON's size, or None when the image has no crowd region
             (or they were dropped).
         """
-        rles = crowd_rles(self._t, self._check_index(i))
-        if not rles:
-            return None
-        merged = rles[0] if len(rles) == 1 else mask_utils.merge(rles, intersect=0)
-        return np.ascontiguousarray(mask_utils.decode(merged), dtype=bool)
+        return crowd_mask(self._t, self._check_index(i))
 
     def load_image(self, i: int, reduce: int = 1, *, check_size: bool = True) -> np.ndarray:
         """Decode image ``i`` to RGB ``uint8`` (see :func:`~seg_datamodule.io.images.decode_image`).

@@ -20,17 +20,19 @@ from __future__ import annotations
 
 import math
 from array import array
-from typing import Any, Callable
+from typing import Any, Callable, NamedTuple
 
 import numpy as np
 from pycocotools import mask as mask_utils
 
 from seg_datamodule.ops.geometry import instance_areas, select_instances, zero_area_instances
-from seg_datamodule.ops.ragged import offsets_from_lengths, ragged_index
+from seg_datamodule.ops.ragged import offsets_from_lengths
 from seg_datamodule.ops.raster import rasterize_flat
 from seg_datamodule.ops.rle import check_rle, mask_to_rings
 
-__all__ = ["OUT_OF_BOUNDS_FACTOR", "VERTEX_SCALE", "add_crowd", "assemble", "finish_chunk", "rle_rings"]
+__all__ = [
+    "OUT_OF_BOUNDS_FACTOR", "VERTEX_SCALE", "ChunkRows", "CrowdRegion", "check_crowd", "finish_chunk", "rle_rings",
+]
 
 VERTEX_SCALE = 100  # COCO has 2 decimals: int32 hundredths store them exactly in half the bytes
 _ZERO_AREA_RTOL = 1e-12  # |twice area| within this fraction of the shoelace terms is zero (rounding)
@@ -44,6 +46,38 @@ _MAX_COVER_CELLS = 2**22  # cells rasterised to decide whether a zero-area polyg
 
 #: ``bad(pos, reason, detail, annotation_id, image_id, image_index)``: report a bad annotation.
 Reporter = Callable[[int, str, str, Any, Any, "int | None"], None]
+
+
+class ChunkRows(NamedTuple):
+    """What the scan of a chunk packed for its target instances, for :func:`finish_chunk`.
+
+    Attributes:
+        rows: 6 ints per instance: position in the annotation list, image index, label,
+            annotation id, number of rings, index of its first coordinate in ``coords``.
+        boxes: 4 numbers per instance, NaN where the JSON's bbox is not 4 numbers.
+        areas: the JSON's area per instance, NaN where missing.
+        ring_lens: vertices per ring.
+        coords: the coordinates of every ring, flat (placeholders where not numbers).
+        non_numbers: the instances whose polygon holds something other than numbers.
+    """
+
+    rows: list[int]
+    boxes: array
+    areas: list[float]
+    ring_lens: list[int]
+    coords: array
+    non_numbers: list[int]
+
+
+class CrowdRegion(NamedTuple):
+    """One checked crowd annotation: image index, label, annotation id, bbox, area, compressed RLE counts."""
+
+    img: int
+    label: int
+    id: int
+    bbox: Any
+    area: float
+    rle: bytes
 
 
 def _out_of_bounds(vertices: np.ndarray, height: np.ndarray | int, width: np.ndarray | int) -> np.ndarray:
@@ -132,11 +166,14 @@ def rle_rings(seg: dict[str, Any], height: int, width: int) -> tuple[list[np.nda
     return rings, float(mask.sum())
 
 
-def add_crowd(
-    pos: int, seg: Any, bbox: list[Any], area: float, aid: int, iid: int, ii: int,
-    label: int, height: int, width: int, bad: Reporter, crowd: dict[str, list[Any]],
-) -> None:
-    """Check one crowd annotation and append it, as compressed RLE, to the ``crowd`` lists."""
+def check_crowd(
+    seg: Any, bbox: Any, area: float, height: int, width: int
+) -> tuple[bytes, float] | tuple[str, str]:
+    """Check one crowd annotation of an image of ``height`` x ``width``.
+
+    Returns:
+        (compressed RLE counts, area: the JSON's, or the mask's where missing), or (reason, detail).
+    """
     problem = _check_bbox_python(bbox)
     compressed = None
     if problem is None:
@@ -156,35 +193,18 @@ def add_crowd(
         elif area != area:
             area = float(mask_area)
     if problem is not None:
-        bad(pos, problem[0], problem[1], aid, iid, ii)
-        return
-    values = (pos, ii, label, aid, bbox, area, compressed)
-    for key, value in zip(("pos", "img", "label", "id", "bbox", "area", "rle"), values):
-        crowd[key].append(value)
+        return problem
+    return compressed, area
 
 
 def finish_chunk(
-    anns: list[Any],
-    rows: list[int],
-    boxes: array,
-    areas: list[float],
-    ring_lens: list[int],
-    coords: array,
-    non_numbers: list[int],
-    image_sizes: np.ndarray,
-    bad: Reporter,
+    anns: list[Any], packed: ChunkRows, image_sizes: np.ndarray, bad: Reporter
 ) -> dict[str, np.ndarray] | None:
     """Vectorised checks of a chunk's target instances; drop and report the bad ones.
 
     Args:
         anns: the JSON's annotation list (for the image id of a bad one).
-        rows: 6 ints per instance: position in ``anns``, image index, label, annotation id,
-            number of rings, index of its first coordinate in ``coords``.
-        boxes: 4 numbers per instance, NaN where the JSON's bbox is not 4 numbers.
-        areas: the JSON's area per instance, NaN where missing.
-        ring_lens: vertices per ring.
-        coords: the coordinates of every ring, flat (placeholders where not numbers).
-        non_numbers: the instances whose polygon holds something other than numbers.
+        packed: the chunk's target instances as the scan packed them.
         image_sizes (ndarray[I, 2] int64): (H, W) of every image.
         bad: called for each instance found bad.
 
@@ -192,6 +212,7 @@ def finish_chunk(
         the chunk's good instances as arrays (``pos``, ``img``, ``labels``, ``annotation_ids``,
         ``bboxes``, ``areas``, ``nrings``, ``ring_lens``, ``vertices``), or None if none is good.
     """
+    rows, boxes, areas, ring_lens, coords, non_numbers = packed
     table = np.array(rows, np.int64).reshape(-1, 6)
     pos, img, labels, ids, nrings, first = table.T
     n = len(table)
@@ -293,7 +314,6 @@ _VECTOR_REASONS = (
 )
 
 
-
 def _mark(reason: np.ndarray, where: np.ndarray, key: str) -> None:
     """Set ``key`` where nothing was found yet (the first problem found wins)."""
     reason[where & (reason == 0)] = _VECTOR_REASONS.index(key) + 1
@@ -312,69 +332,3 @@ def _vector_detail(key: str, bbox: Any) -> str:
         "zero_area": "polygon has zero area",
         "segmentation_invalid": "polygon holds something other than numbers",
     }[key]
-
-
-def assemble(
-    chunks: list[dict[str, np.ndarray]], crowd: dict[str, list[Any]], num_images: int
-) -> dict[str, np.ndarray]:
-    """Concatenate chunks and sort instances by image (file order within an image).
-
-    Args:
-        chunks: what :func:`finish_chunk` returned, in file order.
-        crowd: the lists :func:`add_crowd` appended to.
-        num_images: I.
-
-    Returns:
-        the instance and crowd tables of the index (everything but the image and category ones).
-    """
-    if chunks:
-        cat = {k: np.concatenate([c[k] for c in chunks]) for k in chunks[0] if k != "vertices"}
-        if all(c["vertices"].dtype == np.int32 for c in chunks):
-            vertices = np.concatenate([c["vertices"] for c in chunks])
-            scale = VERTEX_SCALE
-        else:
-            parts = [c["vertices"] / VERTEX_SCALE if c["vertices"].dtype == np.int32 else c["vertices"]
-                     for c in chunks]
-            vertices, scale = np.concatenate(parts), 0
-    else:
-        cat = {
-            "img": np.zeros(0, np.int64), "labels": np.zeros(0, np.int64),
-            "annotation_ids": np.zeros(0, np.int64), "bboxes": np.zeros((0, 4)), "areas": np.zeros(0),
-            "nrings": np.zeros(0, np.int64), "ring_lens": np.zeros(0, np.int64),
-        }
-        vertices, scale = np.zeros((0, 2), np.int32), VERTEX_SCALE
-    img, nrings, ring_lens = cat["img"], cat["nrings"], cat["ring_lens"]
-    order = np.argsort(img, kind="stable")
-    if np.any(order != np.arange(len(order))):
-        ring_idx = ragged_index(offsets_from_lengths(nrings)[:-1][order], nrings[order])
-        vertex_idx = ragged_index(offsets_from_lengths(ring_lens)[:-1][ring_idx], ring_lens[ring_idx])
-        vertices = vertices[vertex_idx]
-        ring_lens = ring_lens[ring_idx]
-        nrings = nrings[order]
-        img = img[order]
-        cat = {k: v[order] for k, v in cat.items() if k not in ("img", "nrings", "ring_lens")}
-    tables = {
-        "instance_offsets": offsets_from_lengths(np.bincount(img, minlength=num_images)),
-        "labels": cat["labels"],
-        "annotation_ids": cat["annotation_ids"],
-        "bboxes": cat["bboxes"].reshape(-1, 4),
-        "areas": cat["areas"],
-        "instance_ring_offsets": offsets_from_lengths(nrings),
-        "ring_offsets": offsets_from_lengths(ring_lens),
-        "vertices": vertices.reshape(-1, 2),
-        "vertex_scale": np.asarray(scale, np.int64),
-    }
-    # Crowd regions: few, assembled from lists.
-    c_img = np.asarray(crowd["img"], np.int64)
-    c_order = np.argsort(c_img, kind="stable")
-    rles = [crowd["rle"][k] for k in c_order]
-    tables.update(
-        crowd_offsets=offsets_from_lengths(np.bincount(c_img, minlength=num_images)),
-        crowd_labels=np.asarray(crowd["label"], np.int64)[c_order],
-        crowd_annotation_ids=np.asarray(crowd["id"], np.int64)[c_order],
-        crowd_bboxes=np.asarray(crowd["bbox"], np.float64).reshape(-1, 4)[c_order],
-        crowd_areas=np.asarray(crowd["area"], np.float64)[c_order],
-        crowd_rle_offsets=offsets_from_lengths(np.fromiter((len(r) for r in rles), np.int64, len(rles))),
-        crowd_rle_bytes=np.frombuffer(b"".join(rles), np.uint8).copy(),
-    )
-    return tables

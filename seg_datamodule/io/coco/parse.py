@@ -8,8 +8,9 @@ duplicate ids, and its id -> dict indexes (with the JSON: 3.6 GB at train2017 sc
 be thrown away.
 
 Category ids are mapped to contiguous labels ``0..C-1`` in sorted id order. Images are checked
-here; annotations are scanned here (ids, image, category, structure of the segmentation) and
-their numbers checked chunk by chunk in :mod:`seg_datamodule.io.coco.instances`. LVIS files
+here; annotations are scanned chunk by chunk in :mod:`seg_datamodule.io.coco.scan` (ids, image,
+category, structure of the segmentation) and their numbers checked in
+:mod:`seg_datamodule.io.coco.instances`. LVIS files
 take the same path: an image's path may come from ``coco_url``, a missing ``iscrowd`` is 0, and
 ``neg_category_ids`` / ``not_exhaustive_category_ids`` become per-image label lists (see
 :mod:`seg_datamodule.io.coco.lvis_fields`).
@@ -19,7 +20,6 @@ from __future__ import annotations
 
 import gc
 import json
-import math
 from array import array
 from pathlib import Path
 from typing import Any
@@ -27,18 +27,15 @@ from typing import Any
 import numpy as np
 
 from seg_datamodule.io.coco.errors import BadAnnotationError, ProblemLog
-from seg_datamodule.io.images import MAX_IMAGE_PIXELS
 from seg_datamodule.io.coco.lvis_fields import federated_labels, image_file_name
-from seg_datamodule.io.coco.instances import add_crowd, assemble, finish_chunk, rle_rings
+from seg_datamodule.io.coco.scan import INT64_MAX, INT64_MIN, ChunkScanner, KeptImages, packed_numbers
+from seg_datamodule.io.coco.tables import assemble
+from seg_datamodule.io.images import MAX_IMAGE_PIXELS
 from seg_datamodule.ops.ragged import offsets_from_lengths
 
 __all__ = ["build_tables"]
 
-_INT64_MIN, _INT64_MAX = -(2**63), 2**63 - 1
 _CHUNK = 131072  # annotations validated per vectorised pass (bounds the temporary memory)
-_NUMBER_TYPES = {int, float}
-_NAN_BOX = array("d", [math.nan] * 4)  # a bbox that is not 4 numbers: bbox_invalid in the vector pass
-_ONES = array("d", [1.0])  # placeholder coordinates of a polygon that is not numbers
 
 
 def _load_json(ann_file: Path) -> Any:
@@ -66,16 +63,6 @@ def _load_json(ann_file: Path) -> Any:
     finally:
         if was_enabled:
             gc.enable()
-
-
-def _numbers(values: list[Any]) -> array | None:
-    """``values`` as ``array('d')`` when every one is an int or a float (a bool is neither), else None."""
-    if not set(map(type, values)) <= _NUMBER_TYPES:
-        return None
-    try:
-        return array("d", values)
-    except (TypeError, OverflowError):  # a string, None, a nested list, an int beyond float
-        return None
 
 
 def _pack_numbers(obj: dict[str, Any]) -> dict[str, Any]:
@@ -106,12 +93,12 @@ def _pack_numbers_checked(obj: dict[str, Any]) -> dict[str, Any]:
     if type(seg) is list:
         for k, ring in enumerate(seg):
             if type(ring) is list and ring:
-                packed = _numbers(ring)
+                packed = packed_numbers(ring)
                 if packed is not None:
                     seg[k] = packed
     bbox = obj.get("bbox")
     if type(bbox) is list and len(bbox) == 4:
-        packed = _numbers(bbox)
+        packed = packed_numbers(bbox)
         if packed is not None:
             obj["bbox"] = packed
     return obj
@@ -167,7 +154,7 @@ def _tables_from_json(
     for pos, cat in enumerate(data["categories"]):
         cid = cat.get("id") if isinstance(cat, dict) else None
         name = cat.get("name") if isinstance(cat, dict) else None
-        if type(cid) is not int or not _INT64_MIN <= cid <= _INT64_MAX or not isinstance(name, str):
+        if type(cid) is not int or not INT64_MIN <= cid <= INT64_MAX or not isinstance(name, str):
             raise BadAnnotationError(
                 f"{ann_file}: category #{pos} needs an integer 'id' and a string 'name', got {cat!r}",
                 ann_file=ann_file,
@@ -200,7 +187,7 @@ def _tables_from_json(
         iid = img.get("id")
         # LVIS v1 has no file_name: the path then comes from coco_url (see lvis_fields).
         name, shown_name, name_problem = image_file_name(img)
-        if type(iid) is not int or not _INT64_MIN <= iid <= _INT64_MAX:
+        if type(iid) is not int or not INT64_MIN <= iid <= INT64_MAX:
             problems.add(
                 (0, pos), "image_bad_entry", f"id must be a 64-bit integer, got {iid!r}",
                 file_name=shown_name, what="image",
@@ -239,15 +226,10 @@ def _tables_from_json(
 
     # 4. Annotations, chunk by chunk: cheap checks in the loop, numeric ones vectorised.
     anns = data["annotations"]
-    image_sizes = np.array([heights, widths], np.int64).T.reshape(-1, 2)  # (H, W) per image
-    seen: set[int] = set()
+    scanner = ChunkScanner(KeptImages(index_of, skipped_ids, heights, widths, names), label_of, problems)
     chunks: list[dict[str, np.ndarray]] = []
-    crowd: dict[str, list[Any]] = {k: [] for k in ("pos", "img", "label", "id", "bbox", "area", "rle")}
     for start in range(0, len(anns), _CHUNK):
-        chunk = _scan_chunk(
-            anns, start, min(start + _CHUNK, len(anns)), seen, index_of, skipped_ids, label_of,
-            heights, widths, names, image_sizes, problems, crowd,
-        )
+        chunk = scanner.scan(anns, start, min(start + _CHUNK, len(anns)))
         if chunk is not None:
             chunks.append(chunk)
         problems.checkpoint()
@@ -255,7 +237,7 @@ def _tables_from_json(
         anns[start : start + _CHUNK] = [None] * (min(start + _CHUNK, len(anns)) - start)
 
     # 5. Assemble: instances sorted by image (stable: file order within an image).
-    tables = assemble(chunks, crowd, len(ids))
+    tables = assemble(chunks, scanner.crowd, len(ids))
     tables["image_ids"] = np.asarray(ids, np.int64)
     tables["heights"] = np.asarray(heights, np.int64)
     tables["widths"] = np.asarray(widths, np.int64)
@@ -273,142 +255,3 @@ def _tables_from_json(
         "first_problem": None if problems.first is None else problems.first[1],
     }
     return tables, meta
-
-
-def _scan_chunk(
-    anns: list[Any],
-    start: int,
-    stop: int,
-    seen: set[int],
-    index_of: dict[int, int],
-    skipped_ids: set[int],
-    label_of: dict[int, int],
-    heights: list[int],
-    widths: list[int],
-    names: list[str],
-    image_sizes: np.ndarray,
-    problems: ProblemLog,
-    crowd: dict[str, list[Any]],
-) -> dict[str, np.ndarray] | None:
-    """Scan annotations ``start:stop``; return the chunk's valid target instances as arrays."""
-    rows: list[int] = []  # per kept annotation: pos, image index, label, id, rings, first coordinate
-    boxes = array("d")  # 4 per kept annotation
-    areas: list[float] = []
-    ring_lens: list[int] = []
-    coords = array("d")
-    non_numbers: list[int] = []  # rows whose polygon holds something other than numbers
-    rows_extend, boxes_extend, areas_append = rows.extend, boxes.extend, areas.append
-    ring_lens_append, coords_extend = ring_lens.append, coords.extend
-    index_get, label_get, seen_add = index_of.get, label_of.get, seen.add
-    nan = math.nan
-
-    def bad(pos: int, reason: str, detail: str, aid: Any, iid: Any, ii: int | None) -> None:
-        if ii is None and type(iid) is int:
-            ii = index_get(iid)
-        name = None if ii is None else names[ii]
-        problems.add((1, pos), reason, detail, image_id=iid, annotation_id=aid, file_name=name)
-
-    for pos in range(start, stop):
-        ann = anns[pos]
-        if type(ann) is not dict:
-            bad(pos, "annotation_bad_entry", "is not a JSON object", None, None, None)
-            continue
-        aid = ann.get("id")
-        iid = ann.get("image_id")
-        if type(aid) is not int or not _INT64_MIN <= aid <= _INT64_MAX:
-            bad(pos, "annotation_bad_entry", f"id must be a 64-bit integer, got {aid!r}", None, iid, None)
-            continue
-        if aid in seen:
-            bad(pos, "annotation_duplicate_id", "an earlier annotation has the same id", aid, iid, None)
-            continue
-        seen_add(aid)
-        ii = index_get(iid) if type(iid) is int else None
-        if ii is None:
-            if type(iid) is int and iid in skipped_ids:
-                bad(pos, "annotation_of_skipped_image", "its image entry was skipped", aid, iid, None)
-            else:
-                detail = f"image_id {iid!r} is not the id of any image"
-                bad(pos, "annotation_unknown_image_id", detail, aid, iid, None)
-            continue
-        cid = ann.get("category_id")
-        label = label_get(cid) if type(cid) is int else None
-        if label is None:
-            detail = f"category_id {cid!r} is not the id of any category"
-            bad(pos, "annotation_unknown_category_id", detail, aid, iid, ii)
-            continue
-        bbox = ann.get("bbox")
-        if (type(bbox) is not array and type(bbox) is not list) or len(bbox) != 4:
-            detail = f"bbox must be 4 numbers [x, y, width, height], got {bbox!r}"
-            bad(pos, "bbox_invalid", detail, aid, iid, ii)
-            continue
-        seg = ann.get("segmentation")
-        area = ann.get("area")
-        if type(area) is not float and type(area) is not int:
-            if type(area) is bool:
-                bad(pos, "annotation_bad_entry", f"area must be a number, got {area!r}", aid, iid, ii)
-                continue
-            area = nan
-        iscrowd = ann.get("iscrowd", 0)
-        if type(iscrowd) is not int or iscrowd not in (0, 1):
-            bad(pos, "annotation_bad_entry", f"iscrowd must be 0 or 1, got {iscrowd!r}", aid, iid, ii)
-            continue
-        if iscrowd:
-            add_crowd(pos, seg, bbox, area, aid, iid, ii, label, heights[ii], widths[ii], bad, crowd)
-            continue
-        first = len(coords)
-        if type(seg) is list:
-            problem, packed_rings = None, []
-            for k, ring in enumerate(seg):
-                n = len(ring) if type(ring) is array or type(ring) is list else -1
-                if n < 0:
-                    detail = f"polygon ring {k} is a {type(ring).__name__}, not a list"
-                    problem = ("segmentation_invalid", detail)
-                    break
-                if n & 1:
-                    detail = f"polygon ring {k} has an odd number of coordinates ({n})"
-                    problem = ("polygon_odd_coordinates", detail)
-                    break
-                if n < 6:
-                    detail = f"polygon ring {k} has {n // 2} points; at least 3 are needed"
-                    problem = ("polygon_too_few_points", detail)
-                    break
-                # A list the loader did not pack holds something other than numbers (or the
-                # JSON came from elsewhere): pack it here, or mark the annotation.
-                packed_rings.append(ring if type(ring) is array else _numbers(ring))
-            if not seg or (problem is not None and all(type(r) is list and not r for r in seg)):
-                problem = ("segmentation_empty", "segmentation has no polygon coordinates")
-            if problem is not None:
-                bad(pos, problem[0], problem[1], aid, iid, ii)
-                continue
-            if None in packed_rings:  # reported by the vector pass, to keep the order of checks
-                non_numbers.append(len(areas))
-            for ring, raw in zip(packed_rings, seg):
-                coords_extend(_ONES * len(raw) if ring is None else ring)
-                ring_lens_append(len(raw) >> 1)
-            nrings = len(seg)
-        elif type(seg) is dict:
-            # Non-crowd RLE: a target, converted to exact polygons (see instances.py).
-            converted = rle_rings(seg, heights[ii], widths[ii])
-            if isinstance(converted[0], str):
-                bad(pos, converted[0], converted[1], aid, iid, ii)
-                continue
-            rings, mask_area = converted
-            for ring in rings:
-                coords.frombytes(np.ascontiguousarray(ring, np.float64).tobytes())
-                ring_lens_append(len(ring))
-            nrings = len(rings)
-            if area != area:
-                area = mask_area
-        elif seg is None or seg == "":
-            bad(pos, "segmentation_empty", "segmentation is missing", aid, iid, ii)
-            continue
-        else:
-            detail = f"segmentation is a {type(seg).__name__}, not polygons or RLE"
-            bad(pos, "segmentation_invalid", detail, aid, iid, ii)
-            continue
-        rows_extend((pos, ii, label, aid, nrings, first))
-        boxes_extend(bbox if type(bbox) is array else (_numbers(bbox) or _NAN_BOX))
-        areas_append(area)
-    if not rows:
-        return None
-    return finish_chunk(anns, rows, boxes, areas, ring_lens, coords, non_numbers, image_sizes, bad)

@@ -1,4 +1,4 @@
-"""The index's tables: their names, and selecting images or dropping crowd regions on them.
+"""The index's tables: their names, assembling them, and selecting images or dropping crowd regions on them.
 
 An index is a dict of flat numpy arrays (:data:`TABLE_KEYS`); per image the target instances,
 their rings and vertices, and the crowd regions with their RLE bytes are contiguous ragged
@@ -11,13 +11,18 @@ from __future__ import annotations
 from typing import Any, Mapping
 
 import numpy as np
+from pycocotools import mask as mask_utils
 
+from seg_datamodule.io.coco.instances import VERTEX_SCALE, CrowdRegion
 from seg_datamodule.io.images import MAX_IMAGE_PIXELS
 from seg_datamodule.io.paths import file_name_problem
 from seg_datamodule.ops.ragged import offsets_from_lengths, ragged_index
 from seg_datamodule.structures import Polygons
 
-__all__ = ["FEDERATED_TABLES", "TABLE_KEYS", "check_tables", "crowd_rles", "image_polygons", "select_images", "without_crowd"]
+__all__ = [
+    "FEDERATED_TABLES", "TABLE_KEYS", "assemble", "category_presence", "check_tables", "crowd_mask", "crowd_rles",
+    "image_polygons", "select_images", "tables_equal", "without_crowd",
+]
 
 #: Every array of an index (also what the cache stores).
 TABLE_KEYS = (
@@ -31,6 +36,72 @@ TABLE_KEYS = (
 
 #: The per-image label lists: (offsets key, labels key).
 FEDERATED_TABLES = (("neg_label_offsets", "neg_labels"), ("not_exhaustive_label_offsets", "not_exhaustive_labels"))
+
+
+def assemble(
+    chunks: list[dict[str, np.ndarray]], crowd: list[CrowdRegion], num_images: int
+) -> dict[str, np.ndarray]:
+    """Concatenate chunks and sort instances by image (file order within an image).
+
+    Args:
+        chunks: what :func:`~seg_datamodule.io.coco.instances.finish_chunk` returned, in file order.
+        crowd: the crowd regions kept, in file order.
+        num_images: I.
+
+    Returns:
+        the instance and crowd tables of the index (everything but the image and category ones).
+    """
+    if chunks:
+        cat = {k: np.concatenate([c[k] for c in chunks]) for k in chunks[0] if k != "vertices"}
+        if all(c["vertices"].dtype == np.int32 for c in chunks):
+            vertices = np.concatenate([c["vertices"] for c in chunks])
+            scale = VERTEX_SCALE
+        else:
+            parts = [c["vertices"] / VERTEX_SCALE if c["vertices"].dtype == np.int32 else c["vertices"]
+                     for c in chunks]
+            vertices, scale = np.concatenate(parts), 0
+    else:
+        cat = {
+            "img": np.zeros(0, np.int64), "labels": np.zeros(0, np.int64),
+            "annotation_ids": np.zeros(0, np.int64), "bboxes": np.zeros((0, 4)), "areas": np.zeros(0),
+            "nrings": np.zeros(0, np.int64), "ring_lens": np.zeros(0, np.int64),
+        }
+        vertices, scale = np.zeros((0, 2), np.int32), VERTEX_SCALE
+    img, nrings, ring_lens = cat["img"], cat["nrings"], cat["ring_lens"]
+    order = np.argsort(img, kind="stable")
+    if np.any(order != np.arange(len(order))):
+        ring_idx = ragged_index(offsets_from_lengths(nrings)[:-1][order], nrings[order])
+        vertex_idx = ragged_index(offsets_from_lengths(ring_lens)[:-1][ring_idx], ring_lens[ring_idx])
+        vertices = vertices[vertex_idx]
+        ring_lens = ring_lens[ring_idx]
+        nrings = nrings[order]
+        img = img[order]
+        cat = {k: v[order] for k, v in cat.items() if k not in ("img", "nrings", "ring_lens")}
+    tables = {
+        "instance_offsets": offsets_from_lengths(np.bincount(img, minlength=num_images)),
+        "labels": cat["labels"],
+        "annotation_ids": cat["annotation_ids"],
+        "bboxes": cat["bboxes"].reshape(-1, 4),
+        "areas": cat["areas"],
+        "instance_ring_offsets": offsets_from_lengths(nrings),
+        "ring_offsets": offsets_from_lengths(ring_lens),
+        "vertices": vertices.reshape(-1, 2),
+        "vertex_scale": np.asarray(scale, np.int64),
+    }
+    # Crowd regions: few, assembled from tuples.
+    c_img, c_label, c_id, c_bbox, c_area, c_rle = zip(*crowd) if crowd else ((),) * 6
+    c_order = np.argsort(np.asarray(c_img, np.int64), kind="stable")
+    rles = [c_rle[k] for k in c_order]
+    tables.update(
+        crowd_offsets=offsets_from_lengths(np.bincount(np.asarray(c_img, np.int64), minlength=num_images)),
+        crowd_labels=np.asarray(c_label, np.int64)[c_order],
+        crowd_annotation_ids=np.asarray(c_id, np.int64)[c_order],
+        crowd_bboxes=np.asarray(c_bbox, np.float64).reshape(-1, 4)[c_order],
+        crowd_areas=np.asarray(c_area, np.float64)[c_order],
+        crowd_rle_offsets=offsets_from_lengths(np.fromiter((len(r) for r in rles), np.int64, len(rles))),
+        crowd_rle_bytes=np.frombuffer(b"".join(rles), np.uint8).copy(),
+    )
+    return tables
 
 
 def select_images(tables: Mapping[str, np.ndarray], keep: np.ndarray) -> dict[str, np.ndarray]:
@@ -106,6 +177,32 @@ def crowd_rles(tables: Mapping[str, np.ndarray], i: int) -> list[dict[str, Any]]
     size = [int(t["heights"][i]), int(t["widths"][i])]
     off, raw = t["crowd_rle_offsets"], t["crowd_rle_bytes"]
     return [{"size": size, "counts": raw[off[k] : off[k + 1]].tobytes()} for k in range(a, b)]
+
+
+def crowd_mask(tables: Mapping[str, np.ndarray], i: int) -> np.ndarray | None:
+    """Union of image ``i``'s crowd regions (ndarray[H, W] bool), or None when it has none."""
+    rles = crowd_rles(tables, i)
+    if not rles:
+        return None
+    merged = rles[0] if len(rles) == 1 else mask_utils.merge(rles, intersect=0)
+    return np.ascontiguousarray(mask_utils.decode(merged), dtype=bool)
+
+
+def category_presence(tables: Mapping[str, np.ndarray]) -> tuple[np.ndarray, np.ndarray]:
+    """Every (image, label) pair with a target instance or a crowd region, sorted, each once."""
+    t = tables
+    images = np.arange(len(t["image_ids"]), dtype=np.int64)
+    owner = np.concatenate([np.repeat(images, np.diff(t["instance_offsets"])),
+                            np.repeat(images, np.diff(t["crowd_offsets"]))])
+    labels = np.concatenate([t["labels"], t["crowd_labels"]]).astype(np.int64)
+    num_classes = max(int(t["category_ids"].shape[0]), 1)
+    pairs = np.unique(owner * num_classes + labels)
+    return pairs // num_classes, pairs % num_classes
+
+
+def tables_equal(a: Mapping[str, np.ndarray], b: Mapping[str, np.ndarray]) -> bool:
+    """Whether two indexes' tables hold the same arrays, dtypes included."""
+    return all(a[k].dtype == b[k].dtype and np.array_equal(a[k], b[k]) for k in TABLE_KEYS)
 
 
 def check_tables(tables: Mapping[str, np.ndarray], meta: Mapping[str, Any]) -> str | None:

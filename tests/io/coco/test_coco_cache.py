@@ -14,7 +14,7 @@ import pytest
 
 from _coco_cases import _base, _set, _write, flat
 from seg_datamodule.io.coco import BadAnnotationError, CocoIndex
-from seg_datamodule.io.coco import index as index_module
+from seg_datamodule.io.coco import building as building_module
 
 
 # --------------------------------------------------------------------------------------------
@@ -30,7 +30,7 @@ def test_cache_hit_is_equal_and_skips_the_build(tmp_path: Path, monkeypatch: pyt
     def no_build(*args: Any) -> Any:
         raise AssertionError("the JSON was parsed again")
 
-    monkeypatch.setattr(index_module, "build_tables", no_build)
+    monkeypatch.setattr(building_module, "build_tables", no_build)
     second = CocoIndex.build(path, tmp_path, cache_dir=cache)
     assert second.from_cache and second == first
     for i in range(len(first)):
@@ -141,14 +141,14 @@ def test_processes_starting_together_build_the_cache_once(
 
     builds = tmp_path / "builds"
     builds.mkdir()
-    real_build = index_module.build_tables
+    real_build = building_module.build_tables
 
     def slow_build(*args: Any) -> Any:
         (builds / str(os.getpid())).touch()
         time.sleep(1.5)
         return real_build(*args)
 
-    monkeypatch.setattr(index_module, "build_tables", slow_build)
+    monkeypatch.setattr(building_module, "build_tables", slow_build)
     path = _write(tmp_path, _base())
     context = multiprocessing.get_context("fork")  # inherits the slow build
     barrier, results = context.Barrier(3), context.Queue()

@@ -1,0 +1,144 @@
+"""The steps of :meth:`~seg_datamodule.io.coco.index.CocoIndex.build`: options checked, tables loaded, options applied.
+
+The tables come from the cache or from the JSON (:func:`load_tables`). ``drop_crowd``,
+``drop_empty`` and ``verify_images`` are applied after loading (:func:`apply_options`), so they
+share one cache; ``on_bad_sample`` too (the cache records what was skipped, and ``"raise"``
+raises the first recorded problem). Each option is a pure step from one :class:`Loaded` to a new
+one, counting what it leaves out.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, NamedTuple, Sequence
+
+import numpy as np
+
+from seg_datamodule.io.coco.cache import cached_tables
+from seg_datamodule.io.coco.errors import error_from_first
+from seg_datamodule.io.coco.parse import build_tables
+from seg_datamodule.io.coco.reading import count_image_errors
+from seg_datamodule.io.coco.tables import select_images, without_crowd
+from seg_datamodule.io.images import BadImageError
+from seg_datamodule.ops.checks import check_choice
+
+__all__ = ["BuildOptions", "Loaded", "apply_options", "load_tables"]
+
+
+@dataclass(frozen=True)
+class BuildOptions:
+    """What :meth:`~seg_datamodule.io.coco.index.CocoIndex.build` was asked to do, checked.
+
+    Raises:
+        TypeError, ValueError: ``on_bad_sample`` is not a str, or neither ``"raise"`` nor ``"skip"``.
+        TypeError: a flag is not a bool.
+    """
+
+    on_bad_sample: str = "raise"
+    drop_crowd: bool = False
+    drop_empty: bool = False
+    verify_images: bool = False
+    use_cache: bool = True
+
+    def __post_init__(self) -> None:
+        check_choice("on_bad_sample", self.on_bad_sample, ("raise", "skip"))
+        for name in ("drop_crowd", "drop_empty", "verify_images", "use_cache"):
+            value = getattr(self, name)
+            if not isinstance(value, bool):
+                raise TypeError(f"{name} must be a bool, got {value!r}")
+
+
+class Loaded(NamedTuple):
+    """An index's tables and what they leave out of the JSON.
+
+    Attributes:
+        tables: the arrays, by :data:`~seg_datamodule.io.coco.tables.TABLE_KEYS`.
+        skip_counts: reason -> count of what was skipped as bad.
+        skip_examples: reason -> the first few messages.
+        dropped_counts: what the options left out (not skips), ``"crowd_dropped"`` and
+            ``"image_empty_dropped"``.
+    """
+
+    tables: dict[str, np.ndarray]
+    skip_counts: dict[str, int]
+    skip_examples: dict[str, list[str]]
+    dropped_counts: dict[str, int]
+
+
+def load_tables(
+    ann_file: Path, cache_dir: str | os.PathLike[str] | None, options: BuildOptions
+) -> tuple[tuple[dict[str, np.ndarray], dict[str, Any]], bool, Path | None]:
+    """The unfiltered tables of ``ann_file`` from the cache, or built from the JSON (then cached).
+
+    A cache built in skip mode records its problems: in ``"raise"`` mode the first one is raised.
+
+    Args:
+        ann_file: the annotation file (absolute).
+        cache_dir: folder of the cache; None: :func:`~seg_datamodule.io.coco.cache.default_cache_dir`.
+        options: the build's options (``use_cache``, ``on_bad_sample`` of a build).
+
+    Returns:
+        ((tables, meta), whether they came from the cache, the cache file or None).
+
+    Raises:
+        FileNotFoundError: ``ann_file`` does not exist.
+        BadAnnotationError: a problem in the JSON (in ``"raise"`` mode, also one a cache recorded).
+    """
+    if not ann_file.is_file():
+        raise FileNotFoundError(f"annotation file {ann_file} does not exist")
+
+    def build() -> tuple[dict[str, np.ndarray], dict[str, Any]]:
+        return build_tables(ann_file, options.on_bad_sample)
+
+    if options.use_cache:
+        (tables, meta), from_cache, path = cached_tables(ann_file, None if cache_dir is None else Path(cache_dir), build)
+    else:
+        (tables, meta), from_cache, path = build(), False, None
+    if options.on_bad_sample == "raise" and meta.get("first_problem") is not None:
+        raise error_from_first(meta["first_problem"], ann_file)
+    return (tables, meta), from_cache, path
+
+
+def apply_options(loaded: Loaded, options: BuildOptions, image_errors: Sequence[BadImageError | None]) -> Loaded:
+    """The tables with the options applied, in order: bad images, crowd regions, empty images.
+
+    Args:
+        loaded: the tables as loaded (not modified).
+        options: the build's options.
+        image_errors: with ``verify_images``, per image the error decoding it raised, or None.
+
+    Returns:
+        the new tables and counts.
+
+    Raises:
+        BadImageError: with ``verify_images`` in ``"raise"`` mode, the first bad image.
+    """
+    if options.verify_images:
+        loaded = _without_bad_images(loaded, image_errors, options.on_bad_sample)
+    if options.drop_crowd:
+        dropped = dict(loaded.dropped_counts)
+        dropped["crowd_dropped"] += len(loaded.tables["crowd_labels"])
+        loaded = loaded._replace(tables=without_crowd(loaded.tables), dropped_counts=dropped)
+    if options.drop_empty:  # after drop_crowd: crowd-only images count as empty
+        keep = np.diff(loaded.tables["instance_offsets"]) > 0
+        dropped = dict(loaded.dropped_counts)
+        dropped["image_empty_dropped"] += int((~keep).sum())
+        dropped["crowd_dropped"] += int(np.diff(loaded.tables["crowd_offsets"])[~keep].sum())
+        loaded = loaded._replace(tables=select_images(loaded.tables, keep), dropped_counts=dropped)
+    return loaded
+
+
+def _without_bad_images(loaded: Loaded, errors: Sequence[BadImageError | None], on_bad_sample: str) -> Loaded:
+    """Raise the first bad image, or leave the bad ones out, counted with their annotations."""
+    bad = [e for e in errors if e is not None]
+    if not bad:
+        return loaded
+    if on_bad_sample == "raise":
+        raise bad[0]
+    keep = np.array([e is None for e in errors], bool)
+    t = loaded.tables
+    lost = int(np.diff(t["instance_offsets"])[~keep].sum() + np.diff(t["crowd_offsets"])[~keep].sum())
+    counts, examples = count_image_errors(loaded.skip_counts, loaded.skip_examples, bad, lost)
+    return Loaded(select_images(t, keep), counts, examples, dict(loaded.dropped_counts))
