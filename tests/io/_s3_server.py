@@ -3,7 +3,7 @@
 :class:`LoopbackS3` starts it on a free port, emptied, with dummy credentials and a bucket ``bucket``, can
 stop and restart it on the same port (moto keeps its buckets in this process, so the objects
 survive a restart, as a real server's disks would). The ``s3`` fixture (``conftest.py`` here)
-yields one; a subprocess can start one with ``python _s3_server.py`` (prints the endpoint).
+yields one; subprocesses reach it through ``AWS_ENDPOINT_URL``.
 """
 
 from __future__ import annotations
