@@ -116,7 +116,8 @@ class ClockReadings:
     Why not a tolerance on the double's own cost: on a busy machine the OS takes the process off
     the core for a scheduler tick (4 ms here) now and then, and it lands between the timer's clock
     and the double's in several percent of the steps (measured beside two busy processes), which a
-    3 ms tolerance on a median of 3 does not survive. The brackets themselves are the reference that load stretches alike.
+    3 ms tolerance on a median of 3 does not survive. The brackets themselves are the reference,
+    stretched by load alike.
     """
 
     def __init__(self) -> None:
