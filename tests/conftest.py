@@ -1,15 +1,18 @@
-"""Shared fixtures: the real coco-mini subset (skipped when absent) and a fixed seed per test."""
+"""Shared fixtures: the real coco-mini subset (skipped when absent), a fixed seed per test, a cache
+folder of the session's own, and the hypothesis profile every property test runs under."""
 
 from __future__ import annotations
 
 import os
 import random
 import sys
+from collections.abc import Iterator
 from pathlib import Path
 
 import numpy as np
 import pytest
 import torch
+from hypothesis import HealthCheck, settings
 
 # albumentations asks PyPI for a newer release at import (and warns, an error here, on any older
 # one): tests make no network calls beyond 127.0.0.1. Set before any test module imports it;
@@ -19,10 +22,31 @@ os.environ.setdefault("NO_ALBUMENTATIONS_UPDATE", "1")
 # Tests live in folders that mirror the package; their shared helpers (_reference, _recorder) here.
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
+# No deadline and no too-slow health check: both measure wall time per example, and on a loaded
+# machine (the suite must pass beside two CPU-bound processes) an example that takes 2 ms alone
+# takes 200 ms now and then. Each @settings in the tests inherits this profile and adds only its
+# own max_examples (and health checks).
+settings.register_profile("seg_datamodule", deadline=None, suppress_health_check=[HealthCheck.too_slow])
+settings.load_profile("seg_datamodule")
+
 # ../shared/data/coco-mini beside the project checkout; COCO_MINI overrides it.
 COCO_MINI = Path(
     os.environ.get("COCO_MINI", Path(__file__).resolve().parents[1].parent / "shared/data/coco-mini")
 )
+
+
+@pytest.fixture(scope="session", autouse=True)
+def _session_cache(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Path]:
+    """``$SEG_DATAMODULE_CACHE`` in the session's own folder, for the tests and what they start.
+
+    The default (``~/.cache/seg_datamodule``) is shared by every checkout and run on the machine:
+    an index cached by another checkout's code, or a run in parallel, would reach these tests.
+    A test that needs its own cache passes ``cache_dir`` or sets the variable itself.
+    """
+    cache = tmp_path_factory.mktemp("seg-datamodule-cache")
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setenv("SEG_DATAMODULE_CACHE", str(cache))
+        yield cache
 
 
 @pytest.fixture(autouse=True)

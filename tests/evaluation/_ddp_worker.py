@@ -26,9 +26,9 @@ def predict(metric: COCOMaskMAP, image_ids: list[int], batch_size: int = 4) -> N
         metric.update([perturbed(gt_on_canvas(coco, i, CANVAS, 4), num_classes, i) for i in ids], batch)
 
 
-def worker(rank: int, world_size: int, port: int, val_ann: str, image_ids: list[int], out_dir: str) -> None:
+def worker(rank: int, world_size: int, init_method: str, val_ann: str, image_ids: list[int], out_dir: str) -> None:
     torch.set_num_threads(1)
-    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=world_size)
+    dist.init_process_group("gloo", init_method=init_method, rank=rank, world_size=world_size)
     try:
         # Lightning's validation sampler: contiguous shards, padded with repeats to equal length.
         sampler = DistributedSampler(range(len(image_ids)), num_replicas=world_size, rank=rank, shuffle=False)

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import json
-import socket
 from pathlib import Path
 
 import pytest
@@ -11,12 +10,6 @@ import torch.multiprocessing as mp
 
 from _ddp_worker import predict, worker
 from seg_datamodule.evaluation import COCOMaskMAP
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 @pytest.mark.slow
@@ -27,7 +20,10 @@ def test_two_ranks_equal_one_process(coco_mini: Path, tmp_path: Path) -> None:
     predict(single, image_ids)
     expected = {k: v.item() for k, v in single.compute().items()}
 
-    mp.spawn(worker, args=(2, _free_port(), val_ann, image_ids, str(tmp_path)), nprocs=2, join=True)
+    # A file rendezvous in the test's own folder: a free port picked here could be taken by another
+    # process (a parallel run, another DDP test) before rank 0 binds it.
+    rendezvous = f"file://{tmp_path / 'rendezvous'}"
+    mp.spawn(worker, args=(2, rendezvous, val_ann, image_ids, str(tmp_path)), nprocs=2, join=True)
     ranks = [json.loads((tmp_path / f"rank{r}.json").read_text()) for r in (0, 1)]
     shards = [r["shard"] for r in ranks]
     assert len(shards[0]) == len(shards[1]) == 13

@@ -1,14 +1,15 @@
 """A real S3 API on the loopback for the streaming tests: moto's ``ThreadedMotoServer`` on 127.0.0.1.
 
-:class:`LoopbackS3` starts it on a free port with dummy credentials and a bucket ``bucket``, can
+:class:`LoopbackS3` starts it on a free port, emptied, with dummy credentials and a bucket ``bucket``, can
 stop and restart it on the same port (moto keeps its buckets in this process, so the objects
 survive a restart, as a real server's disks would). The ``s3`` fixture (``conftest.py`` here)
-yields one; a subprocess can start one with ``python _s3_server.py`` (prints the endpoint).
+yields one; subprocesses reach it through ``AWS_ENDPOINT_URL``.
 """
 
 from __future__ import annotations
 
 import time
+import urllib.request
 from pathlib import Path
 from typing import Any
 
@@ -30,6 +31,11 @@ class LoopbackS3:
         self.endpoint = f"http://{self.host}:{self.port}"
         self.options: dict[str, Any] = {"endpoint_url": self.endpoint, "aws_access_key_id": "testing",
                                         "aws_secret_access_key": "testing", "region_name": "us-east-1"}
+        # moto keeps its buckets in this process, across servers: start each LoopbackS3 empty, so a
+        # test run twice in one session (--count, a rerun) or a prefix two tests share finds no
+        # objects an earlier one left (LitData refuses to convert into a non-empty prefix).
+        no_proxy = urllib.request.build_opener(urllib.request.ProxyHandler({}))
+        no_proxy.open(urllib.request.Request(f"{self.endpoint}/moto-api/reset", method="POST")).close()
         self.client = boto3.client("s3", **self.options)
         self.client.create_bucket(Bucket="bucket")
 

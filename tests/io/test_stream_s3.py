@@ -96,8 +96,8 @@ def test_endpoint_precedence_and_bounded_config(monkeypatch: pytest.MonkeyPatch)
 def test_convert_coco_mini_to_s3_over_http_streams_the_local_batches(
     s3: LoopbackS3, coco_mini: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, num_workers: int
 ) -> None:
-    """The command line with --endpoint-url (nothing in the environment), crowd kept. (moto keeps
-    its buckets per process, across the fixture's servers: one prefix per case.)"""
+    """The command line with --endpoint-url (nothing in the environment), crowd kept. (One prefix
+    per case; each fixture's server starts empty, so a rerun converts into an empty prefix too.)"""
     monkeypatch.delenv("AWS_ENDPOINT_URL")
     meta = convert_main([str(coco_mini / "annotations" / "instances_train2017.json"), str(coco_mini / "train2017"),
                          f"s3://bucket/mini{num_workers}", "--endpoint-url", s3.endpoint, "--chunk-bytes", "2MB",

@@ -109,6 +109,43 @@ def assert_tracks(measured: Sequence[float], reference: Sequence[float], what: s
     )
 
 
+class ClockReadings:
+    """Stands in for the ``time`` module of ``seg_datamodule.profiling.optimizer``: the real
+    ``perf_counter``, every reading kept, so a test sees the exact brackets the isolated timing took.
+
+    Why not a tolerance on the double's own cost: on a busy machine the OS takes the process off
+    the core for a scheduler tick (4 ms here) now and then, and it lands between the timer's clock
+    and the double's in several percent of the steps (measured beside two busy processes), which a
+    3 ms tolerance on a median of 3 does not survive. The brackets themselves are the reference,
+    stretched by load alike.
+    """
+
+    def __init__(self) -> None:
+        self.readings: list[float] = []
+
+    def perf_counter(self) -> float:
+        now = time.perf_counter()
+        self.readings.append(now)
+        return now
+
+
+def assert_isolated_timing(median_ms: float, clock: ClockReadings, spans: Sequence[tuple[float, float]],
+                           what: str) -> None:
+    """``time_optimizer_step``'s result against what it timed: each of its brackets (two readings of
+    ``clock``) holds exactly one step of the double (``spans``, the double's own measurements, in
+    order), nothing of the step before or after it, and the result is the median of the brackets."""
+    brackets = list(zip(clock.readings[::2], clock.readings[1::2]))
+    assert len(clock.readings) % 2 == 0 and len(brackets) == len(spans) > 0, (what, len(clock.readings), len(spans))
+    for k, ((t0, t1), (start, end)) in enumerate(zip(brackets, spans)):
+        assert t0 <= start and end <= t1, f"{what}: bracket {k} ({t0}, {t1}) does not hold the step ({start}, {end})"
+        if k + 1 < len(spans):
+            assert t1 <= spans[k + 1][0], f"{what}: bracket {k} reaches into the next step"
+        if k > 0:
+            assert spans[k - 1][1] <= t0, f"{what}: bracket {k} reaches into the step before"
+    assert median_ms == float(np.median([(t1 - t0) * 1e3 for t0, t1 in brackets])), what
+    assert median_ms >= float(np.median([(end - start) * 1e3 for start, end in spans])), what
+
+
 class SleepyDataset(Dataset):
     """Each item sleeps ``item_ms``: a batch of 4 costs 4 x item_ms in whoever loads it."""
 
@@ -133,6 +170,7 @@ class SlowSGD(torch.optim.SGD):
         super().__init__(params, lr=lr, momentum=0.9)
         self.sleep_ms = sleep_ms
         self.costs_ms: list[float] = []  # measured: the sleep and SGD's own step
+        self.spans: list[tuple[float, float]] = []  # the same intervals, (start, end) perf_counter s
 
     def step(self, closure: Any = None) -> Any:
         loss = None
@@ -142,7 +180,9 @@ class SlowSGD(torch.optim.SGD):
         start = time.perf_counter()
         sleep_ms(self.sleep_ms)
         super().step()
-        self.costs_ms.append((time.perf_counter() - start) * 1e3)
+        end = time.perf_counter()
+        self.costs_ms.append((end - start) * 1e3)
+        self.spans.append((start, end))
         return loss
 
 

@@ -5,11 +5,11 @@ from __future__ import annotations
 import copy
 from typing import Any
 
-import numpy as np
 import pytest
 import torch
 
-from _profiling_doubles import SlowSGD, assert_bit_identical, assert_close
+from _profiling_doubles import ClockReadings, SlowSGD, assert_bit_identical, assert_isolated_timing
+from seg_datamodule.profiling import optimizer as optimizer_module
 from seg_datamodule.profiling import time_optimizer_step
 
 
@@ -21,13 +21,15 @@ def test_time_optimizer_step_leaves_the_original_untouched() -> None:
     optimizer.step()  # momentum buffers now exist
     before = [p.detach().clone() for p in layer.parameters()]
     momentum = [optimizer.state[p]["momentum_buffer"].clone() for p in layer.parameters()]
-    median = time_optimizer_step(optimizer, repeats=9)
+    clock = ClockReadings()
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(optimizer_module, "time", clock)
+        median = time_optimizer_step(optimizer, repeats=9)
     # The copy shares the double's record: one untimed step, then the 9 timed ones. Each timing
-    # brackets the cost the double measured, and the median of 9 shrugs off a preemption or two.
-    timed = optimizer.costs_ms[2:]
-    assert len(timed) == 9
-    assert median >= float(np.median(timed)) - 0.05
-    assert_close(median, float(np.median(timed)), "isolated step")
+    # brackets exactly the step the double measured, and the result is their median.
+    assert len(optimizer.spans) == 1 + 1 + 9
+    assert clock.readings[0] > optimizer.spans[1][1]  # the untimed step is not timed
+    assert_isolated_timing(median, clock, optimizer.spans[2:], "isolated step")
     for p, b, m in zip(layer.parameters(), before, momentum):
         assert torch.equal(p, b) and torch.equal(optimizer.state[p]["momentum_buffer"], m)
     with pytest.raises(ValueError, match="repeats must be >= 1, got 0"):
