@@ -39,12 +39,12 @@ from seg_datamodule.data.dataset import SegDataset
 from seg_datamodule.data.module_counts import CountsHooks
 from seg_datamodule.data.module_loaders import LoaderHooks
 from seg_datamodule.data.module_sources import DataSources
-from seg_datamodule.data.options import AugmentOptions, IndexOptions, LoaderOptions, StreamOptions
+from seg_datamodule.data.options import AugmentOptions, LoaderOptions, StreamOptions
 from seg_datamodule.data.predict import PredictDataset
 from seg_datamodule.data.repeat_factors import describe_repeat_factors, image_repeat_factors
 from seg_datamodule.data.resume import ResumableDataLoader
 from seg_datamodule.data.splits import check_pair
-from seg_datamodule.io.coco import CocoIndex
+from seg_datamodule.io.coco import CocoIndex, IndexOptions
 from seg_datamodule.ops.checks import check_choice, check_int, check_number
 from seg_datamodule.transforms.albu import load_transforms
 from seg_datamodule.transforms.augment import MosaicAffine

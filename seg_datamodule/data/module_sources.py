@@ -6,17 +6,16 @@ attributes read here); kept apart so each module holds one concern.
 
 from __future__ import annotations
 
-from dataclasses import replace
 from typing import Any
 
 import numpy as np
 
 from seg_datamodule.data.dataset import SegDataset
-from seg_datamodule.data.options import AugmentOptions, IndexOptions, StreamOptions
+from seg_datamodule.data.options import AugmentOptions, StreamOptions
 from seg_datamodule.data.predict import PredictDataset
 from seg_datamodule.data.splits import build_predict_images, build_test_index
 from seg_datamodule.demo.data import ensure_demo_dataset
-from seg_datamodule.io.coco import CocoIndex
+from seg_datamodule.io.coco import CocoIndex, IndexOptions
 
 __all__ = ["DataSources"]
 
@@ -63,10 +62,10 @@ class DataSources:
             assert self.stream_options is not None
             self.stream_meta = check_stream_source(self.train_stream, self.stream_options.storage_options)
         elif self.train_stream is None and self.train_index is None:
-            self.train_index = self.index_options.build(self.train_ann, self.train_images)
+            self.train_index = CocoIndex.build(self.train_ann, self.train_images, self.index_options)
         if self.val_ann is not None and self.val_index is None:
             # Validation keeps its negatives: dropping them would bias the evaluation.
-            self.val_index = replace(self.index_options, drop_empty=False).build(self.val_ann, self.val_images)
+            self.val_index = CocoIndex.build(self.val_ann, self.val_images, self.index_options, drop_empty=False)
             train_ids, val_ids = np.asarray(self._train_categories()[0]), self.val_index.category_ids
             if not np.array_equal(train_ids, val_ids):
                 # Labels are positions in each file's sorted category ids: they must agree.

@@ -4,8 +4,8 @@
 turns them into these objects in ``__init__`` and hands the objects to the layers below, so
 options travel as one checked value instead of ``**kwargs`` dicts or tuples read by position.
 
-* :class:`IndexOptions`: how an annotation file becomes a ``CocoIndex`` (bad entries, crowd,
-  empty images, the cache);
+* :class:`~seg_datamodule.io.coco.IndexOptions` (in ``io``, where the index is built): how an
+  annotation file becomes a ``CocoIndex`` (bad entries, crowd, empty images, the cache);
 * :class:`AugmentOptions`: what a training sample draws (the geometry, which also fixes the
   canvas size, mosaic, copy-paste, MixUp, the user's albumentations pipeline, HSV jitter);
 * :class:`LoaderOptions`: what every DataLoader of the module shares;
@@ -14,45 +14,17 @@ options travel as one checked value instead of ``**kwargs`` dicts or tuples read
 
 from __future__ import annotations
 
-import os
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass, field
 from typing import Any, Literal
 
 import albumentations as A
 
-from seg_datamodule.io.coco import CocoIndex
 from seg_datamodule.ops.checks import check_bool, check_choice, check_int, check_number
 from seg_datamodule.transforms.augment import MosaicAffine
 from seg_datamodule.transforms.hsv import HSVJitter
 from seg_datamodule.transforms.lsj import LargeScaleJitter
 
-__all__ = ["AugmentOptions", "IndexOptions", "LoaderOptions", "StreamOptions"]
-
-
-@dataclass(frozen=True)
-class IndexOptions:
-    """How an annotation file becomes an index (see :meth:`CocoIndex.build
-    <seg_datamodule.io.coco.CocoIndex.build>` for each field).
-
-    A dataset over the index reads ``on_bad_sample`` from it (``CocoIndex.on_bad_sample``), so
-    the index and the images' loading never disagree.
-    """
-
-    on_bad_sample: Literal["raise", "skip"] = "raise"
-    drop_crowd: bool = False
-    drop_empty: bool = False
-    verify_images: bool = False
-    cache_dir: str | None = None
-    use_cache: bool = True
-
-    def __post_init__(self) -> None:
-        check_choice("on_bad_sample", self.on_bad_sample, ("raise", "skip"))
-        for name in ("drop_crowd", "drop_empty", "verify_images", "use_cache"):
-            check_bool(name, getattr(self, name))
-
-    def build(self, ann_file: str | os.PathLike[str], image_root: str | os.PathLike[str]) -> CocoIndex:
-        """``CocoIndex.build(ann_file, image_root, **these options)``."""
-        return CocoIndex.build(ann_file, image_root, **asdict(self))
+__all__ = ["AugmentOptions", "LoaderOptions", "StreamOptions"]
 
 
 @dataclass(frozen=True)

@@ -12,13 +12,11 @@ must have the training data's category ids (:func:`check_categories`).
 
 from __future__ import annotations
 
-from dataclasses import replace
 from typing import Sequence
 
 import numpy as np
 
-from seg_datamodule.data.options import IndexOptions
-from seg_datamodule.io.coco import CocoIndex
+from seg_datamodule.io.coco import CocoIndex, IndexOptions
 from seg_datamodule.io.predict_source import PredictImages, images_from_index, list_image_folder
 
 __all__ = ["build_predict_images", "build_test_index", "check_categories", "check_pair"]
@@ -62,7 +60,7 @@ def build_test_index(
         BadAnnotationError: a bad entry with ``on_bad_sample="raise"``.
         ValueError: the file's category ids differ from the training data's.
     """
-    index = replace(options, drop_empty=False).build(ann, images)
+    index = CocoIndex.build(ann, images, options, drop_empty=False)
     check_categories(ann, index.category_ids, train_ids, train_source)
     return index
 

@@ -6,8 +6,9 @@ them, ``cache`` stores them, ``building`` loads them and applies build's options
 opens the images, ``errors`` says what can be wrong, ``index`` is the :class:`CocoIndex` users see.
 """
 
+from seg_datamodule.io.coco.building import IndexOptions
 from seg_datamodule.io.coco.cache import default_cache_dir
 from seg_datamodule.io.coco.errors import SKIP_REASONS, BadAnnotationError, format_skip_summary
 from seg_datamodule.io.coco.index import CocoIndex
 
-__all__ = ["SKIP_REASONS", "BadAnnotationError", "CocoIndex", "default_cache_dir", "format_skip_summary"]
+__all__ = ["SKIP_REASONS", "BadAnnotationError", "CocoIndex", "IndexOptions", "default_cache_dir", "format_skip_summary"]

@@ -12,7 +12,7 @@ from __future__ import annotations
 import os
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, NamedTuple, Sequence
+from typing import Any, Literal, NamedTuple, Sequence
 
 import numpy as np
 
@@ -22,32 +22,42 @@ from seg_datamodule.io.coco.parse import build_tables
 from seg_datamodule.io.coco.reading import count_image_errors
 from seg_datamodule.io.coco.tables import select_images, without_crowd
 from seg_datamodule.io.images import BadImageError
-from seg_datamodule.ops.checks import check_choice
+from seg_datamodule.ops.checks import check_bool, check_choice
 
-__all__ = ["BuildOptions", "Loaded", "apply_options", "load_tables"]
+__all__ = ["IndexOptions", "Loaded", "apply_options", "load_tables"]
 
 
 @dataclass(frozen=True)
-class BuildOptions:
-    """What :meth:`~seg_datamodule.io.coco.index.CocoIndex.build` was asked to do, checked.
+class IndexOptions:
+    """How :meth:`~seg_datamodule.io.coco.index.CocoIndex.build` turns an annotation file into an
+    index, checked once; one object from the DataModule's flat keys or the converter's flags.
+
+    Attributes:
+        on_bad_sample (str): ``"raise"`` on the first bad entry (naming the file and ids), or
+            ``"skip"``: leave it out and count it; a dataset over the index does the same with
+            images that fail to load (``CocoIndex.on_bad_sample``).
+        drop_crowd (bool): leave crowd (``iscrowd=1``) regions out.
+        drop_empty (bool): leave out images without a target instance.
+        verify_images (bool): decode every image at build time and check its size.
+        cache_dir (str | PathLike | None): folder of the index cache; None: the default one.
+        use_cache (bool): read and write the cache at all.
 
     Raises:
         TypeError, ValueError: ``on_bad_sample`` is not a str, or neither ``"raise"`` nor ``"skip"``.
         TypeError: a flag is not a bool.
     """
 
-    on_bad_sample: str = "raise"
+    on_bad_sample: Literal["raise", "skip"] = "raise"
     drop_crowd: bool = False
     drop_empty: bool = False
     verify_images: bool = False
+    cache_dir: str | os.PathLike[str] | None = None
     use_cache: bool = True
 
     def __post_init__(self) -> None:
         check_choice("on_bad_sample", self.on_bad_sample, ("raise", "skip"))
         for name in ("drop_crowd", "drop_empty", "verify_images", "use_cache"):
-            value = getattr(self, name)
-            if not isinstance(value, bool):
-                raise TypeError(f"{name} must be a bool, got {value!r}")
+            check_bool(name, getattr(self, name))
 
 
 class Loaded(NamedTuple):
@@ -68,7 +78,7 @@ class Loaded(NamedTuple):
 
 
 def load_tables(
-    ann_file: Path, cache_dir: str | os.PathLike[str] | None, options: BuildOptions
+    ann_file: Path, options: IndexOptions
 ) -> tuple[tuple[dict[str, np.ndarray], dict[str, Any]], bool, Path | None]:
     """The unfiltered tables of ``ann_file`` from the cache, or built from the JSON (then cached).
 
@@ -76,8 +86,7 @@ def load_tables(
 
     Args:
         ann_file: the annotation file (absolute).
-        cache_dir: folder of the cache; None: :func:`~seg_datamodule.io.coco.cache.default_cache_dir`.
-        options: the build's options (``use_cache``, ``on_bad_sample`` of a build).
+        options: the build's options (``use_cache``, ``cache_dir``, ``on_bad_sample``).
 
     Returns:
         ((tables, meta), whether they came from the cache, the cache file or None).
@@ -93,7 +102,7 @@ def load_tables(
         return build_tables(ann_file, options.on_bad_sample)
 
     if options.use_cache:
-        (tables, meta), from_cache, path = cached_tables(ann_file, None if cache_dir is None else Path(cache_dir), build)
+        (tables, meta), from_cache, path = cached_tables(ann_file, None if options.cache_dir is None else Path(options.cache_dir), build)
     else:
         (tables, meta), from_cache, path = build(), False, None
     if options.on_bad_sample == "raise" and meta.get("first_problem") is not None:
@@ -101,7 +110,7 @@ def load_tables(
     return (tables, meta), from_cache, path
 
 
-def apply_options(loaded: Loaded, options: BuildOptions, image_errors: Sequence[BadImageError | None]) -> Loaded:
+def apply_options(loaded: Loaded, options: IndexOptions, image_errors: Sequence[BadImageError | None]) -> Loaded:
     """The tables with the options applied, in order: bad images, crowd regions, empty images.
 
     Args:

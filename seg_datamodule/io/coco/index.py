@@ -18,14 +18,15 @@ What can be wrong in the JSON, and what then happens: :mod:`seg_datamodule.io.co
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import os
 from pathlib import Path
-from typing import Any, Literal, Mapping
+from typing import Any, Mapping
 
 import numpy as np
 
-from seg_datamodule.io.coco.building import BuildOptions, Loaded, apply_options, load_tables
+from seg_datamodule.io.coco.building import IndexOptions, Loaded, apply_options, load_tables
 from seg_datamodule.io.coco.cache import default_cache_dir
 from seg_datamodule.io.coco.errors import format_skip_summary
 from seg_datamodule.io.coco.reading import find_bad_images, load_checked_image
@@ -84,13 +85,8 @@ class CocoIndex:
         cls,
         ann_file: str | os.PathLike[str],
         image_root: str | os.PathLike[str],
-        *,
-        on_bad_sample: Literal["raise", "skip"] = "raise",
-        drop_crowd: bool = False,
-        drop_empty: bool = False,
-        verify_images: bool = False,
-        cache_dir: str | os.PathLike[str] | None = None,
-        use_cache: bool = True,
+        options: IndexOptions | None = None,
+        **fields: Any,
     ) -> "CocoIndex":
         """Build the index of a COCO annotation file, or load it from the cache.
 
@@ -100,6 +96,10 @@ class CocoIndex:
         Args:
             ann_file: COCO instances JSON.
             image_root: folder holding the images named by ``file_name``.
+            options (IndexOptions | None): the options below as one object (the DataModule's);
+                None: the defaults.
+            **fields: any :class:`~seg_datamodule.io.coco.building.IndexOptions` field, given
+                flat (``CocoIndex.build(ann, images, on_bad_sample="skip")``), over ``options``:
             on_bad_sample: ``"raise"`` fails on the first problem with a message naming the file
                 and ids; ``"skip"`` leaves bad entries out, counts them by reason
                 (:attr:`skip_counts`) and logs a summary once.
@@ -123,16 +123,22 @@ class CocoIndex:
                 ``"raise"`` mode for every problem).
             BadImageError: ``verify_images`` in ``"raise"`` mode found a bad image.
         """
-        options = BuildOptions(on_bad_sample, drop_crowd, drop_empty, verify_images, use_cache)
+        base = IndexOptions() if options is None else options
+        if not isinstance(base, IndexOptions):
+            raise TypeError(f"options must be an IndexOptions or None, got {type(base).__name__}")
+        unknown = sorted(set(fields) - {f.name for f in dataclasses.fields(IndexOptions)})
+        if unknown:
+            raise TypeError(f"CocoIndex.build() got unexpected keyword arguments {unknown}")
+        options = dataclasses.replace(base, **fields) if fields else base
         ann_path = Path(ann_file).absolute()
         # 1. Cached arrays, or a build from the JSON (then cached); raise mode raises the first
         # problem a cache built in skip mode recorded.
-        (tables, meta), from_cache, cache_path = load_tables(ann_path, cache_dir, options)
+        (tables, meta), from_cache, cache_path = load_tables(ann_path, options)
         index = cls(tables, meta, ann_file=ann_path, image_root=image_root)
-        index.from_cache, index.cache_path, index.on_bad_sample = from_cache, cache_path, on_bad_sample
+        index.from_cache, index.cache_path, index.on_bad_sample = from_cache, cache_path, options.on_bad_sample
 
         # 2. Options applied on the loaded arrays, so one cache serves them all.
-        errors = find_bad_images(index.load_image, index.num_images) if verify_images else []
+        errors = find_bad_images(index.load_image, index.num_images) if options.verify_images else []
         loaded = Loaded(index._t, index._skip_counts, index._skip_examples, index.dropped_counts)
         index._t, index._skip_counts, index._skip_examples, index.dropped_counts = apply_options(
             loaded, options, errors

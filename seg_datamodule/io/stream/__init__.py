@@ -11,7 +11,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from seg_datamodule.io.stream.convert import FORMAT_VERSION, ChunkOptions, IndexOptions, convert_coco
+from seg_datamodule.io.coco import IndexOptions
+from seg_datamodule.io.stream.convert import FORMAT_VERSION, ChunkOptions, convert_coco
 from seg_datamodule.io.stream.endpoint import MissingChunkError, s3_storage_options
 from seg_datamodule.io.stream.records import RecordWindow, check_record, record_from_index
 from seg_datamodule.io.stream.schema import (

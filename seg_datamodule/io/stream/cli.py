@@ -48,7 +48,8 @@ def convert_parser() -> argparse.ArgumentParser:
 
 def convert_main(argv: Sequence[str] | None = None) -> dict:
     """Run ``seg-datamodule convert``; returns the metadata written beside the chunks."""
-    from seg_datamodule.io.stream.convert import ChunkOptions, IndexOptions, convert_coco
+    from seg_datamodule.io.coco import IndexOptions
+    from seg_datamodule.io.stream.convert import ChunkOptions, convert_coco
 
     args = convert_parser().parse_args(argv)
     # The flags stay flat for users; the options travel as two frozen types from here on.

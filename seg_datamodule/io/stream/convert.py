@@ -12,8 +12,8 @@ Beside the chunks, :data:`META_FILE` holds the categories, the skip and drop cou
 image's id and size by position (what a streamed batch plans its mosaic from).
 
 The options travel as two frozen types built once at the edge (the ``seg-datamodule convert``
-flags, :mod:`~seg_datamodule.io.stream.cli`): :class:`IndexOptions` (how the index is built)
-and :class:`ChunkOptions` (how the chunks are written).
+flags, :mod:`~seg_datamodule.io.stream.cli`): :class:`~seg_datamodule.io.coco.IndexOptions` (how
+the index is built, as for the DataModule) and :class:`ChunkOptions` (how the chunks are written).
 """
 
 from __future__ import annotations
@@ -25,20 +25,20 @@ import tempfile
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any
 
 import numpy as np
 
-from seg_datamodule.io.coco import CocoIndex, format_skip_summary
+from seg_datamodule.io.coco import CocoIndex, IndexOptions, format_skip_summary
 from seg_datamodule.io.images import BadImageError
 from seg_datamodule.io.stream.endpoint import s3_storage_options
 from seg_datamodule.io.stream.records import record_from_index
 from seg_datamodule.io.stream.schema import META_FILE, SCHEMA_VERSION
 from seg_datamodule.io.stream.source import check_stream_source, read_stream_meta, split_source
-from seg_datamodule.ops.checks import check_bool, check_choice, check_int
+from seg_datamodule.ops.checks import check_bool, check_int
 
 __all__ = [
-    "ChunkOptions", "FORMAT_VERSION", "IndexOptions", "META_FILE", "convert_coco", "read_stream_meta",
+    "ChunkOptions", "FORMAT_VERSION", "META_FILE", "convert_coco", "read_stream_meta",
     "require_litdata", "split_source",
 ]
 
@@ -56,45 +56,6 @@ def require_litdata() -> Any:
             "streaming needs LitData: pip install 'seg-datamodule[stream]' (litdata==0.2.76)"
         ) from err
     return litdata
-
-
-@dataclass(frozen=True)
-class IndexOptions:
-    """How the converter builds its :class:`~seg_datamodule.io.coco.CocoIndex`: ``CocoIndex.build``'s options.
-
-    Attributes:
-        on_bad_sample: ``"raise"`` on the first bad entry, or ``"skip"`` and count it.
-        drop_crowd: leave crowd regions out.
-        drop_empty: leave out images without target instances.
-        verify_images: decode every image now (a bad image could not be replaced while
-            streaming).
-        cache_dir: folder of the index cache; ``None``: the default cache folder.
-        use_cache: read and write the index cache at all.
-
-    Raises:
-        TypeError, ValueError: ``on_bad_sample`` is neither ``"raise"`` nor ``"skip"``, or a flag
-            is not a bool.
-    """
-
-    on_bad_sample: Literal["raise", "skip"] = "raise"
-    drop_crowd: bool = False
-    drop_empty: bool = False
-    verify_images: bool = False
-    cache_dir: str | os.PathLike[str] | None = None
-    use_cache: bool = True
-
-    def __post_init__(self) -> None:
-        check_choice("on_bad_sample", self.on_bad_sample, ("raise", "skip"))
-        for name in ("drop_crowd", "drop_empty", "verify_images", "use_cache"):
-            check_bool(name, getattr(self, name))
-
-    def build(self, ann_file: str | os.PathLike[str], images_root: str | os.PathLike[str]) -> CocoIndex:
-        """``CocoIndex.build`` of ``ann_file`` over ``images_root`` with these options."""
-        return CocoIndex.build(
-            ann_file, images_root, on_bad_sample=self.on_bad_sample, drop_crowd=self.drop_crowd,
-            drop_empty=self.drop_empty, verify_images=self.verify_images, cache_dir=self.cache_dir,
-            use_cache=self.use_cache,
-        )
 
 
 @dataclass(frozen=True)
@@ -218,7 +179,7 @@ def convert_coco(
     storage_options = s3_storage_options(out, storage_options)  # endpoint, bounded retries, http://
     start = time.perf_counter()
     # 1. The index: every JSON problem raised or counted exactly as the map-style loader does.
-    index = index_options.build(ann_file, images_root)
+    index = CocoIndex.build(ann_file, images_root, index_options)
     # 2. Files that cannot be opened: raised or counted like the images verify_images finds.
     positions, read_counts, read_examples = _readable(index, index_options.on_bad_sample)
     if positions.size == 0:
