@@ -71,16 +71,11 @@ TARGETS: tuple[Target, ...] = (
     Target("transport", "seg_datamodule.transforms.polygons", ("tests/transforms/test_mosaic.py",)),
     Target("collate", "seg_datamodule.data.collate", ("tests/data/test_collate.py",)),
     Target("rle", "seg_datamodule.ops.rle", ("tests/demo/test_demo_data.py", "-k", "rle")),
-    Target(
-        "coco",
-        "seg_datamodule.io.coco.index",
-        # The lock and counter tests (spawned processes, ~55 s) test no parsing.
-        ("tests/io/test_coco.py", "-k", "not processes_starting_together and not skip_counter"),
-        functions=("rle_counts_from_string", "_check_rle", "_simplify_closed", "mask_to_rings",
-                   "_check_rings_python", "_check_bbox_python", "_positive_int", "_scan_chunk",
-                   "_add_crowd", "_finish_chunk", "_twice_areas", "_covers_pixels", "_is_zero_area",
-                   "_assemble"),
-    ),
+    # The COCO index's checks, one module each; the lock and counter tests (spawned processes, ~55 s)
+    # test no parsing.
+    *(Target(f"coco-{name}", f"seg_datamodule.io.coco.{name}",
+             ("tests/io/coco", "-k", "not processes_starting_together and not skip_counter"))
+      for name in ("parse", "scan", "instances", "tables")),
     Target("sampler", "seg_datamodule.data.sampler", ("tests/data/test_datamodule.py", "-k", "sampler")),
 )
 
