@@ -8,7 +8,7 @@ from typing import Any, Literal
 import torch
 from torch import nn
 
-__all__ = ["OPTIMIZERS", "check_optim_args", "configure_optimizer"]
+__all__ = ["OPTIMIZERS", "check_optim_args", "configure_from_hparams", "configure_optimizer"]
 
 OPTIMIZERS = ("AdamW", "SGD")
 
@@ -81,3 +81,13 @@ def configure_optimizer(
 
     scheduler = torch.optim.lr_scheduler.LambdaLR(opt, factor)
     return {"optimizer": opt, "lr_scheduler": {"scheduler": scheduler, "interval": "step"}}
+
+
+def configure_from_hparams(module: Any) -> Any:
+    """:func:`configure_optimizer` of ``module.model`` from the module's saved hyperparameters
+    (``optimizer``, ``lr``, ``momentum``, ``weight_decay``, ``warmup_steps``, ``cosine_schedule``),
+    the schedule sized to the run (``trainer.estimated_stepping_batches``; unbounded without a Trainer)."""
+    h = module.hparams
+    total = module.trainer.estimated_stepping_batches if module._trainer is not None else float("inf")
+    return configure_optimizer(module.model, h.optimizer, h.lr, h.momentum, h.weight_decay, h.warmup_steps,
+                               total, h.cosine_schedule)

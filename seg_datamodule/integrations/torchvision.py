@@ -23,7 +23,7 @@ from torch import Tensor, nn
 
 from seg_datamodule.evaluation import COCOMaskMAP
 from seg_datamodule.integrations._coco import log_coco_results, make_coco_metric
-from seg_datamodule.integrations._optim import check_optim_args, configure_optimizer
+from seg_datamodule.integrations._optim import check_optim_args, configure_from_hparams
 from seg_datamodule.structures import DetectionBatch
 
 __all__ = ["MaskRCNNModule", "full_resolution_masks", "to_torchvision"]
@@ -217,7 +217,4 @@ class MaskRCNNModule(L.LightningModule):
 
     def configure_optimizers(self) -> Any:
         """SGD or AdamW (no decay on norms and biases), linear warmup, per-step cosine."""
-        h = self.hparams
-        total = self.trainer.estimated_stepping_batches if self._trainer is not None else float("inf")
-        return configure_optimizer(self.model, h.optimizer, h.lr, h.momentum, h.weight_decay, h.warmup_steps,
-                                   total, h.cosine_schedule)
+        return configure_from_hparams(self)

@@ -26,7 +26,7 @@ from torch import Tensor
 
 from seg_datamodule.evaluation import COCOMaskMAP
 from seg_datamodule.integrations._coco import log_coco_results, make_coco_metric
-from seg_datamodule.integrations._optim import check_optim_args, configure_optimizer
+from seg_datamodule.integrations._optim import check_optim_args, configure_from_hparams
 from seg_datamodule.structures import DetectionBatch
 
 __all__ = ["YOLOSegModule", "import_ultralytics", "semantic_masks", "to_ultralytics_batch"]
@@ -316,10 +316,7 @@ class YOLOSegModule(L.LightningModule):
 
     def configure_optimizers(self) -> Any:
         """AdamW or SGD (no decay on norms and biases), linear warmup, per-step cosine."""
-        h = self.hparams
-        total = self.trainer.estimated_stepping_batches if self._trainer is not None else float("inf")
-        return configure_optimizer(self.model, h.optimizer, h.lr, h.momentum, h.weight_decay, h.warmup_steps,
-                                   total, h.cosine_schedule)
+        return configure_from_hparams(self)
 
 
 def _load_state(model: torch.nn.Module, path: str) -> None:
