@@ -278,6 +278,17 @@ def test_loader_state_is_taken_after_the_batches_training_consumed(
     assert [(b.image_ids.tolist(), b.masks.sum().item()) for b in resumed] == following  # next epoch: whole
 
 
+def test_a_dataset_over_a_window_follows_the_windows_on_bad_sample(demo_stream: tuple[Path, dict]) -> None:
+    """What a bad image does is the window's (the index's) policy, read by the dataset over it."""
+    _, meta = demo_stream
+    assert window_from_meta(meta).on_bad_sample == "raise"
+    assert make_dataset(window_from_meta(meta), image_size=64).on_bad_sample == "raise"
+    skipping = make_dataset(window_from_meta(meta, on_bad_sample="skip"), image_size=64)
+    assert skipping.on_bad_sample == "skip" and skipping.path.skip_bad
+    with pytest.raises(ValueError, match=r"on_bad_sample must be one of \['raise', 'skip'\], got 'ignore'"):
+        window_from_meta(meta, on_bad_sample="ignore")
+
+
 # ----------------------------------------------------------------------------- the DataModule
 
 
