@@ -15,8 +15,8 @@ from hypothesis import strategies as st
 import torch
 from torch.utils.data import DataLoader
 
-from seg_datamodule.data.collate import collate_detection
 from _datasets import make_dataset
+from seg_datamodule.data.collate import collate_detection
 from seg_datamodule.data.dataset import COUNT_KEYS, SegDataset, worker_init_fn
 from seg_datamodule.data.options import AugmentOptions
 from seg_datamodule.ops.affine import apply_affine
@@ -250,7 +250,7 @@ def test_different_workers_draw_different_augmentations() -> None:
     transforms = A.Compose([A.GaussNoise(std_range=(0.1, 0.1), p=1.0)])
     still = MosaicAffine(64, translate=0.0, scale=(1.0, 1.0), flip_lr=0.0)
     ds = make_dataset(FakeIndex(n=6, constant=True), image_size=64, mosaic=0.0, geometry=still,
-                    transforms=transforms, seed=5)
+                      transforms=transforms, seed=5)
     dl = DataLoader(ds, batch_size=1, num_workers=2, collate_fn=list, worker_init_fn=worker_init_fn)
     images = [batch[0].image for batch in dl]
     for a in range(len(images)):
@@ -624,7 +624,7 @@ def test_validation_boxes_are_the_letterboxed_rectangles_worked_out_by_hand() ->
 def test_train_boxes_bound_the_reference_masks(transforms) -> None:
     # No mosaic and no shear, so an instance the canvas does not cut stays a rotated rectangle.
     ds = make_dataset(FakeIndex(), image_size=96, mosaic=0.0, geometry=MosaicAffine(96, degrees=30.0, shear=0.0),
-                    transforms=transforms, seed=5)
+                      transforms=transforms, seed=5)
     kept = 0
     for i in range(len(ds)):
         s = ds[i]

@@ -15,7 +15,6 @@ from _datasets import make_dataset
 from seg_datamodule import DetectionBatch
 from seg_datamodule.data.collate import DetectionCollate
 from seg_datamodule.data.datamodule import COCOSegDataModule
-from seg_datamodule.data.dataset import SegDataset
 from seg_datamodule.models import YolactLite
 from seg_datamodule.structures import Polygons, Sample
 from seg_datamodule.transforms.albu import RandomHSV, hsv_jitter

@@ -15,7 +15,7 @@ import torch
 from lightning.pytorch import Callback, Trainer
 
 from _datasets import make_dataset
-from seg_datamodule import DetectionCollate, EpochShardSampler, SegDataset
+from seg_datamodule import DetectionCollate, EpochShardSampler
 from seg_datamodule.data.assemble import federated_labels
 from seg_datamodule.data.datamodule import COCOSegDataModule
 from seg_datamodule.io.coco import CocoIndex

@@ -13,10 +13,10 @@ import pytest
 import torch
 from torch.utils.data import DataLoader
 
+from _datasets import make_dataset
 from _recorder import read_rows
 from _reference import reference_rasterize
 import seg_datamodule.data.collate as collate_module
-from _datasets import make_dataset
 from seg_datamodule.data.collate import DetectionCollate, collate_detection
 from seg_datamodule.data.dataset import ADDED_KEYS, COUNT_KEYS, SegDataset, worker_init_fn
 from seg_datamodule.ops.raster import rasterize_flat
@@ -88,8 +88,8 @@ class FlatIndex:
 
 
 def _flat_dataset(**kwargs) -> SegDataset:
-    return make_dataset(FlatIndex(), image_size=S, mosaic=0.0, geometry=MosaicAffine(S, translate=0.0, scale=(1.0, 1.0)),
-                      seed=11, **kwargs)
+    return make_dataset(FlatIndex(), mosaic=0.0, geometry=MosaicAffine(S, translate=0.0, scale=(1.0, 1.0)), seed=11,
+                        **kwargs)
 
 
 def _wrong_cells(batch: DetectionBatch) -> tuple[int, int]:

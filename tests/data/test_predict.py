@@ -12,7 +12,7 @@ import pytest
 import torch
 
 from _datasets import make_dataset
-from seg_datamodule import BadImageError, COCOSegDataModule, COCOResultsWriter, SegDataset
+from seg_datamodule import BadImageError, COCOSegDataModule, COCOResultsWriter
 from seg_datamodule.data.predict import PredictDataset, SkippedImage, empty_batch
 from seg_datamodule.io.coco import CocoIndex
 from seg_datamodule.io.predict_source import images_from_index, list_image_folder, stable_image_id
