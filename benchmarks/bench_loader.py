@@ -94,6 +94,8 @@ from seg_datamodule.transforms.hsv import HSVJitter, hsv_jitter_batch_
 from seg_datamodule.io.coco.index import CocoIndex
 from seg_datamodule.data.collate import DetectionCollate
 from seg_datamodule.data.dataset import SegDataset, worker_init_fn
+from seg_datamodule.data.options import AugmentOptions
+from seg_datamodule.transforms.augment import MosaicAffine
 
 DEFAULT_ROOT = Path(__file__).resolve().parents[2] / "shared" / "data" / "coco-mini"
 
@@ -166,9 +168,10 @@ def make_large_split(root: Path, work: Path, num_images: int, annotate_every: in
 def build_ours(ann_file: Path, images: Path, image_size: int, partners: str, hsv_on_device: bool,
                cache_dir: Path, copy_paste: float = 0.0, mixup: float = 0.0) -> SegDataset:
     index = CocoIndex.build(ann_file, images, cache_dir=cache_dir)
-    return SegDataset(index, image_size=image_size, mosaic=1.0, transforms=yolo_recipe(), cache_images=0,
-                      mosaic_partners=partners, seed=0, hsv=HSVJitter(YOLO_HSV, on_device=hsv_on_device),
-                      copy_paste=copy_paste, copy_paste_mode="flip", mixup=mixup)
+    augment = AugmentOptions(MosaicAffine(image_size=image_size), mosaic=1.0, transforms=yolo_recipe(),
+                             mosaic_partners=partners, hsv=HSVJitter(YOLO_HSV, on_device=hsv_on_device),
+                             copy_paste=copy_paste, copy_paste_mode="flip", mixup=mixup)
+    return SegDataset(index, augment, cache_images=0, seed=0)
 
 
 def measure_ours(ds: SegDataset, workers: int, batch_size: int, warmup: int, count: int) -> tuple[float, float]:
@@ -234,7 +237,7 @@ def breakdown(ds: SegDataset, batch_size: int, batches: int) -> None:
             collate(ds.__getitems__(order[b * batch_size : (b + 1) * batch_size]))
         wall = time.thread_time() - start
     n = batch_size * batches
-    print(f"  where the CPU time goes (one thread, mosaic_partners={ds.mosaic_partners!r}, {n} images, "
+    print(f"  where the CPU time goes (one thread, mosaic_partners={ds.augment.mosaic_partners!r}, {n} images, "
           f"{1e3 * wall / n:.2f} ms/image):")
     other = wall - sum(totals.values())
     for stage, t in sorted(totals.items(), key=lambda kv: -kv[1]) + [("other (draws, Python)", other)]:

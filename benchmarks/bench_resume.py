@@ -29,8 +29,10 @@ from bench_loader import DEFAULT_ROOT, YOLO_HSV, make_large_split, yolo_recipe  
 
 from seg_datamodule import DetectionCollate, EpochShardSampler, SegDataset  # noqa: E402
 from seg_datamodule.data.loading import worker_init_fn  # noqa: E402
+from seg_datamodule.data.options import AugmentOptions  # noqa: E402
 from seg_datamodule.data.resume import ResumableDataLoader  # noqa: E402
 from seg_datamodule.io.coco import CocoIndex  # noqa: E402
+from seg_datamodule.transforms.augment import MosaicAffine  # noqa: E402
 from seg_datamodule.transforms.hsv import HSVJitter  # noqa: E402
 
 
@@ -57,7 +59,8 @@ def main() -> None:
     try:
         ann_file, images = make_large_split(args.coco_mini, work / "split", args.images, annotate_every=16)
         index = CocoIndex.build(ann_file, images, cache_dir=work / "index")
-        ds = SegDataset(index, image_size=640, transforms=yolo_recipe(), hsv=HSVJitter(YOLO_HSV), seed=0)
+        augment = AugmentOptions(MosaicAffine(image_size=640), transforms=yolo_recipe(), hsv=HSVJitter(YOLO_HSV))
+        ds = SegDataset(index, augment, seed=0)
         steps = len(ds) // args.batch_size
         print(f"{len(ds)} images, batch {args.batch_size}: {steps} steps per epoch; resume at step {args.step}")
         for workers in args.workers:

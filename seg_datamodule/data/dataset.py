@@ -37,7 +37,7 @@ from seg_datamodule.data.loading import ImageIndex, SharedEpoch, worker_init_fn
 from seg_datamodule.data.options import AugmentOptions
 from seg_datamodule.data.sample_path import Counts, SampleKey, SamplePath
 from seg_datamodule.io.images import IMAGE_ERROR_REASONS
-from seg_datamodule.ops.checks import check_bool, check_int
+from seg_datamodule.ops.checks import check_bool, check_choice, check_int
 from seg_datamodule.structures import Sample, SampleBatch
 from seg_datamodule.transforms.hsv import refuse_random_hsv
 from seg_datamodule.transforms.polygons import DROP_REASONS
@@ -110,6 +110,8 @@ class SegDataset(Dataset[Sample]):
                 "index must provide image_ids, heights, widths, on_bad_sample, __len__, polygons, labels, "
                 f"annotation_ids, crowd_mask and load_image (a CocoIndex), got {type(index).__name__}"
             )
+        # An index's own policy, checked here: SamplePath reads anything but "skip" as "raise".
+        check_choice("index.on_bad_sample", index.on_bad_sample, ("raise", "skip"))
         augment = AugmentOptions() if augment is None else augment
         if not isinstance(augment, AugmentOptions):
             raise TypeError(f"augment must be an AugmentOptions or None, got {type(augment).__name__}")

@@ -72,7 +72,8 @@ def lsj_layout(
 
 
 class LargeScaleJitter:
-    """LSJ geometry for ``SegDataset(recipe="lsj")``: scale jitter, fixed-size crop, flip.
+    """LSJ geometry for ``SegDataset(index, AugmentOptions(LargeScaleJitter(s)))`` (the DataModule's
+    ``recipe="lsj"``): scale jitter, fixed-size crop, flip.
 
     Args:
         image_size (int): ``s``, the output side.

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import pickle
 
 import numpy as np
@@ -149,8 +150,7 @@ def test_crowd_regions_off_the_stride_grid_are_sampled_at_cell_centres(stride, s
 
 
 def test_letterbox_metadata_is_carried():
-    s = make_sample(3, [])
-    s.scale, s.pad, s.orig_size = 0.5, (4.0, 2.0), (74, 100)
+    s = dataclasses.replace(make_sample(3, []), scale=0.5, pad=(4.0, 2.0), orig_size=(74, 100))
     batch = collate_detection([s])
     assert batch.scales.tolist() == [0.5] and batch.pads.tolist() == [[4.0, 2.0]]
     assert batch.orig_sizes.tolist() == [[74, 100]]
@@ -161,8 +161,7 @@ def test_errors_name_the_problem():
         collate_detection([])
     with pytest.raises(ValueError, match="image id 1: canvas \\(20, 20\\) differs"):
         collate_detection([make_sample(0, []), make_sample(1, [], (20, 20))])
-    bad = make_sample(5, [[[[0, 0], [4, 0], [4, 4]]]])
-    bad.labels = np.zeros(3, np.int64)
+    bad = dataclasses.replace(make_sample(5, [[[[0, 0], [4, 0], [4, 4]]]]), labels=np.zeros(3, np.int64))
     with pytest.raises(ValueError, match="image id 5: 1 instances but 3 labels"):
         collate_detection([bad])
     with pytest.raises(ValueError, match="mask_stride must be >= 1, got 0"):

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import pickle
 from pathlib import Path
 
@@ -14,8 +15,10 @@ from hypothesis import strategies as st
 import torch
 from torch.utils.data import DataLoader
 
+from _datasets import make_dataset
 from seg_datamodule.data.collate import collate_detection
 from seg_datamodule.data.dataset import COUNT_KEYS, SegDataset, worker_init_fn
+from seg_datamodule.data.options import AugmentOptions
 from seg_datamodule.ops.affine import apply_affine
 from seg_datamodule.io.images import BadImageError
 from seg_datamodule.ops.raster import rasterize_flat
@@ -38,10 +41,13 @@ class FakeIndex:
         n: number of images.
         bad: indices whose ``load_image`` raises ``BadImageError``.
         constant: plain grey images (so a colour transform's draw can be read off a pixel).
+        on_bad_sample: what a dataset over the index does with a bad image (``"raise"`` or ``"skip"``).
     """
 
-    def __init__(self, n: int = 12, bad: frozenset[int] = frozenset(), constant: bool = False) -> None:
+    def __init__(self, n: int = 12, bad: frozenset[int] = frozenset(), constant: bool = False,
+                 on_bad_sample: str = "raise") -> None:
         rng = np.random.default_rng(1234)
+        self.on_bad_sample = on_bad_sample
         self.heights = rng.integers(180, 320, n)
         self.widths = rng.integers(180, 320, n)
         self.image_ids = np.arange(n, dtype=np.int64) + 1000
@@ -115,7 +121,7 @@ def loader_samples(ds: SegDataset, num_workers: int, **kwargs) -> list[Sample]:
 
 
 def test_train_samples_are_valid_and_exactly_clipped() -> None:
-    ds = SegDataset(FakeIndex(), image_size=128, geometry=MosaicAffine(128, degrees=10.0, shear=3.0), seed=1)
+    ds = make_dataset(FakeIndex(), image_size=128, geometry=MosaicAffine(128, degrees=10.0, shear=3.0), seed=1)
     for i in range(len(ds)):
         s = ds[i]
         s.validate()
@@ -128,8 +134,8 @@ def test_train_samples_are_valid_and_exactly_clipped() -> None:
 
 
 def test_every_annotation_is_in_a_sample_or_counted() -> None:
-    index = FakeIndex(bad=frozenset({5}))
-    ds = SegDataset(index, image_size=96, on_bad_sample="skip", seed=2)
+    index = FakeIndex(bad=frozenset({5}), on_bad_sample="skip")
+    ds = make_dataset(index, image_size=96, seed=2)
     kept = sum(ds[i].num_instances for i in range(len(ds)))
     counts = ds.counts
     drawn = sum(len(index._instances[i]) for i in index.polygon_calls)
@@ -144,7 +150,7 @@ def test_every_annotation_is_in_a_sample_or_counted() -> None:
 
 
 def test_mosaic_draws_other_images_and_close_mosaic_turns_it_off() -> None:
-    ds = SegDataset(FakeIndex(), image_size=96, close_mosaic=2, max_epochs=5, seed=3)
+    ds = make_dataset(FakeIndex(), image_size=96, close_mosaic=2, max_epochs=5, seed=3)
 
     def sources(epoch: int) -> set[bool]:
         # True when a sample holds annotations of images other than its own.
@@ -154,15 +160,15 @@ def test_mosaic_draws_other_images_and_close_mosaic_turns_it_off() -> None:
     assert sources(3) == {False} and sources(4) == {False}
     assert not ds.mosaic_active(3) and ds.mosaic_active(2)
     with pytest.raises(RuntimeError, match="close_mosaic=2 needs max_epochs"):
-        SegDataset(FakeIndex(), close_mosaic=2)[0]
-    late = SegDataset(FakeIndex(), close_mosaic=2)
+        make_dataset(FakeIndex(), close_mosaic=2)[0]
+    late = make_dataset(FakeIndex(), close_mosaic=2)
     late.set_max_epochs(3)
     assert late.mosaic_active(0) and not late.mosaic_active(1)
 
 
 def test_mosaic_probability_zero_letterboxes_the_image() -> None:
     index = FakeIndex()
-    ds = SegDataset(index, image_size=96, mosaic=0.0, geometry=MosaicAffine(96, scale=(1.0, 1.0), translate=0.0, flip_lr=0.0))
+    ds = make_dataset(index, image_size=96, mosaic=0.0, geometry=MosaicAffine(96, scale=(1.0, 1.0), translate=0.0, flip_lr=0.0))
     s = ds[4]
     assert set((s.annotation_ids // 100).tolist()) <= {4}
     h, w = index.heights[4], index.widths[4]
@@ -172,7 +178,7 @@ def test_mosaic_probability_zero_letterboxes_the_image() -> None:
 
 def test_validation_letterboxes_and_maps_back() -> None:
     index = FakeIndex()
-    ds = SegDataset(index, image_size=160, train=False)
+    ds = make_dataset(index, image_size=160, train=False)
     for i in range(len(ds)):
         s = ds[i]
         s.validate()
@@ -191,12 +197,12 @@ def test_validation_letterboxes_and_maps_back() -> None:
         assert s.polygons.vertices[:, 0].max() == pytest.approx(s.pad[0] + w * s.scale)
     # Same sample every epoch: validation draws nothing.
     ds.set_epoch(3)
-    assert_same_sample(ds[0], SegDataset(index, image_size=160, train=False)[0])
+    assert_same_sample(ds[0], make_dataset(index, image_size=160, train=False)[0])
 
 
 def test_crowd_regions_follow_the_same_transform() -> None:
     index = FakeIndex()
-    ds = SegDataset(index, image_size=128, train=False)
+    ds = make_dataset(index, image_size=128, train=False)
     s = ds[0]
     assert s.crowd_mask is not None and s.crowd_mask.shape == (128, 128)
     crowd_poly = apply_affine(_ring(20, 10, 90, 50), np.array([[s.scale, 0, s.pad[0]], [0, s.scale, s.pad[1]]]))
@@ -204,7 +210,7 @@ def test_crowd_regions_follow_the_same_transform() -> None:
     assert (expected != s.crowd_mask).sum() <= 0.1 * expected.sum()
     assert ds[1].crowd_mask is None
     # Training: through the mosaic too (image 0, 3, 6, 9 have crowd regions).
-    train = SegDataset(index, image_size=128, seed=0)
+    train = make_dataset(index, image_size=128, seed=0)
     assert any(train[i].crowd_mask is not None and train[i].crowd_mask.any() for i in range(len(train)))
 
 
@@ -213,11 +219,11 @@ def test_crowd_regions_follow_the_same_transform() -> None:
 
 def test_same_seed_same_samples_and_epochs_differ() -> None:
     index = FakeIndex()
-    a, b = SegDataset(index, image_size=96, seed=7), SegDataset(index, image_size=96, seed=7)
+    a, b = make_dataset(index, image_size=96, seed=7), make_dataset(index, image_size=96, seed=7)
     assert_same_sample(a[3], b[3])
     assert_same_sample(a[(2, 3)], b[(2, 3)])
     assert not np.array_equal(a[(0, 3)].image, a[(1, 3)].image)
-    assert not np.array_equal(a[3].image, SegDataset(index, image_size=96, seed=8)[3].image)
+    assert not np.array_equal(a[3].image, make_dataset(index, image_size=96, seed=8)[3].image)
     b.set_epoch(2)
     assert_same_sample(a[(2, 3)], b[3])
 
@@ -225,7 +231,7 @@ def test_same_seed_same_samples_and_epochs_differ() -> None:
 @pytest.mark.slow
 def test_same_batches_for_num_workers_0_and_2() -> None:
     transforms = A.Compose([A.RandomBrightnessContrast(p=0.5), A.GaussNoise(p=0.5)])
-    ds = SegDataset(FakeIndex(), image_size=96, transforms=transforms, seed=11)
+    ds = make_dataset(FakeIndex(), image_size=96, transforms=transforms, seed=11)
     serial = loader_samples(ds, 0)
     parallel = loader_samples(ds, 2)
     assert len(serial) == len(parallel) == len(ds)
@@ -243,8 +249,8 @@ def test_different_workers_draw_different_augmentations() -> None:
     """
     transforms = A.Compose([A.GaussNoise(std_range=(0.1, 0.1), p=1.0)])
     still = MosaicAffine(64, translate=0.0, scale=(1.0, 1.0), flip_lr=0.0)
-    ds = SegDataset(FakeIndex(n=6, constant=True), image_size=64, mosaic=0.0, geometry=still,
-                    transforms=transforms, seed=5)
+    ds = make_dataset(FakeIndex(n=6, constant=True), image_size=64, mosaic=0.0, geometry=still,
+                      transforms=transforms, seed=5)
     dl = DataLoader(ds, batch_size=1, num_workers=2, collate_fn=list, worker_init_fn=worker_init_fn)
     images = [batch[0].image for batch in dl]
     for a in range(len(images)):
@@ -257,7 +263,7 @@ def test_different_workers_draw_different_augmentations() -> None:
 @pytest.mark.slow
 def test_set_epoch_reaches_persistent_workers() -> None:
     index = FakeIndex()
-    ds = SegDataset(index, image_size=96, seed=9)
+    ds = make_dataset(index, image_size=96, seed=9)
     dl = DataLoader(ds, batch_size=4, num_workers=2, collate_fn=list, persistent_workers=True,
                     worker_init_fn=worker_init_fn)
     first = [s for batch in dl for s in batch]
@@ -273,7 +279,7 @@ def test_set_epoch_reaches_persistent_workers() -> None:
 
 @pytest.mark.slow
 def test_epoch_shard_sampler_indices() -> None:
-    ds = SegDataset(FakeIndex(), image_size=96, seed=4)
+    ds = make_dataset(FakeIndex(), image_size=96, seed=4)
     sampler = EpochShardSampler(ds, shuffle=True, seed=4)
     sampler.set_epoch(3)
     dl = DataLoader(ds, batch_size=4, sampler=sampler, num_workers=2, collate_fn=list,
@@ -286,7 +292,7 @@ def test_epoch_shard_sampler_indices() -> None:
 
 
 def test_dataset_pickles() -> None:
-    ds = SegDataset(FakeIndex(), image_size=96, transforms=A.Compose([A.ToGray(p=0.5)]), cache_images=4, seed=1)
+    ds = make_dataset(FakeIndex(), image_size=96, transforms=A.Compose([A.ToGray(p=0.5)]), cache_images=4, seed=1)
     ds[0]
     clone = pickle.loads(pickle.dumps(ds))
     assert_same_sample(clone[1], ds[1])
@@ -299,13 +305,13 @@ def test_geometric_albumentations_carry_polygons_exactly(tmp_path: Path) -> None
     index = FakeIndex()
     kw = dict(image_size=96, seed=2)
     still = dict(degrees=0.0, scale=(1.0, 1.0), translate=0.0)
-    ours = SegDataset(index, geometry=MosaicAffine(96, flip_lr=1.0, **still), **kw)
+    ours = make_dataset(index, geometry=MosaicAffine(96, flip_lr=1.0, **still), **kw)
     no_flip = MosaicAffine(96, flip_lr=0.0, **still)
-    albu = SegDataset(index, geometry=no_flip, transforms=A.Compose([A.HorizontalFlip(p=1.0)]), **kw)
+    albu = make_dataset(index, geometry=no_flip, transforms=A.Compose([A.HorizontalFlip(p=1.0)]), **kw)
     path = tmp_path / "flip.yaml"
     A.save(A.Compose([A.HorizontalFlip(p=1.0)]), str(path), data_format="yaml")
-    from_file = SegDataset(index, geometry=no_flip, transforms=str(path), **kw)
-    assert from_file.transforms.geometric
+    from_file = make_dataset(index, geometry=no_flip, transforms=str(path), **kw)
+    assert from_file.path.steps.transforms.geometric
     for i in range(len(index)):
         a, b, c = ours[i], albu[i], from_file[i]
         # Same resample, mirrored: OpenCV's fixed-point coordinates may round a few pixels apart.
@@ -319,7 +325,7 @@ def test_geometric_albumentations_carry_polygons_exactly(tmp_path: Path) -> None
 def test_geometric_albumentations_are_clipped_again() -> None:
     index = FakeIndex()
     transforms = A.Compose([A.Affine(translate_px={"x": 40, "y": 0}, p=1.0)])
-    ds = SegDataset(index, image_size=96, transforms=transforms, seed=3)
+    ds = make_dataset(index, image_size=96, transforms=transforms, seed=3)
     for i in range(len(ds)):
         s = ds[i]
         assert ((s.polygons.vertices >= 0) & (s.polygons.vertices <= 96)).all()
@@ -353,52 +359,77 @@ def test_random_hsv_is_ultralytics_hsv_and_serialises(tmp_path: Path) -> None:
 
 def test_transforms_argument_errors(tmp_path: Path) -> None:
     with pytest.raises(TypeError, match="transforms must be"):
-        SegDataset(FakeIndex(), transforms=A.HorizontalFlip())  # type: ignore[arg-type]
+        make_dataset(FakeIndex(), transforms=A.HorizontalFlip())  # type: ignore[arg-type]
     with pytest.raises(FileNotFoundError, match="does not exist"):
-        SegDataset(FakeIndex(), transforms=str(tmp_path / "missing.json"))
+        make_dataset(FakeIndex(), transforms=str(tmp_path / "missing.json"))
 
 
 # ----------------------------------------------------------------------------- bad images, arguments
 
 
 def test_bad_images_raise_or_are_skipped_and_counted() -> None:
-    index = FakeIndex(bad=frozenset({2}))
+    # The dataset follows its index's on_bad_sample (what the index was built with).
+    strict = make_dataset(FakeIndex(bad=frozenset({2})), image_size=96, mosaic=0.0)
+    assert strict.on_bad_sample == "raise"
     with pytest.raises(BadImageError, match="fake/2.jpg"):
-        SegDataset(index, image_size=96, mosaic=0.0)[2]
-    train = SegDataset(index, image_size=96, on_bad_sample="skip", mosaic=0.0)
+        strict[2]
+    with pytest.raises(BadImageError, match="fake/2.jpg"):
+        make_dataset(FakeIndex(bad=frozenset({2})), image_size=96, train=False)[2]
+    index = FakeIndex(bad=frozenset({2}), on_bad_sample="skip")
+    train = make_dataset(index, image_size=96, mosaic=0.0)
+    assert train.on_bad_sample == "skip"
     s = train[2]
     assert s.image_id != index.image_ids[2] and not (s.annotation_ids // 100 == 2).any()
     assert train.counts["image_corrupt"] == 1 and train.counts["bad_image"] == 4
-    val = SegDataset(index, image_size=96, train=False, on_bad_sample="skip")
+    val = make_dataset(index, image_size=96, train=False)
     s = val[2]
     assert s.image_id == index.image_ids[2] and s.num_instances == 0 and (s.image == 114).all()
     assert s.orig_size == (index.heights[2], index.widths[2])
-    everything_bad = FakeIndex(n=3, bad=frozenset({0, 1, 2}))
+    everything_bad = FakeIndex(n=3, bad=frozenset({0, 1, 2}), on_bad_sample="skip")
     with pytest.raises(RuntimeError, match="max_retries=2"):
-        SegDataset(everything_bad, on_bad_sample="skip", max_retries=2)[0]
+        make_dataset(everything_bad, max_retries=2)[0]
 
 
 def test_argument_errors() -> None:
+    index = FakeIndex()
     with pytest.raises(TypeError, match="index must provide"):
         SegDataset(object())  # type: ignore[arg-type]
     with pytest.raises(ValueError, match="mosaic must be in"):
-        SegDataset(FakeIndex(), mosaic=1.5)
+        SegDataset(index, AugmentOptions(mosaic=1.5))
     with pytest.raises(ValueError, match="scale must satisfy"):
-        SegDataset(FakeIndex(), geometry=MosaicAffine(scale=(1.5, 0.5)))
-    with pytest.raises(ValueError, match="image_size 96 differs from geometry.image_size 640"):
-        SegDataset(FakeIndex(), image_size=96, geometry=MosaicAffine())
-    with pytest.raises(TypeError, match="geometry must be a MosaicAffine or None, got dict"):
-        SegDataset(FakeIndex(), geometry={})
+        SegDataset(index, AugmentOptions(MosaicAffine(scale=(1.5, 0.5))))
+    with pytest.raises(TypeError, match="geometry must be a MosaicAffine or a LargeScaleJitter, got dict"):
+        SegDataset(index, AugmentOptions({}))  # type: ignore[arg-type]
+    with pytest.raises(TypeError, match="augment must be an AugmentOptions or None, got dict"):
+        SegDataset(index, {"mosaic": 0.5})  # type: ignore[arg-type]
     with pytest.raises(ValueError, match="image_size must be >= 1, got 0"):
-        SegDataset(FakeIndex(), image_size=0)
+        SegDataset(index, AugmentOptions(MosaicAffine(image_size=0)))
     with pytest.raises(TypeError, match="min_box_size must be a number"):
-        SegDataset(FakeIndex(), min_box_size="2")  # type: ignore[arg-type]
-    with pytest.raises(ValueError, match="on_bad_sample"):
-        SegDataset(FakeIndex(), on_bad_sample="ignore")  # type: ignore[arg-type]
+        SegDataset(index, AugmentOptions(min_box_size="2"))  # type: ignore[arg-type]
     with pytest.raises(TypeError, match="train must be a bool"):
-        SegDataset(FakeIndex(), train=1)  # type: ignore[arg-type]
+        SegDataset(index, train=1)  # type: ignore[arg-type]
     with pytest.raises(IndexError, match="out of range"):
         SegDataset(FakeIndex(n=3))[3]
+
+
+def test_canvas_size_is_the_geometrys_and_bad_samples_the_indexs() -> None:
+    """The canvas size is given once, by the geometry; what a bad image does, by the index."""
+    assert SegDataset(FakeIndex()).image_size == 640  # AugmentOptions() defaults: YOLO's 640 px mosaic
+    ds = SegDataset(FakeIndex(), AugmentOptions(MosaicAffine(96)), train=False)
+    assert ds.image_size == 96 and ds.augment.image_size == 96 and ds[0].image.shape == (96, 96, 3)
+    assert ds.path.geometry is ds.augment.geometry
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        ds.augment.mosaic = 0.5  # type: ignore[misc]
+    # The dataset has no on_bad_sample of its own: it reads its index's.
+    with pytest.raises(TypeError):
+        SegDataset(FakeIndex(), on_bad_sample="skip")  # type: ignore[call-arg]
+    assert SegDataset(FakeIndex(on_bad_sample="skip")).on_bad_sample == "skip"
+    with pytest.raises(ValueError, match=r"on_bad_sample must be one of \['raise', 'skip'\], got 'ignore'"):
+        SegDataset(FakeIndex(on_bad_sample="ignore"))
+    no_policy = FakeIndex()
+    del no_policy.on_bad_sample
+    with pytest.raises(TypeError, match="index must provide image_ids, heights, widths, on_bad_sample"):
+        SegDataset(no_policy)
 
 
 def test_image_cache_does_not_change_samples() -> None:
@@ -411,8 +442,8 @@ def test_image_cache_does_not_change_samples() -> None:
         return load(i, reduce)
 
     index.load_image = counting  # type: ignore[method-assign]
-    ds = SegDataset(index, image_size=96, cache_images=4 * len(index), seed=0)
-    uncached = [SegDataset(index, image_size=96, seed=0)[i] for i in range(len(ds))]
+    ds = make_dataset(index, image_size=96, cache_images=4 * len(index), seed=0)
+    uncached = [make_dataset(index, image_size=96, seed=0)[i] for i in range(len(ds))]
     calls.clear()
     first = [ds[i] for i in range(len(ds))]
     n_first = len(calls)
@@ -421,9 +452,9 @@ def test_image_cache_does_not_change_samples() -> None:
     for a, b, c in zip(first, again, uncached):
         assert_same_sample(a, b)
         assert_same_sample(a, c)
-    small = SegDataset(index, image_size=96, cache_images=2, seed=0)
+    small = make_dataset(index, image_size=96, cache_images=2, seed=0)
     [small[i] for i in range(len(small))]
-    assert len(small.images._cache._kinds["images"]) <= 2 and len(small.images._cache._kinds["crowd"]) <= 2
+    assert len(small.path.images._cache._kinds["images"]) <= 2 and len(small.path.images._cache._kinds["crowd"]) <= 2
 
 
 # ----------------------------------------------------------------------------- real data and a picture
@@ -442,7 +473,7 @@ def test_coco_mini_batches_and_picture(coco_mini: Path, tmp_path: Path) -> None:
 
     index = _coco_index(coco_mini, "train2017", tmp_path)
     transforms = A.Compose([A.HueSaturationValue(p=0.5), A.Blur(p=0.1)])
-    ds = SegDataset(index, image_size=320, transforms=transforms, geometry=MosaicAffine(320, degrees=5.0), seed=0)
+    ds = make_dataset(index, image_size=320, transforms=transforms, geometry=MosaicAffine(320, degrees=5.0), seed=0)
     dl = DataLoader(ds, batch_size=8, num_workers=2, collate_fn=collate_detection, worker_init_fn=worker_init_fn)
     batches = list(dl)
     batch = batches[0]
@@ -460,7 +491,7 @@ def test_coco_mini_batches_and_picture(coco_mini: Path, tmp_path: Path) -> None:
     counts = ds.counts
     assert counts["kept"] == sum(len(b.boxes) for b in batches)
 
-    val = SegDataset(_coco_index(coco_mini, "val2017", tmp_path), image_size=320, train=False)
+    val = make_dataset(_coco_index(coco_mini, "val2017", tmp_path), image_size=320, train=False)
     vb = collate_detection([val[i] for i in range(4)])
     assert vb.images.shape == (4, 3, 320, 320) and (vb.scales > 0).all()
     assert torch.equal(vb.orig_sizes[0], torch.tensor([int(val.index.heights[0]), int(val.index.widths[0])]))
@@ -502,7 +533,7 @@ def test_batch_partners_decode_each_image_once() -> None:
         return load(i, reduce)
 
     index.load_image = counting  # type: ignore[method-assign]
-    batch_ds = SegDataset(index, image_size=96, seed=3)
+    batch_ds = make_dataset(index, image_size=96, seed=3)
     batch = batch_ds.__getitems__([(0, i) for i in range(8)])
     assert sorted(calls) == list(range(8))  # each image once, none from outside the batch
     for s in batch:
@@ -510,17 +541,17 @@ def test_batch_partners_decode_each_image_once() -> None:
     counts = batch_ds.decode_counts
     assert counts["samples"] == 8 and counts["decodes"] == 8
     calls.clear()
-    uniform = SegDataset(index, image_size=96, seed=3, mosaic_partners="uniform")
+    uniform = make_dataset(index, image_size=96, seed=3, mosaic_partners="uniform")
     uniform.__getitems__([(0, i) for i in range(8)])
     assert len(calls) > 3 * 8 * 0.9 and uniform.decode_counts["decodes"] == len(calls)
     # A batch is a pure function of (seed, epoch, indices): rebuilding it gives the same samples.
-    for a, b in zip(batch, SegDataset(index, image_size=96, seed=3).__getitems__([(0, i) for i in range(8)])):
+    for a, b in zip(batch, make_dataset(index, image_size=96, seed=3).__getitems__([(0, i) for i in range(8)])):
         assert_same_sample(a, b)
 
 
 def test_batch_partner_bad_image_is_replaced_and_counted() -> None:
-    index = FakeIndex(n=12, bad=frozenset({5}))
-    ds = SegDataset(index, image_size=96, on_bad_sample="skip", seed=1)
+    index = FakeIndex(n=12, bad=frozenset({5}), on_bad_sample="skip")
+    ds = make_dataset(index, image_size=96, seed=1)
     batch = ds.__getitems__([(0, i) for i in range(8)])
     assert len(batch) == 8
     assert all(not ((s.annotation_ids // 100) == 5).any() for s in batch)
@@ -572,7 +603,7 @@ def test_validation_boxes_are_the_letterboxed_rectangles_worked_out_by_hand() ->
     # The fourth sticks out of the right border by 4 px and is cut at x = w (not clamped, which
     # for a rectangle is the same box, so this checks the mapping and the instance order).
     index = FakeIndex()
-    ds = SegDataset(index, image_size=160, train=False)
+    ds = make_dataset(index, image_size=160, train=False)
     for i in range(len(ds)):
         s = ds[i]
         h, w = int(index.heights[i]), int(index.widths[i])
@@ -592,8 +623,8 @@ def test_validation_boxes_are_the_letterboxed_rectangles_worked_out_by_hand() ->
                          ids=["rotation", "rotation+albumentations"])
 def test_train_boxes_bound_the_reference_masks(transforms) -> None:
     # No mosaic and no shear, so an instance the canvas does not cut stays a rotated rectangle.
-    ds = SegDataset(FakeIndex(), image_size=96, mosaic=0.0, geometry=MosaicAffine(96, degrees=30.0, shear=0.0),
-                    transforms=transforms, seed=5)
+    ds = make_dataset(FakeIndex(), image_size=96, mosaic=0.0, geometry=MosaicAffine(96, degrees=30.0, shear=0.0),
+                      transforms=transforms, seed=5)
     kept = 0
     for i in range(len(ds)):
         s = ds[i]
@@ -655,7 +686,7 @@ def test_clipped_polygons_cover_exactly_the_painted_pixels(kwargs) -> None:
     Here a pixel may disagree only within 2 px of a mask edge or the canvas border (bilinear
     resampling and the reduced-resolution decode blur the painted edges by about a pixel).
     """
-    ds = SegDataset(PaintedIndex(), image_size=96, min_area_ratio=0.0, min_box_size=0.0, seed=7, **kwargs)
+    ds = make_dataset(PaintedIndex(), image_size=96, min_area_ratio=0.0, min_box_size=0.0, seed=7, **kwargs)
     band_kernel = np.ones((5, 5), np.uint8)
     compared = 0
     for i in range(len(ds)):

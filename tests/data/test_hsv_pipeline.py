@@ -11,10 +11,10 @@ import pytest
 import torch
 from lightning.pytorch import Trainer
 
+from _datasets import make_dataset
 from seg_datamodule import DetectionBatch
 from seg_datamodule.data.collate import DetectionCollate
 from seg_datamodule.data.datamodule import COCOSegDataModule
-from seg_datamodule.data.dataset import SegDataset
 from seg_datamodule.models import YolactLite
 from seg_datamodule.structures import Polygons, Sample
 from seg_datamodule.transforms.albu import RandomHSV, hsv_jitter
@@ -93,9 +93,9 @@ def test_random_hsv_in_the_pipeline_is_refused_when_hsv_is_set(demo_dir: Path, t
     dm = make_dm(demo_dir, tmp_path, hsv=HSV)
     dm.setup("fit")
     with pytest.raises(ValueError, match="RandomHSV"):
-        SegDataset(dm.train_index, image_size=128, transforms=doubled, hsv=HSVJitter(HSV))
+        make_dataset(dm.train_index, image_size=128, transforms=doubled, hsv=HSVJitter(HSV))
     with pytest.raises(TypeError, match="hsv must be an HSVJitter"):
-        SegDataset(dm.train_index, image_size=128, hsv=HSV)  # type: ignore[arg-type]
+        make_dataset(dm.train_index, image_size=128, hsv=HSV)  # type: ignore[arg-type]
     with pytest.raises(TypeError, match="three numbers"):
         make_dm(demo_dir, tmp_path, hsv=0.5)
 

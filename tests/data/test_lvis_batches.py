@@ -14,7 +14,8 @@ import pytest
 import torch
 from lightning.pytorch import Callback, Trainer
 
-from seg_datamodule import DetectionCollate, EpochShardSampler, SegDataset
+from _datasets import make_dataset
+from seg_datamodule import DetectionCollate, EpochShardSampler
 from seg_datamodule.data.assemble import federated_labels
 from seg_datamodule.data.datamodule import COCOSegDataModule
 from seg_datamodule.io.coco import CocoIndex
@@ -57,7 +58,7 @@ def test_a_mosaic_is_negative_only_where_every_tile_is() -> None:
 def test_samples_and_batches_carry_the_lists_as_labels(lvis_v1: tuple[Path, Path], train: bool) -> None:
     ann, images = lvis_v1
     index = CocoIndex.build(ann, images, use_cache=False)
-    ds = SegDataset(index, image_size=96, train=train, mosaic=0.0, seed=1)
+    ds = make_dataset(index, image_size=96, train=train, mosaic=0.0, seed=1)
     picks = [0, 5, 17, 42]
     samples = [ds[(0, i)] for i in picks]
     for i, sample in zip(picks, samples):
@@ -74,7 +75,7 @@ def test_samples_and_batches_carry_the_lists_as_labels(lvis_v1: tuple[Path, Path
 def test_mosaic_samples_keep_a_subset_of_their_first_tiles_negatives(lvis_v1: tuple[Path, Path]) -> None:
     ann, images = lvis_v1
     index = CocoIndex.build(ann, images, use_cache=False)
-    ds = SegDataset(index, image_size=96, mosaic=1.0, seed=1, mosaic_partners="uniform")
+    ds = make_dataset(index, image_size=96, mosaic=1.0, seed=1, mosaic_partners="uniform")
     for i in (1, 2, 3):
         sample = ds[(0, i)]
         assert set(sample.neg_labels.tolist()) <= set(index.neg_labels(i).tolist())

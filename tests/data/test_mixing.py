@@ -13,6 +13,7 @@ import pytest
 import torch
 from torch.utils.data import DataLoader
 
+from _datasets import make_dataset
 from _recorder import read_rows
 from _reference import reference_rasterize
 import seg_datamodule.data.collate as collate_module
@@ -38,6 +39,8 @@ class FlatIndex:
     the pixel ``(i s + s / 2, j s + s / 2)`` it samples lie on the same side of every edge, so the
     image can be read off the mask at any even stride.
     """
+
+    on_bad_sample = "raise"
 
     def __init__(self, n: int = 10, seed: int = 4) -> None:
         rng = np.random.default_rng(seed)
@@ -85,8 +88,8 @@ class FlatIndex:
 
 
 def _flat_dataset(**kwargs) -> SegDataset:
-    return SegDataset(FlatIndex(), image_size=S, mosaic=0.0, geometry=MosaicAffine(S, translate=0.0, scale=(1.0, 1.0)),
-                      seed=11, **kwargs)
+    return make_dataset(FlatIndex(), mosaic=0.0, geometry=MosaicAffine(S, translate=0.0, scale=(1.0, 1.0)), seed=11,
+                        **kwargs)
 
 
 def _wrong_cells(batch: DetectionBatch) -> tuple[int, int]:
@@ -131,7 +134,7 @@ def test_boxes_are_the_extent_of_the_visible_pixels() -> None:
 
 def test_counts_add_up_with_occluded_pasted_and_mixed_in() -> None:
     index = FlatIndex(n=12)
-    ds = SegDataset(index, image_size=48, copy_paste=0.8, copy_paste_mode="batch", mixup=0.5, seed=2)
+    ds = make_dataset(index, image_size=48, copy_paste=0.8, copy_paste_mode="batch", mixup=0.5, seed=2)
     targets = 0
     for b in range(3):
         batch = ds.__getitems__([(1, i) for i in range(4 * b, 4 * b + 4)])
@@ -153,7 +156,7 @@ def _same_batches(a: DetectionBatch, b: DetectionBatch) -> None:
 
 @pytest.mark.slow
 def test_same_batches_for_0_and_2_workers_with_copy_paste_and_mixup() -> None:
-    ds = SegDataset(FlatIndex(n=12), image_size=48, copy_paste=0.5, copy_paste_mode="batch", mixup=0.5, seed=9)
+    ds = make_dataset(FlatIndex(n=12), image_size=48, copy_paste=0.5, copy_paste_mode="batch", mixup=0.5, seed=9)
     loaders = [DataLoader(ds, batch_size=4, num_workers=w, collate_fn=DetectionCollate(), worker_init_fn=worker_init_fn
                           if w else None) for w in (0, 2)]
     got = [list(dl) for dl in loaders]
@@ -165,8 +168,8 @@ def test_same_batches_for_0_and_2_workers_with_copy_paste_and_mixup() -> None:
 
 def test_samples_that_draw_no_mixing_are_those_of_a_run_without_it() -> None:
     keys = [(0, i) for i in range(12)]
-    plain = SegDataset(FlatIndex(n=12), image_size=48, seed=5).__getitems__(keys)
-    mixed = SegDataset(FlatIndex(n=12), image_size=48, copy_paste=0.3, mixup=0.3, seed=5).__getitems__(keys)
+    plain = make_dataset(FlatIndex(n=12), image_size=48, seed=5).__getitems__(keys)
+    mixed = make_dataset(FlatIndex(n=12), image_size=48, copy_paste=0.3, mixup=0.3, seed=5).__getitems__(keys)
     untouched = 0
     for a, b in zip(plain, mixed):
         if b.origins is None:
@@ -175,13 +178,13 @@ def test_samples_that_draw_no_mixing_are_those_of_a_run_without_it() -> None:
             assert np.array_equal(a.boxes, b.boxes) and b.occluders is None
     assert 0 < untouched < len(keys)
     # Keys at zero: the same samples as the defaults, and nothing drawn for mixing.
-    zero = SegDataset(FlatIndex(n=12), image_size=48, copy_paste=0.0, mixup=0.0, seed=5).__getitems__(keys)
+    zero = make_dataset(FlatIndex(n=12), image_size=48, copy_paste=0.0, mixup=0.0, seed=5).__getitems__(keys)
     assert all(np.array_equal(a.image, b.image) and b.origins is None for a, b in zip(plain, zero))
 
 
 def test_a_sample_built_alone_takes_its_partners_from_the_dataset() -> None:
     index = FlatIndex(n=6)
-    ds = SegDataset(index, image_size=48, mosaic=0.0, copy_paste=1.0, copy_paste_mode="batch", mixup=1.0, seed=1)
+    ds = make_dataset(index, image_size=48, mosaic=0.0, copy_paste=1.0, copy_paste_mode="batch", mixup=1.0, seed=1)
     s = ds[(0, 2)]
     assert s.origins is not None and set(s.origins.tolist()) >= {2}
     own = set(index.annotation_ids(2).tolist())
@@ -191,7 +194,7 @@ def test_a_sample_built_alone_takes_its_partners_from_the_dataset() -> None:
     counts = ds.counts
     assert counts["kept"] == s.num_instances and counts["mixed_in"] == int((s.origins == 2).sum())
     assert ds.decode_counts["samples"] == 1
-    one = SegDataset(FlatIndex(n=1), image_size=48, copy_paste=1.0, copy_paste_mode="batch", mixup=1.0)
+    one = make_dataset(FlatIndex(n=1), image_size=48, copy_paste=1.0, copy_paste_mode="batch", mixup=1.0)
     assert one[0].origins is None  # no other image to take from
 
 

@@ -11,7 +11,8 @@ import numpy as np
 import pytest
 import torch
 
-from seg_datamodule import BadImageError, COCOSegDataModule, COCOResultsWriter, SegDataset
+from _datasets import make_dataset
+from seg_datamodule import BadImageError, COCOSegDataModule, COCOResultsWriter
 from seg_datamodule.data.predict import PredictDataset, SkippedImage, empty_batch
 from seg_datamodule.io.coco import CocoIndex
 from seg_datamodule.io.predict_source import images_from_index, list_image_folder, stable_image_id
@@ -132,7 +133,7 @@ def test_predict_step_boxes_lie_inside_each_image(tmp_path: Path, demo_dir: Path
 def test_predict_canvas_is_the_validation_canvas(coco_mini: Path, tmp_path: Path) -> None:
     ann, root = coco_mini / "annotations" / "instances_val2017.json", coco_mini / "val2017"
     index = CocoIndex.build(ann, root, cache_dir=str(tmp_path / "cache"))
-    val = SegDataset(index, image_size=320, train=False)
+    val = make_dataset(index, image_size=320, train=False)
     from_json = PredictDataset(images_from_index(index, root, ann), image_size=320)
     folder = list_image_folder(root)
     from_folder = PredictDataset(folder, image_size=320)

@@ -12,6 +12,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from _datasets import make_dataset
 from seg_datamodule import DetectionCollate, EpochShardSampler, SegDataset
 from seg_datamodule.data.loading import worker_init_fn
 from seg_datamodule.data.repeat_factors import (category_frequencies, describe_repeat_factors, draw_repeats,
@@ -157,7 +158,7 @@ def test_bad_factors_are_refused() -> None:
 
 
 def test_each_copy_is_augmented_from_its_own_generator() -> None:
-    ds = SegDataset(FakeIndex(n=6), image_size=64, seed=3, mosaic=0.0)
+    ds = make_dataset(FakeIndex(n=6), image_size=64, seed=3, mosaic=0.0)
     plain, first, second = ds[(0, 2)], ds[(0, 2, 0)], ds[(0, 2, 1)]
     assert np.array_equal(plain.image, first.image)
     assert not np.array_equal(first.image, second.image)
@@ -176,7 +177,7 @@ def _loader(ds: SegDataset, factors: np.ndarray, workers: int) -> ResumableDataL
 
 @pytest.mark.parametrize("workers", [0, pytest.param(2, marks=pytest.mark.slow)])
 def test_resumes_mid_epoch_and_is_the_same_for_any_num_workers(workers: int) -> None:
-    ds = SegDataset(FakeIndex(n=10), image_size=64, seed=3)
+    ds = make_dataset(FakeIndex(n=10), image_size=64, seed=3)
     factors = np.array([1.0, 2.5, 1.0, 1.0, 3.2, 1.0, 1.7, 1.0, 1.0, 1.0])
     straight = _loader(ds, factors, 0)
     want, lengths = [], []

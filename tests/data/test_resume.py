@@ -11,6 +11,7 @@ from pathlib import Path
 
 import pytest
 
+from _datasets import make_dataset
 from seg_datamodule import DetectionCollate, EpochShardSampler, SegDataset
 from seg_datamodule.data.loading import worker_init_fn
 from seg_datamodule.data.resume import ResumableDataLoader
@@ -33,7 +34,7 @@ def _loader(ds: SegDataset, workers: int, batch_size: int = 4, **kwargs) -> Resu
 
 @pytest.mark.parametrize("workers", [0, pytest.param(2, marks=pytest.mark.slow)])
 def test_state_resumes_mid_epoch_with_the_same_batches_and_counts(workers: int) -> None:
-    ds = SegDataset(FakeIndex(n=24, bad=frozenset({7})), image_size=64, on_bad_sample="skip", seed=3)
+    ds = make_dataset(FakeIndex(n=24, bad=frozenset({7}), on_bad_sample="skip"), image_size=64, seed=3)
     straight = _loader(ds, workers)
     want = []
     for epoch in (0, 1):
@@ -56,7 +57,7 @@ def test_state_resumes_mid_epoch_with_the_same_batches_and_counts(workers: int) 
 
 
 def test_a_checkpoint_at_the_end_of_an_epoch_resumes_at_the_next() -> None:
-    ds = SegDataset(FakeIndex(n=12), image_size=64, seed=3)
+    ds = make_dataset(FakeIndex(n=12), image_size=64, seed=3)
     first = _loader(ds, 0)
     list(first)
     resumed = _loader(ds, 0)
@@ -67,7 +68,7 @@ def test_a_checkpoint_at_the_end_of_an_epoch_resumes_at_the_next() -> None:
 
 
 def test_counts_leave_out_batches_handed_out_but_not_trained_on() -> None:
-    ds = SegDataset(FakeIndex(n=12), image_size=64, seed=3)
+    ds = make_dataset(FakeIndex(n=12), image_size=64, seed=3)
     trained = {"n": 0}
     loader = _loader(ds, 0, progress=lambda: trained["n"])
     it = iter(loader)
@@ -85,12 +86,12 @@ def test_counts_leave_out_batches_handed_out_but_not_trained_on() -> None:
     (dict(seed=4), "seed 3 in the checkpoint, 4 now"),
 ])
 def test_a_mismatched_state_is_refused_or_restarts_the_epoch(change: dict, message: str) -> None:
-    ds = SegDataset(FakeIndex(n=12), image_size=64, seed=3)
+    ds = make_dataset(FakeIndex(n=12), image_size=64, seed=3)
     first = _loader(ds, 0)
     it = iter(first)
     next(it)
     state = first.state_dict()
-    other = SegDataset(FakeIndex(n=change.get("n", 12)), image_size=64, seed=3)
+    other = make_dataset(FakeIndex(n=change.get("n", 12)), image_size=64, seed=3)
     sampler = EpochShardSampler(other, num_replicas=change.get("world_size", 1), seed=change.get("seed", 3))
 
     def make(on_mismatch: str) -> ResumableDataLoader:

@@ -21,10 +21,13 @@ pytest.importorskip("litdata")
 
 from litdata import StreamingDataset  # noqa: E402
 
+from _datasets import make_dataset  # noqa: E402
 from _recorder import read_counts, read_steps  # noqa: E402
 
 from seg_datamodule.data.collate import DetectionCollate  # noqa: E402
 from seg_datamodule.data.dataset import SegDataset  # noqa: E402
+from seg_datamodule.data.options import StreamOptions  # noqa: E402
+from seg_datamodule.data.streaming import stream_train_loader  # noqa: E402
 from seg_datamodule.io.coco import CocoIndex  # noqa: E402
 from seg_datamodule.io.images import BadImageError  # noqa: E402
 from seg_datamodule.io.stream import (  # noqa: E402
@@ -36,7 +39,6 @@ from seg_datamodule.io.stream import (  # noqa: E402
     convert_coco,
     read_stream_meta,
     record_from_index,
-    stream_train_loader,
     window_from_meta,
 )
 
@@ -192,12 +194,12 @@ def test_stream_epochs_cover_every_image_once_with_map_style_masks(
     kwargs: dict = dict(image_size=192, seed=5)
     if mix:  # copy-paste and MixUp partners from the streamed batch, as in the map-style one
         kwargs |= dict(copy_paste=0.5, copy_paste_mode="batch", mixup=0.5)
-    dataset = SegDataset(window_from_meta(meta), **kwargs)
-    reference = SegDataset(index, **kwargs)
+    dataset = make_dataset(window_from_meta(meta), **kwargs)
+    reference = make_dataset(index, **kwargs)
     # `local:` copies chunks through the cache like a remote; the cache holds about one chunk.
-    loader = stream_train_loader(f"local:{out}", dataset, DetectionCollate(), batch_size=8,
-                                 num_workers=num_workers, seed=5, cache_dir=str(tmp_path / "cache"),
-                                 max_cache_size="200KB")
+    # LitData shuffles with the dataset's seed (5).
+    stream = StreamOptions(f"local:{out}", cache_dir=str(tmp_path / "cache"), max_cache_size="200KB")
+    loader = stream_train_loader(stream, dataset, DetectionCollate(), batch_size=8, num_workers=num_workers)
     for epoch in range(2):
         seen: list[int] = []
         kept = 0
@@ -270,9 +272,9 @@ def test_loader_state_is_taken_after_the_batches_training_consumed(
     out, meta = demo_stream
 
     def loader(progress=None):
-        dataset = SegDataset(window_from_meta(meta), image_size=96, seed=1)
-        return stream_train_loader(str(out), dataset, DetectionCollate(), batch_size=4, num_workers=0, seed=1,
-                                   cache_dir=str(tmp_path / "cache"), progress=progress)
+        dataset = make_dataset(window_from_meta(meta), image_size=96, seed=1)  # LitData's shuffle seed too
+        return stream_train_loader(StreamOptions(str(out), cache_dir=str(tmp_path / "cache")), dataset,
+                                   DetectionCollate(), batch_size=4, num_workers=0, progress=progress)
 
     uninterrupted = loader()
     straight, following = ([(b.image_ids.tolist(), b.masks.sum().item()) for b in uninterrupted] for _ in range(2))
@@ -288,6 +290,17 @@ def test_loader_state_is_taken_after_the_batches_training_consumed(
     resumed.load_state_dict(state)
     assert [(b.image_ids.tolist(), b.masks.sum().item()) for b in resumed] == straight[3:]
     assert [(b.image_ids.tolist(), b.masks.sum().item()) for b in resumed] == following  # next epoch: whole
+
+
+def test_a_dataset_over_a_window_follows_the_windows_on_bad_sample(demo_stream: tuple[Path, dict]) -> None:
+    """What a bad image does is the window's (the index's) policy, read by the dataset over it."""
+    _, meta = demo_stream
+    assert window_from_meta(meta).on_bad_sample == "raise"
+    assert make_dataset(window_from_meta(meta), image_size=64).on_bad_sample == "raise"
+    skipping = make_dataset(window_from_meta(meta, on_bad_sample="skip"), image_size=64)
+    assert skipping.on_bad_sample == "skip" and skipping.path.skip_bad
+    with pytest.raises(ValueError, match=r"on_bad_sample must be one of \['raise', 'skip'\], got 'ignore'"):
+        window_from_meta(meta, on_bad_sample="ignore")
 
 
 # ----------------------------------------------------------------------------- the DataModule

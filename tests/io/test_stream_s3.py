@@ -21,16 +21,17 @@ import torch
 
 pytest.importorskip("litdata")
 
+from _datasets import make_dataset  # noqa: E402
 from _recorder import read_counts, read_steps  # noqa: E402
 from _s3_server import LoopbackS3  # noqa: E402
 
 from seg_datamodule.data.collate import DetectionCollate  # noqa: E402
-from seg_datamodule.data.dataset import SegDataset  # noqa: E402
+from seg_datamodule.data.options import StreamOptions  # noqa: E402
+from seg_datamodule.data.streaming import stream_train_loader  # noqa: E402
 from seg_datamodule.io.stream import (  # noqa: E402
     ChunkOptions,
     check_stream_source,
     convert_coco,
-    stream_train_loader,
     window_from_meta,
 )
 from seg_datamodule.io.stream.cli import convert_main  # noqa: E402
@@ -45,9 +46,9 @@ _FIELDS = ("image_ids", "images", "masks", "ignore_masks", "boxes", "labels", "a
 
 
 def _batches(source: str, meta: dict, tmp: Path, num_workers: int, options: dict | None = None) -> list[Any]:
-    dataset = SegDataset(window_from_meta(meta), image_size=96, seed=3)
-    loader = stream_train_loader(source, dataset, DetectionCollate(), batch_size=4, num_workers=num_workers, seed=3,
-                                 cache_dir=str(tmp), storage_options=options)
+    dataset = make_dataset(window_from_meta(meta), image_size=96, seed=3)  # LitData's shuffle seed too
+    stream = StreamOptions(source, cache_dir=str(tmp), storage_options=options or {})
+    loader = stream_train_loader(stream, dataset, DetectionCollate(), batch_size=4, num_workers=num_workers)
     return list(loader)
 
 
@@ -156,9 +157,9 @@ def test_a_chunk_deleted_under_a_running_job_fails_in_seconds(
     """With workers the download goes through boto3 (obstore is not fork-safe), at 0 through obstore."""
     prefix = f"deleted{num_workers}"
     url = s3.upload(demo_chunks[0], prefix)
-    dataset = SegDataset(window_from_meta(demo_chunks[1]), image_size=64)
-    loader = stream_train_loader(url, dataset, DetectionCollate(), batch_size=4, num_workers=num_workers, seed=0,
-                                 cache_dir=str(tmp_path / "cache"), max_cache_size="100KB")
+    dataset = make_dataset(window_from_meta(demo_chunks[1]), image_size=64)  # seed 0, LitData's too
+    stream = StreamOptions(url, cache_dir=str(tmp_path / "cache"), max_cache_size="100KB")
+    loader = stream_train_loader(stream, dataset, DetectionCollate(), batch_size=4, num_workers=num_workers)
     batches = iter(loader)
     next(batches)
     for key in s3.keys(prefix):
@@ -179,9 +180,9 @@ def test_a_server_restart_mid_epoch_is_survived_with_every_image_once(
 ) -> None:
     url = s3.upload(demo_chunks[0], "restart")
     want = _batches(str(demo_chunks[0]), demo_chunks[1], tmp_path / "c0", 0)
-    dataset = SegDataset(window_from_meta(demo_chunks[1]), image_size=96, seed=3)
-    loader = stream_train_loader(url, dataset, DetectionCollate(), batch_size=4, num_workers=0, seed=3,
-                                 cache_dir=str(tmp_path / "c1"), max_cache_size="100KB")
+    dataset = make_dataset(window_from_meta(demo_chunks[1]), image_size=96, seed=3)  # LitData's shuffle seed too
+    stream = StreamOptions(url, cache_dir=str(tmp_path / "c1"), max_cache_size="100KB")
+    loader = stream_train_loader(stream, dataset, DetectionCollate(), batch_size=4, num_workers=0)
     got, restarted = [], threading.Event()
 
     def restart() -> None:

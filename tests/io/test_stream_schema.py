@@ -23,7 +23,10 @@ litdata = pytest.importorskip("litdata")
 
 from seg_datamodule.data.collate import DetectionCollate  # noqa: E402
 from seg_datamodule.data.dataset import SegDataset  # noqa: E402
+from seg_datamodule.data.options import AugmentOptions, StreamOptions  # noqa: E402
+from seg_datamodule.data.streaming import stream_train_loader  # noqa: E402
 from seg_datamodule.io.coco import CocoIndex  # noqa: E402
+from seg_datamodule.transforms.augment import MosaicAffine  # noqa: E402
 from seg_datamodule.io.stream import (  # noqa: E402
     ChunkOptions,
     META_FILE,
@@ -33,7 +36,6 @@ from seg_datamodule.io.stream import (  # noqa: E402
     convert_coco,
     read_stream_meta,
     record_from_index,
-    stream_train_loader,
     window_from_meta,
 )
 from seg_datamodule.io.stream import loader as stream_loader  # noqa: E402
@@ -145,10 +147,10 @@ def test_datamodule_refuses_the_poisoned_set_before_unpickling(
     with pytest.raises(StreamFormatError, match=_PICKLE) as err:
         next(iter(dm.train_dataloader()))
     assert err.value.path == str(out / "index.json") and err.value.field == "config.data_format"
-    dataset = SegDataset(window_from_meta(read_stream_meta(str(out))), image_size=64)
+    dataset = SegDataset(window_from_meta(read_stream_meta(str(out))), AugmentOptions(MosaicAffine(64)))
     with pytest.raises(StreamFormatError, match=_PICKLE):  # the loader alone, without the DataModule
-        next(iter(stream_train_loader(f"{scheme}{out}", dataset, DetectionCollate(), batch_size=4,
-                                      num_workers=num_workers, seed=0, cache_dir=str(tmp_path / "cache2"))))
+        next(iter(stream_train_loader(StreamOptions(f"{scheme}{out}", cache_dir=str(tmp_path / "cache2")), dataset,
+                                      DetectionCollate(), batch_size=4, num_workers=num_workers)))
     assert not marker.exists()
     assert not list((tmp_path / "cache").rglob("*.bin"))  # not even a chunk was copied
 
@@ -162,9 +164,9 @@ def test_every_worker_checks_the_index_it_is_about_to_read(
     each worker checks again before it opens them."""
     source, marker = _copy(clean, tmp_path / "swapped"), poisoned[1]
     meta = read_stream_meta(str(source))
-    dataset = SegDataset(window_from_meta(meta), image_size=64)
-    loader = stream_train_loader(f"{scheme}{source}", dataset, DetectionCollate(), batch_size=4,
-                                 num_workers=num_workers, seed=0, cache_dir=str(tmp_path / "cache"))
+    dataset = SegDataset(window_from_meta(meta), AugmentOptions(MosaicAffine(64)))
+    loader = stream_train_loader(StreamOptions(f"{scheme}{source}", cache_dir=str(tmp_path / "cache")), dataset,
+                                 DetectionCollate(), batch_size=4, num_workers=num_workers)
     for chunk in source.glob("*.bin"):
         chunk.unlink()
     for file in poisoned[0].iterdir():
@@ -393,9 +395,9 @@ def test_s3_clean_set_streams_and_a_swapped_index_is_refused_by_the_workers(
         assert record["image"] == want["image"] and np.array_equal(record["vertices"], want["vertices"])
     assert len(streamed) == len(local)
     meta = check_stream_source(url, options)
-    dataset = SegDataset(window_from_meta(meta), image_size=64)
-    loader = stream_train_loader(url, dataset, DetectionCollate(), batch_size=4, num_workers=num_workers, seed=0,
-                                 cache_dir=str(tmp_path / "cache2"), storage_options=options)
+    dataset = SegDataset(window_from_meta(meta), AugmentOptions(MosaicAffine(64)))
+    loader = stream_train_loader(StreamOptions(url, cache_dir=str(tmp_path / "cache2"), storage_options=options),
+                                 dataset, DetectionCollate(), batch_size=4, num_workers=num_workers)
     client.delete_objects(Bucket="bucket", Delete={"Objects": [{"Key": f"data/{p.name}"} for p in clean.iterdir()]})
     s3.upload(poisoned[0], "data")  # swapped after the loader was built and checked
     with pytest.raises(StreamFormatError, match="config.data_format"):

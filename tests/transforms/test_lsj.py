@@ -7,6 +7,7 @@ import pytest
 
 from _reference import reference_rasterize
 from seg_datamodule.data.dataset import SegDataset
+from seg_datamodule.data.options import AugmentOptions
 from seg_datamodule.structures import Polygons
 from seg_datamodule.transforms.augment import MosaicAffine
 from seg_datamodule.transforms.lsj import LargeScaleJitter, LSJDraw, lsj_layout
@@ -28,6 +29,8 @@ def test_layout_by_hand() -> None:
 
 class _OneImage:
     """An index of one image, black with a white triangle and a white square leaving the image."""
+
+    on_bad_sample = "raise"
 
     def __init__(self, h: int = 120, w: int = 160) -> None:
         self.heights, self.widths = np.array([h]), np.array([w])
@@ -62,8 +65,8 @@ class _OneImage:
 
 @pytest.mark.parametrize("epoch", range(6))
 def test_pixels_and_clipped_polygons_agree_and_the_pad_is_grey(epoch: int) -> None:
-    ds = SegDataset(_OneImage(), image_size=96, recipe="lsj", lsj_scale=(0.3, 2.5), min_area_ratio=0.0,
-                    min_box_size=0.0, seed=3)
+    ds = SegDataset(_OneImage(), AugmentOptions(LargeScaleJitter(96, (0.3, 2.5)), min_area_ratio=0.0,
+                                                min_box_size=0.0), seed=3)
     s = ds[(epoch, 0)]
     assert s.image.shape == (96, 96, 3) and s.num_instances <= 2
     union = reference_rasterize([s.polygons.instance(n) for n in range(s.num_instances)], (96, 96), 1).any(axis=0) \
@@ -95,15 +98,17 @@ def test_scales_cover_the_range_and_flip_is_drawn() -> None:
 
 
 def test_lsj_recipe_in_the_dataset_and_argument_errors() -> None:
-    ds = SegDataset(_OneImage(), image_size=64, recipe="lsj", mosaic=1.0, close_mosaic=3, seed=0)
-    assert not ds.mosaic_active(0) and isinstance(ds.geometry, LargeScaleJitter)
+    ds = SegDataset(_OneImage(), AugmentOptions(LargeScaleJitter(64), mosaic=1.0, close_mosaic=3), seed=0)
+    assert not ds.mosaic_active(0) and isinstance(ds.augment.geometry, LargeScaleJitter)
+    assert ds.augment.recipe == "lsj" and ds.image_size == 64 and ds.path.geometry is ds.augment.geometry
+    assert ds.augment.geometry.scale == (0.1, 2.0)  # Detectron2's range, the default
     assert "LargeScaleJitter" in repr(ds)
     batch = ds.__getitems__([(0, 0), (1, 0)])
     assert all(s.image.shape == (64, 64, 3) for s in batch)
-    with pytest.raises(ValueError, match="recipe"):
-        SegDataset(_OneImage(), recipe="yolo")
-    with pytest.raises(TypeError, match="LargeScaleJitter"):
-        SegDataset(_OneImage(), image_size=64, recipe="lsj", geometry=MosaicAffine(64))
+    # The recipe is the geometry's type: a MosaicAffine is the mosaic recipe, anything else is refused.
+    assert AugmentOptions(MosaicAffine(64)).recipe == "mosaic"
+    with pytest.raises(TypeError, match="geometry must be a MosaicAffine or a LargeScaleJitter, got str"):
+        AugmentOptions("lsj")  # type: ignore[arg-type]
     for scale, err in (((0.5,), TypeError), ((2.0, 1.0), ValueError), ((0.0, 1.0), ValueError), ("ab", TypeError)):
         with pytest.raises(err, match="lsj_scale"):
             LargeScaleJitter(64, scale)

@@ -1,0 +1,49 @@
+"""``make_dataset``: a ``SegDataset`` from the flat augmentation keywords, so test call sites stay short.
+
+``SegDataset`` takes its augmentation as one :class:`~seg_datamodule.data.options.AugmentOptions`
+whose geometry fixes the canvas size; what to do with a bad image is the index's
+``on_bad_sample``, so it is not a keyword here either (build the index with it).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from seg_datamodule.data.dataset import ImageIndex, SegDataset
+from seg_datamodule.data.options import AugmentOptions
+from seg_datamodule.transforms.augment import MosaicAffine
+from seg_datamodule.transforms.lsj import LargeScaleJitter
+
+
+def augment_options(
+    image_size: int | None = None, *, geometry: MosaicAffine | LargeScaleJitter | None = None, **fields: Any
+) -> AugmentOptions:
+    """``AugmentOptions(geometry, **fields)``; without ``geometry``, YOLO's ``MosaicAffine(image_size)``.
+
+    Args:
+        image_size: the canvas side (default: the geometry's, else 640).
+        geometry: the geometry, whose ``image_size`` must then be ``image_size`` when both are given.
+        **fields: the other :class:`AugmentOptions` fields (``mosaic``, ``transforms``, ``hsv``, ...).
+    """
+    if geometry is None:
+        geometry = MosaicAffine(image_size=640 if image_size is None else image_size)
+    elif image_size is not None and image_size != geometry.image_size:
+        raise ValueError(f"image_size {image_size} differs from geometry.image_size {geometry.image_size}")
+    return AugmentOptions(geometry, **fields)
+
+
+def make_dataset(
+    index: ImageIndex,
+    image_size: int | None = None,
+    *,
+    geometry: MosaicAffine | LargeScaleJitter | None = None,
+    train: bool = True,
+    seed: int = 0,
+    cache_images: int = 0,
+    max_epochs: int | None = None,
+    max_retries: int = 10,
+    **augment: Any,
+) -> SegDataset:
+    """``SegDataset(index, augment_options(image_size, geometry=geometry, **augment), ...)``."""
+    return SegDataset(index, augment_options(image_size, geometry=geometry, **augment), train=train, seed=seed,
+                      cache_images=cache_images, max_epochs=max_epochs, max_retries=max_retries)
