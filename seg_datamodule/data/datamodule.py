@@ -152,8 +152,7 @@ class COCOSegDataModule(DataSources, LoaderHooks, CountsHooks, LightningDataModu
             Nothing in the chunk set is executed: its metadata and ``index.json`` must be exactly
             what this version writes (:func:`~seg_datamodule.io.stream.source.check_stream_source`),
             or setup raises ``StreamFormatError`` naming the file and the field.
-        stream_cache_dir: LitData's local chunk cache (default: LitData's); under DDP each rank
-            caches in its own folder below it (``rank-<global rank>``).
+        stream_cache_dir: LitData's local chunk cache (default: LitData's).
         stream_max_cache_size: LitData's cache budget, e.g. ``"50GB"`` (default: LitData's).
         stream_storage_options: boto3 client arguments for an ``s3://`` stream, e.g.
             ``{"endpoint_url": "http://minio:9000"}`` (default: ``AWS_ENDPOINT_URL_S3`` /

@@ -19,12 +19,9 @@ LitData reads them) come from :mod:`seg_datamodule.io.stream`. Needs ``seg-datam
 
 from __future__ import annotations
 
-import os
 from typing import Any, Callable, Iterator, Sequence
 
-import torch
 from litdata import StreamingDataLoader
-from litdata.utilities.dataset_utilities import get_default_cache_dir
 
 from seg_datamodule.data.collate import DetectionCollate
 from seg_datamodule.data.dataset import SegDataset
@@ -34,7 +31,7 @@ from seg_datamodule.io.stream.loader import StreamRecords, check_litdata
 from seg_datamodule.io.stream.records import RecordWindow
 from seg_datamodule.structures import DetectionBatch, SampleBatch
 
-__all__ = ["StreamBatchCollate", "StreamTrainLoader", "rank_cache_dir", "stream_train_loader"]
+__all__ = ["StreamBatchCollate", "StreamTrainLoader", "stream_train_loader"]
 
 
 class StreamBatchCollate:
@@ -153,22 +150,6 @@ class StreamTrainLoader(StreamingDataLoader):
         self._marks = []
 
 
-def rank_cache_dir(cache_dir: str | None) -> str | None:
-    """The chunk cache this process uses: under DDP each rank its own folder below ``cache_dir``
-    (LitData's default when None); one process: ``cache_dir`` itself.
-
-    Ranks stream disjoint chunks, so sharing a cache saves nothing, and LitData 0.2.76 deletes a
-    cache folder holding anything but the dataset's current version while another rank on the node
-    may be reading from it (``_clear_cache_dir_if_updated``): a rank then found no ``index.json``.
-    """
-    if not (torch.distributed.is_available() and torch.distributed.is_initialized()):
-        return cache_dir
-    if torch.distributed.get_world_size() == 1:
-        return cache_dir
-    root = cache_dir if cache_dir is not None else get_default_cache_dir()
-    return os.path.join(root, f"rank-{current_rank()}")
-
-
 def stream_train_loader(
     stream: StreamOptions,
     dataset: SegDataset,
@@ -195,8 +176,7 @@ def stream_train_loader(
         **loader_kwargs: more ``DataLoader`` arguments (``num_workers``, ``pin_memory``,
             ``prefetch_factor``, ``worker_init_fn``, ``persistent_workers``).
     """
-    records = StreamRecords(stream.source, cache_dir=rank_cache_dir(stream.cache_dir), shuffle=True,
-                            seed=dataset.seed, max_cache_size=stream.max_cache_size,
-                            storage_options=dict(stream.storage_options))
+    records = StreamRecords(stream.source, cache_dir=stream.cache_dir, shuffle=True, seed=dataset.seed,
+                            max_cache_size=stream.max_cache_size, storage_options=dict(stream.storage_options))
     return StreamTrainLoader(records, batch_size=batch_size, collate_fn=StreamBatchCollate(dataset, collate),
                              progress=progress, **loader_kwargs)
