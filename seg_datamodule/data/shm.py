@@ -28,6 +28,7 @@ import torch
 from torch.utils.data import get_worker_info
 
 from seg_datamodule.compat import warn_unverified
+from seg_datamodule.errors import UserInputError
 
 __all__ = [
     "SHM_PATH", "Lease", "SharedBufferPool", "SharedMemoryError", "free_shared_memory", "pooling_available",
@@ -164,7 +165,7 @@ def _hand_back_unused() -> None:
             entry[1] = None  # handed back; the next delivery of this slot re-arms it
 
 
-class SharedMemoryError(RuntimeError):
+class SharedMemoryError(UserInputError, RuntimeError):
     """The loader's batches cannot fit in the free shared memory (``/dev/shm``)."""
 
 

@@ -29,6 +29,7 @@ from typing import Any, Iterable, Mapping
 import numpy as np
 from pycocotools import mask as mask_utils
 
+from seg_datamodule.errors import UserInputError
 from seg_datamodule.evaluation.coco_eval import checked_request
 from seg_datamodule.evaluation.predictions import CocoDetections
 
@@ -43,7 +44,7 @@ _AREA_RNGS = ((0**2, 1e5**2), (0**2, 32**2), (32**2, 96**2), (96**2, 1e5**2))  #
 _FREQUENCIES = ("r", "c", "f")
 
 
-class LVISFileError(ValueError):
+class LVISFileError(UserInputError, ValueError):
     """An LVIS annotation file given where a COCO one is needed (``COCOMaskMAP`` raises it)."""
 
 

@@ -13,6 +13,8 @@ from __future__ import annotations
 
 import os
 
+from seg_datamodule.errors import UserInputError
+
 __all__ = ["IMAGE_ERROR_REASONS", "BadImageError"]
 
 #: Reason keys a :class:`BadImageError` carries (also skip-count keys, see ``coco.SKIP_REASONS``).
@@ -25,7 +27,7 @@ IMAGE_ERROR_REASONS: tuple[str, ...] = (
 )
 
 
-class BadImageError(ValueError):
+class BadImageError(UserInputError, ValueError):
     """An image file that is missing, unreadable, truncated, corrupt or of the wrong size.
 
     The message names the file (and, when raised through a ``CocoIndex``, the image id); the

@@ -27,6 +27,8 @@ from collections import Counter
 from pathlib import Path
 from typing import Any, Mapping
 
+from seg_datamodule.errors import UserInputError
+
 __all__ = ["SKIP_REASONS", "BadAnnotationError", "ProblemLog", "error_from_first", "format_skip_summary"]
 
 #: Messages kept per reason, for the log and for ``"raise"`` on a cached index.
@@ -81,7 +83,7 @@ SKIP_REASONS: dict[str, str] = {
 }
 
 
-class BadAnnotationError(ValueError):
+class BadAnnotationError(UserInputError, ValueError):
     """A problem in a COCO annotation file; the message names the file and the ids involved.
 
     Attributes:

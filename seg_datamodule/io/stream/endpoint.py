@@ -29,6 +29,8 @@ import os
 import warnings
 from typing import Any, Mapping
 
+from seg_datamodule.errors import UserInputError
+
 __all__ = [
     "CONNECT_TIMEOUT_S", "LITDATA_PINNED", "READ_TIMEOUT_S", "S3_ATTEMPTS", "allow_plain_http", "bounded_client_config",
     "MissingChunkError", "endpoint_of", "register_checked_downloader", "s3_storage_options",
@@ -131,7 +133,7 @@ def s3_storage_options(source: str, storage_options: Mapping[str, Any] | None = 
     return options
 
 
-class MissingChunkError(OSError):
+class MissingChunkError(UserInputError, OSError):
     """A chunk named by ``index.json`` is not on the server (deleted under a running job)."""
 
 

@@ -21,6 +21,8 @@ from typing import Any, Mapping
 
 import numpy as np
 
+from seg_datamodule.errors import UserInputError
+
 __all__ = [
     "INDEX_FILE", "META_FILE", "RECORD_DTYPES", "RECORD_INTS", "RECORD_SCHEMA", "SCHEMA_VERSION",
     "StreamFormatError", "check_index", "check_meta", "expected_data_format", "expected_data_spec", "parse_json",
@@ -73,7 +75,7 @@ _CHUNK_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]{0,254}\.bin")
 _META_OPTIONAL = frozenset({"chunk_bytes_total"})
 
 
-class StreamFormatError(ValueError):
+class StreamFormatError(UserInputError, ValueError):
     """A chunk set or its metadata is not what this version writes; nothing of it was deserialized.
 
     Args:
