@@ -7,7 +7,9 @@ in :func:`~seg_datamodule.transforms.warp.warp_tiles`), so a model sees the same
 ``pads`` and ``orig_sizes``. No annotations are read: a predict batch has no targets.
 
 Sizes: from the JSON when there is one (then checked against the file's header before
-decoding), else from the JPEG / PNG header, else from a full decode (other formats).
+decoding), else from the JPEG / PNG header, else from a full decode (other formats). A folder's
+images are turned by their EXIF orientation (``PredictImages.oriented``), and ``orig_size`` is
+then the turned size, which the results' image file writes.
 
 Bad images: with ``on_bad_sample="raise"`` the :class:`~seg_datamodule.io.images.BadImageError`
 (naming the file and its reason) ends the run; with ``"skip"`` the image leaves its batch and is
@@ -27,9 +29,8 @@ import torch
 from torch.utils.data import Dataset
 
 from seg_datamodule.data.collate import DetectionCollate
-from seg_datamodule.io.images import (
-    IMAGE_ERROR_REASONS, BadImageError, decode_image_bytes, header_size, read_image_file,
-)
+from seg_datamodule.io.images import IMAGE_ERROR_REASONS, BadImageError, header_size, read_image_file
+from seg_datamodule.io.orientation import decode_oriented, exif_orientation, oriented_size
 from seg_datamodule.io.predict_source import PredictImages
 from seg_datamodule.ops.checks import check_choice
 from seg_datamodule.ops.raster import grid_size
@@ -89,7 +90,8 @@ class PredictDataset(Dataset):
         """Image ``index`` letterboxed, or a :class:`SkippedImage` (``on_bad_sample="skip"``).
 
         Returns:
-            Sample with no instances, ``scale``, ``pad`` and ``orig_size`` (the stored size) set.
+            Sample with no instances, ``scale``, ``pad`` and ``orig_size`` (the stored size, turned
+            by the EXIF orientation for a folder's image) set.
 
         Raises:
             IndexError: ``index`` out of range.
@@ -111,13 +113,16 @@ class PredictDataset(Dataset):
         path = self.images.path(i)
         data = read_image_file(path)
         expected = self.images.size(i)
-        size = expected or header_size(data)
+        # A folder's photos are predicted as a person sees them (EXIF orientation applied).
+        orientation = exif_orientation(data) if self.images.oriented else 1
+        stored = header_size(data)
+        size = expected or (None if stored is None else oriented_size(stored, orientation))
         if size is None:  # neither JSON nor a JPEG / PNG header: decode in full to learn it
-            image, size = decode_image_bytes(data, name=path)
+            image, size = decode_oriented(data, orientation, name=path)
             reduce = 1
         else:
             reduce = choose_reduce(self.letterbox.plan(size)[0].matrices[0])
-            image, size = decode_image_bytes(data, reduce=reduce, name=path, expected_size=expected)
+            image, size = decode_oriented(data, orientation, reduce=reduce, name=path, expected_size=expected)
         plan, scale, pad = self.letterbox.plan(size)
         canvas = warp_tiles([image], plan, [reduce])
         return Sample(

@@ -4,10 +4,16 @@ A :class:`PredictImages` is the flat list a predict loader reads: each image's p
 its root, a COCO image id, and its size when the JSON gives one (``-1`` for a folder, whose sizes
 are read from each file when it is decoded).
 
-Image ids of a folder are derived from the relative paths alone (:func:`stable_image_id`), so an
-image keeps its id when other files are added or removed, on every machine and rank; the
+Image ids of a folder are derived from the relative paths alone
+(:func:`~seg_datamodule.io.image_ids.image_id_of`): an all-digit file stem is its id (COCO's and
+Ultralytics' convention, so predictions on ``val2017/`` score against COCO's ground truth), any
+other name a stable hash of its path (:func:`stable_image_id`); an image keeps its id when other
+files are added or removed, on every machine and rank, and two files with one id are refused. The
 mapping is written beside the results (see
-:class:`~seg_datamodule.evaluation.writer.COCOResultsWriter`). A folder lists every file whose
+:class:`~seg_datamodule.evaluation.writer.COCOResultsWriter`). A folder's images are user photos:
+their EXIF orientation is applied (:mod:`seg_datamodule.io.orientation`), so they are predicted
+as a person sees them and their sizes are the turned ones; a JSON's images are COCO's, whose
+sizes refer to the stored pixels (orientation ignored). A folder lists every file whose
 extension is one OpenCV decodes (:data:`IMAGE_EXTENSIONS`, any case); other files are counted
 as ``files_ignored``, never silently dropped. Whether a listed file really decodes is found when
 it is read (a bad one is counted or raises there, by ``on_bad_sample``).
@@ -15,7 +21,6 @@ it is read (a bad one is counted or raises there, by ``on_bad_sample``).
 
 from __future__ import annotations
 
-import hashlib
 import os
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -23,6 +28,7 @@ from pathlib import Path
 import numpy as np
 
 from seg_datamodule.io.coco import CocoIndex
+from seg_datamodule.io.image_ids import assign_image_ids, stable_image_id
 from seg_datamodule.io.paths import file_name_problem
 
 __all__ = ["IMAGE_EXTENSIONS", "PredictImages", "images_from_index", "list_image_folder", "stable_image_id"]
@@ -32,26 +38,6 @@ IMAGE_EXTENSIONS: frozenset[str] = frozenset({
     ".bmp", ".dib", ".jpeg", ".jpg", ".jpe", ".jp2", ".png", ".webp", ".avif", ".pbm", ".pgm",
     ".ppm", ".pxm", ".pnm", ".sr", ".ras", ".tiff", ".tif", ".exr", ".hdr", ".pic",
 })
-
-# 53 bits: exact as a JSON number in every reader (JavaScript's doubles included).
-_ID_BITS = 53
-
-
-def stable_image_id(relative_path: str) -> int:
-    """A positive image id from a path relative to the folder (POSIX separators).
-
-    The first 53 bits of the path's BLAKE2b digest, plus one: the same path gives the same id
-    on every machine and run, whatever else the folder holds.
-
-    Args:
-        relative_path (str): e.g. ``"sub/img_001.jpg"``.
-
-    Returns:
-        int in ``[1, 2**53]``.
-    """
-    digest = hashlib.blake2b(relative_path.encode("utf-8", "surrogatepass"), digest_size=8).digest()
-    return (int.from_bytes(digest, "big") >> (64 - _ID_BITS)) + 1
-
 
 @dataclass(frozen=True)
 class PredictImages:
@@ -66,6 +52,8 @@ class PredictImages:
         source (str): what the list came from (the folder, or the JSON), for messages.
         counts (dict[str, int]): what was left out while listing (``files_ignored``: files
             without an image extension; the index's skip reasons for a JSON).
+        oriented (bool): apply each file's EXIF orientation (a folder of photos), or decode the
+            stored pixels (a COCO JSON's images, whose sizes refer to them).
     """
 
     root: str
@@ -75,6 +63,7 @@ class PredictImages:
     widths: np.ndarray
     source: str
     counts: dict[str, int] = field(default_factory=dict)
+    oriented: bool = False
 
     def __len__(self) -> int:
         return len(self.file_names)
@@ -100,11 +89,13 @@ def list_image_folder(root: str | os.PathLike[str]) -> PredictImages:
         root (str | PathLike): the folder.
 
     Returns:
-        :class:`PredictImages` with :func:`stable_image_id` ids and unknown sizes.
+        :class:`PredictImages` with :func:`~seg_datamodule.io.image_ids.image_id_of` ids, unknown
+        sizes, and EXIF orientation applied when read.
 
     Raises:
         FileNotFoundError: ``root`` is not a folder.
-        ValueError: the folder holds no image file, or two paths share an id (a 53-bit hash
+        ValueError: the folder holds no image file.
+        ImageIdClashError: two paths share an id (``7.jpg`` and ``007.png``, or a 53-bit hash
             collision; the message names both).
     """
     base = Path(root)
@@ -126,16 +117,11 @@ def list_image_folder(root: str | os.PathLike[str]) -> PredictImages:
             f"predict_images {str(root)!r} holds no image file (extensions: {', '.join(sorted(IMAGE_EXTENSIONS))}); "
             f"{ignored} other files"
         )
-    ids = np.array([stable_image_id(n) for n in names], np.int64)
-    unique, counts = np.unique(ids, return_counts=True)
-    if (counts > 1).any():
-        clash = int(unique[counts > 1][0])
-        both = [n for n, i in zip(names, ids.tolist()) if i == clash]
-        raise ValueError(f"{str(root)!r}: {both[0]!r} and {both[1]!r} hash to the same image id {clash}; rename one")
+    ids = assign_image_ids(names, repr(str(root)))
     unknown = np.full(len(names), -1, np.int64)
     return PredictImages(
         root=str(base), file_names=tuple(names), image_ids=ids, heights=unknown, widths=unknown.copy(),
-        source=str(base), counts={"files_ignored": ignored},
+        source=str(base), counts={"files_ignored": ignored}, oriented=True,
     )
 
 

@@ -9,10 +9,11 @@ one, counting what it leaves out.
 
 from __future__ import annotations
 
+import dataclasses
 import os
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Literal, NamedTuple, Sequence
+from typing import Any, Literal, Mapping, NamedTuple, Sequence
 
 import numpy as np
 
@@ -24,7 +25,7 @@ from seg_datamodule.io.coco.tables import select_images, without_crowd
 from seg_datamodule.io.images import BadImageError
 from seg_datamodule.ops.checks import check_bool, check_choice
 
-__all__ = ["IndexOptions", "Loaded", "apply_options", "load_tables"]
+__all__ = ["IndexOptions", "Loaded", "apply_options", "load_tables", "merge_options"]
 
 
 @dataclass(frozen=True)
@@ -60,6 +61,21 @@ class IndexOptions:
             check_bool(name, getattr(self, name))
 
 
+def merge_options(options: IndexOptions | None, fields: Mapping[str, Any], caller: str) -> IndexOptions:
+    """``options`` (None: the defaults) with ``fields`` (flat :class:`IndexOptions` keywords) over it.
+
+    Raises:
+        TypeError: ``options`` is not an IndexOptions, or a field is not one of its (naming ``caller``).
+    """
+    base = IndexOptions() if options is None else options
+    if not isinstance(base, IndexOptions):
+        raise TypeError(f"options must be an IndexOptions or None, got {type(base).__name__}")
+    unknown = sorted(set(fields) - {f.name for f in dataclasses.fields(IndexOptions)})
+    if unknown:
+        raise TypeError(f"{caller} got unexpected keyword arguments {unknown}")
+    return dataclasses.replace(base, **fields) if fields else base
+
+
 class Loaded(NamedTuple):
     """An index's tables and what they leave out of the JSON.
 
@@ -67,8 +83,8 @@ class Loaded(NamedTuple):
         tables: the arrays, by :data:`~seg_datamodule.io.coco.tables.TABLE_KEYS`.
         skip_counts: reason -> count of what was skipped as bad.
         skip_examples: reason -> the first few messages.
-        dropped_counts: what the options left out (not skips), ``"crowd_dropped"`` and
-            ``"image_empty_dropped"``.
+        dropped_counts: what was left out that is not a skip, ``"crowd_dropped"``,
+            ``"image_empty_dropped"`` and ``"box_only"``.
     """
 
     tables: dict[str, np.ndarray]

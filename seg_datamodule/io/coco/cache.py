@@ -36,7 +36,7 @@ import numpy as np
 from seg_datamodule.io.coco.tables import TABLE_KEYS, check_tables
 from seg_datamodule.io.paths import cache_root, file_lock, make_private_dirs
 
-__all__ = ["CACHE_FORMAT_VERSION", "cached_tables", "default_cache_dir", "read_cache", "write_cache"]
+__all__ = ["CACHE_FORMAT_VERSION", "cached_tables", "cached_tables_at", "default_cache_dir", "read_cache", "write_cache"]
 
 Tables = tuple[dict[str, np.ndarray], dict[str, Any]]
 
@@ -44,7 +44,7 @@ _log = logging.getLogger(__name__)
 _warned_folders: set[str] = set()  # cache folders found unusable in this process
 
 #: Bump when the cached arrays change meaning; older caches are then rebuilt.
-CACHE_FORMAT_VERSION = 2  # 2: LVIS's per-image neg / not-exhaustive label lists
+CACHE_FORMAT_VERSION = 3  # 2: LVIS's per-image neg / not-exhaustive label lists; 3: orientations, box_only
 
 
 def default_cache_dir() -> Path:
@@ -124,8 +124,20 @@ def cached_tables(
         ((tables, meta), whether they came from the cache, the cache file or None when none was
         written).
     """
-    key = cache_key(ann_file)
     path = cache_path(cache_dir if cache_dir is not None else default_cache_dir(), ann_file)
+    return cached_tables_at(path, cache_key(ann_file), build)
+
+
+def cached_tables_at(path: Path, key: Mapping[str, Any], build: Callable[[], Tables]) -> tuple[Tables, bool, Path | None]:
+    """The tables cached at ``path`` under ``key``, or built by ``build()`` and cached there.
+
+    What :func:`cached_tables` does for an annotation file, for a source with its own key (an
+    Ultralytics dataset's key covers its label files and images, :mod:`seg_datamodule.io.yolo`).
+
+    Returns:
+        ((tables, meta), whether they came from the cache, the cache file or None when none was
+        written).
+    """
     loaded = read_cache(path, key)
     if loaded is not None:
         return loaded, True, path

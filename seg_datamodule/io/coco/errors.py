@@ -8,9 +8,10 @@ Bad input and ``skip`` counts
     problems counts once, under the first found); a summary is logged once per build and the counts
     are :attr:`~seg_datamodule.io.coco.index.CocoIndex.skip_counts`. ``image_*`` reasons count
     images, all others count annotations; an image left out takes its annotations with it, counted
-    as ``annotation_of_skipped_image``, so ``num_instances + num_crowd + crowd_dropped + skipped
-    annotations`` is exactly the number of annotations in the JSON (``drop_crowd`` / ``drop_empty``
-    are not skips: :attr:`~seg_datamodule.io.coco.index.CocoIndex.dropped_counts`). Malformed
+    as ``annotation_of_skipped_image``, so ``num_instances + num_crowd + crowd_dropped + box_only
+    + skipped annotations`` is exactly the number of annotations in the JSON (``drop_crowd`` /
+    ``drop_empty`` are not skips, nor are annotations with a box and no segmentation, dropped as
+    ``box_only`` in either mode: :attr:`~seg_datamodule.io.coco.index.CocoIndex.dropped_counts`). Malformed
     structure that cannot be skipped (not a JSON object, ``images`` / ``categories`` missing,
     ``annotations`` not a list, a bad or duplicate category) always raises. Images found bad when
     read (missing, truncated, corrupt, wrong size) raise
@@ -63,7 +64,7 @@ SKIP_REASONS: dict[str, str] = {
     "annotation_unknown_category_id": "annotation whose category_id is not a category's id",
     "bbox_invalid": "bbox missing, not 4 numbers (booleans are not numbers), or not finite",
     "bbox_non_positive": "bbox with width or height <= 0",
-    "segmentation_empty": "segmentation missing, null, [] or only empty rings",
+    "segmentation_empty": "segmentation made only of empty rings ([[]]; missing, null or [] is box_only, not a skip)",
     "segmentation_invalid": (
         "segmentation neither a list of lists of numbers (booleans are not numbers) nor an RLE object"
     ),

@@ -18,7 +18,6 @@ What can be wrong in the JSON, and what then happens: :mod:`seg_datamodule.io.co
 
 from __future__ import annotations
 
-import dataclasses
 import logging
 import os
 from pathlib import Path
@@ -26,7 +25,7 @@ from typing import Any, Mapping
 
 import numpy as np
 
-from seg_datamodule.io.coco.building import IndexOptions, Loaded, apply_options, load_tables
+from seg_datamodule.io.coco.building import IndexOptions, Loaded, apply_options, load_tables, merge_options
 from seg_datamodule.io.coco.cache import default_cache_dir
 from seg_datamodule.io.coco.errors import format_skip_summary
 from seg_datamodule.io.coco.reading import find_bad_images, load_checked_image
@@ -53,10 +52,13 @@ class CocoIndex:
         cache_path (Path | None): the cache file used or written, None without a cache.
         on_bad_sample (str): what :meth:`build` was asked to do with bad entries, ``"raise"``
             or ``"skip"``; a dataset over the index does the same with images that fail to load.
-        dropped_counts (dict[str, int]): what the options left out, not counted as skips:
+        dropped_counts (dict[str, int]): what was left out that is not a skip:
             ``"crowd_dropped"`` (crowd annotations, by ``drop_crowd`` or with an image dropped
-            by ``drop_empty``) and ``"image_empty_dropped"`` (images, by ``drop_empty``). Merged
-            with :attr:`skip_counts` it accounts for every JSON entry not delivered.
+            by ``drop_empty``), ``"image_empty_dropped"`` (images, by ``drop_empty``) and
+            ``"box_only"`` (annotations with a box and no mask). Merged with :attr:`skip_counts`
+            it accounts for every JSON entry not delivered.
+        source_counts (dict[str, int]): what the source says of images kept (Ultralytics'
+            backgrounds, ``image_label_missing``: :mod:`seg_datamodule.io.yolo`); COCO: empty.
     """
 
     def __init__(
@@ -73,7 +75,9 @@ class CocoIndex:
         self._skip_counts = {str(k): int(v) for k, v in meta.get("skip_counts", {}).items() if v}
         self._skip_examples = {str(k): list(v) for k, v in meta.get("skip_examples", {}).items()}
         self._first_problem = meta.get("first_problem")
-        self.dropped_counts = {"crowd_dropped": 0, "image_empty_dropped": 0}
+        self.dropped_counts = {"crowd_dropped": 0, "image_empty_dropped": 0, "box_only": 0}
+        self.dropped_counts.update({str(k): int(v) for k, v in meta.get("dropped_counts", {}).items()})
+        self.source_counts = {str(k): int(v) for k, v in meta.get("source_counts", {}).items()}
         self.from_cache = False
         self.cache_path: Path | None = None
         self.on_bad_sample = "raise"
@@ -123,21 +127,27 @@ class CocoIndex:
                 ``"raise"`` mode for every problem).
             BadImageError: ``verify_images`` in ``"raise"`` mode found a bad image.
         """
-        base = IndexOptions() if options is None else options
-        if not isinstance(base, IndexOptions):
-            raise TypeError(f"options must be an IndexOptions or None, got {type(base).__name__}")
-        unknown = sorted(set(fields) - {f.name for f in dataclasses.fields(IndexOptions)})
-        if unknown:
-            raise TypeError(f"CocoIndex.build() got unexpected keyword arguments {unknown}")
-        options = dataclasses.replace(base, **fields) if fields else base
+        options = merge_options(options, fields, "CocoIndex.build()")
         ann_path = Path(ann_file).absolute()
-        # 1. Cached arrays, or a build from the JSON (then cached); raise mode raises the first
+        # Cached arrays, or a build from the JSON (then cached); raise mode raises the first
         # problem a cache built in skip mode recorded.
         (tables, meta), from_cache, cache_path = load_tables(ann_path, options)
-        index = cls(tables, meta, ann_file=ann_path, image_root=image_root)
-        index.from_cache, index.cache_path, index.on_bad_sample = from_cache, cache_path, options.on_bad_sample
+        return cls.from_tables(tables, meta, ann_path, image_root, options, (from_cache, cache_path))
 
-        # 2. Options applied on the loaded arrays, so one cache serves them all.
+    @classmethod
+    def from_tables(cls, tables: Mapping[str, np.ndarray], meta: Mapping[str, Any], ann_file: str | os.PathLike[str],
+                    image_root: str | os.PathLike[str], options: IndexOptions,
+                    cached: tuple[bool, Path | None] = (False, None)) -> "CocoIndex":
+        """The index of unfiltered tables a reader loaded or built, with ``options`` applied as :meth:`build` does.
+
+        ``ann_file`` is what messages name; ``cached``: (:attr:`from_cache`, :attr:`cache_path`).
+
+        Raises:
+            BadImageError: ``verify_images`` in ``"raise"`` mode found a bad image.
+        """
+        index = cls(tables, meta, ann_file=ann_file, image_root=image_root)
+        index.from_cache, index.cache_path, index.on_bad_sample = cached[0], cached[1], options.on_bad_sample
+        # Options applied on the loaded arrays, so one cache serves them all.
         errors = find_bad_images(index.load_image, index.num_images) if options.verify_images else []
         loaded = Loaded(index._t, index._skip_counts, index._skip_examples, index.dropped_counts)
         index._t, index._skip_counts, index._skip_examples, index.dropped_counts = apply_options(
@@ -145,7 +155,7 @@ class CocoIndex:
         )
         if index._skip_counts:
             example = next(iter(index._skip_examples.values()), [""])[0]
-            _log.warning("%s: %s; e.g. %s", ann_path, format_skip_summary(index._skip_counts), example)
+            _log.warning("%s: %s; e.g. %s", index.ann_file, format_skip_summary(index._skip_counts), example)
         return index
 
     # -- sizes and metadata ------------------------------------------------------------------
@@ -177,6 +187,11 @@ class CocoIndex:
     def image_ids(self) -> np.ndarray:
         """(ndarray[I] int64) COCO image ids, in file order (read-only view)."""
         return _readonly(self._t["image_ids"])
+
+    @property
+    def orientations(self) -> np.ndarray:
+        """(ndarray[I] uint8) the EXIF orientation each image is turned by when decoded (1: none; COCO)."""
+        return _readonly(self._t["orientations"])
 
     @property
     def heights(self) -> np.ndarray:
@@ -351,7 +366,8 @@ class CocoIndex:
         return crowd_mask(self._t, self._check_index(i))
 
     def load_image(self, i: int, reduce: int = 1, *, check_size: bool = True) -> np.ndarray:
-        """Decode image ``i`` to RGB ``uint8`` (see :func:`~seg_datamodule.io.images.decode_image`).
+        """Decode image ``i`` to RGB ``uint8`` (see :func:`~seg_datamodule.io.images.decode_image`),
+        turned by its :attr:`orientations` entry.
 
         Args:
             i: image index.
@@ -373,6 +389,7 @@ class CocoIndex:
             self.image_root, self.file_name(i), self.image_size(i), reduce=reduce, check_size=check_size,
             where=f"{self.ann_file}: image id {int(self._t['image_ids'][i])}",
             ids={"image_id": int(self._t["image_ids"][i]), "image_index": i},
+            orientation=int(self._t["orientations"][i]),
         )
 
 

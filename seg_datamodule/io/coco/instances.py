@@ -31,11 +31,12 @@ from seg_datamodule.ops.raster import rasterize_flat
 from seg_datamodule.ops.rle import check_rle, mask_to_rings
 
 __all__ = [
-    "OUT_OF_BOUNDS_FACTOR", "VERTEX_SCALE", "ChunkRows", "CrowdRegion", "check_crowd", "finish_chunk", "rle_rings",
+    "OUT_OF_BOUNDS_FACTOR", "VERTEX_SCALE", "ZERO_AREA_RTOL", "ChunkRows", "CrowdRegion", "check_bbox", "check_crowd",
+    "covers_pixels", "finish_chunk", "rle_rings",
 ]
 
 VERTEX_SCALE = 100  # COCO has 2 decimals: int32 hundredths store them exactly in half the bytes
-_ZERO_AREA_RTOL = 1e-12  # |twice area| within this fraction of the shoelace terms is zero (rounding)
+ZERO_AREA_RTOL = 1e-12  # |twice area| within this fraction of the shoelace terms is zero (rounding)
 #: A coordinate more than this many image widths (heights) beyond the image's edges is not a
 #: typo of a real outline but garbage; it also keeps every later product of coordinates finite.
 OUT_OF_BOUNDS_FACTOR = 100
@@ -116,7 +117,7 @@ def _crowd_polygon_rle(seg: list[Any], height: int, width: int) -> tuple[bytes |
     vertices = np.concatenate(rings)
     ring_offsets = offsets_from_lengths([len(r) for r in rings])
     instance_offsets = np.array([0, len(rings)])
-    if zero_area_instances(vertices, ring_offsets, instance_offsets, _ZERO_AREA_RTOL)[0]:
+    if zero_area_instances(vertices, ring_offsets, instance_offsets, ZERO_AREA_RTOL)[0]:
         return None, ("zero_area", "polygon has zero area")
     # pycocotools walks the outline in 1/5 px steps, in C ints: refuse what would cost too much
     # memory, or overflow an int (possible within the bound above on a very wide image).
@@ -129,8 +130,8 @@ def _crowd_polygon_rle(seg: list[Any], height: int, width: int) -> tuple[bytes |
     return mask_utils.merge(rles, intersect=0)["counts"], None
 
 
-def _check_bbox_python(bbox: Any) -> tuple[str, str] | None:
-    """The bbox checks of the vectorised pass, for one (crowd) annotation."""
+def check_bbox(bbox: Any) -> tuple[str, str] | None:
+    """The bbox checks of the vectorised pass, for one (crowd or box-only) annotation: (reason, detail) or None."""
     shown = bbox.tolist() if isinstance(bbox, array) else bbox
     if type(bbox) is array and len(bbox) == 4:  # packed by the parser: 4 numbers
         pass
@@ -174,7 +175,7 @@ def check_crowd(
     Returns:
         (compressed RLE counts, area: the JSON's, or the mask's where missing), or (reason, detail).
     """
-    problem = _check_bbox_python(bbox)
+    problem = check_bbox(bbox)
     compressed = None
     if problem is None:
         if isinstance(seg, dict):
@@ -243,12 +244,12 @@ def finish_chunk(
         ring_far = np.logical_or.reduceat(far, ring_offsets[:-1])
         _mark(reason, np.logical_or.reduceat(ring_far, instance_offsets[:-1]), "polygon_out_of_bounds")
     with np.errstate(invalid="ignore", over="ignore"):
-        zero = zero_area_instances(vertices, ring_offsets, instance_offsets, _ZERO_AREA_RTOL)
+        zero = zero_area_instances(vertices, ring_offsets, instance_offsets, ZERO_AREA_RTOL)
     for k in np.flatnonzero(zero & (reason == 0)):
         r0, r1 = instance_offsets[k], instance_offsets[k + 1]
         v0, v1 = ring_offsets[r0], ring_offsets[r1]
         # Net shoelace area 0 is also a bow-tie whose lobes cancel: only drop what covers no pixel.
-        if not _covers_pixels(vertices[v0:v1], ring_offsets[r0 : r1 + 1] - v0, image_sizes[img[k]]):
+        if not covers_pixels(vertices[v0:v1], ring_offsets[r0 : r1 + 1] - v0, image_sizes[img[k]]):
             _mark(reason, np.arange(n) == k, "zero_area")
 
     area = np.asarray(areas, np.float64)
@@ -289,7 +290,7 @@ def finish_chunk(
     }
 
 
-def _covers_pixels(vertices: np.ndarray, ring_offsets: np.ndarray, image_size: np.ndarray) -> bool:
+def covers_pixels(vertices: np.ndarray, ring_offsets: np.ndarray, image_size: np.ndarray) -> bool:
     """Whether the rings' even-odd region holds a pixel centre of the image (one instance).
 
     Rasterised over the polygon's box within the image, at stride 1 while that box has at most

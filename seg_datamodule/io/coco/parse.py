@@ -245,6 +245,7 @@ def _tables_from_json(
     tables["file_name_offsets"] = offsets_from_lengths(np.fromiter((len(b) for b in encoded), np.int64, len(encoded)))
     tables["file_name_bytes"] = np.frombuffer(b"".join(encoded), np.uint8).copy()
     tables["category_ids"] = np.asarray(category_ids, np.int64)
+    tables["orientations"] = np.ones(len(ids), np.uint8)  # COCO sizes refer to the stored pixels
     for key, lists in (("neg", neg_labels), ("not_exhaustive", not_exhaustive_labels)):
         tables[f"{key}_label_offsets"] = offsets_from_lengths(np.fromiter(map(len, lists), np.int64, len(lists)))
         tables[f"{key}_labels"] = np.fromiter((k for labels in lists for k in labels), np.int64)
@@ -253,5 +254,6 @@ def _tables_from_json(
         "skip_counts": dict(problems.counts),
         "skip_examples": problems.examples,
         "first_problem": None if problems.first is None else problems.first[1],
+        "dropped_counts": {"box_only": scanner.box_only},
     }
     return tables, meta

@@ -18,7 +18,8 @@ from typing import Any, Callable, Mapping
 import numpy as np
 
 from seg_datamodule.io.coco.errors import MAX_EXAMPLES
-from seg_datamodule.io.images import BadImageError, decode_image_with_size, reduced_size
+from seg_datamodule.io.images import BadImageError, read_image_file, reduced_size
+from seg_datamodule.io.orientation import decode_oriented
 from seg_datamodule.io.paths import file_name_problem
 
 __all__ = ["count_image_errors", "find_bad_images", "load_checked_image"]
@@ -33,17 +34,20 @@ def load_checked_image(
     check_size: bool,
     where: str,
     ids: Mapping[str, int],
+    orientation: int = 1,
 ) -> np.ndarray:
     """Decode ``image_root / file_name`` to RGB ``uint8``, checked against the JSON's ``(H, W)``.
 
     Args:
         image_root: the folder of the images.
         file_name: the JSON's ``file_name``.
-        expected: the JSON's ``(H, W)``.
+        expected: the JSON's ``(H, W)`` (of the turned image when ``orientation`` turns it).
         reduce: one of ``(1, 2, 4, 8)``.
         check_size: refuse a file whose stored size is not ``expected``.
         where: what starts every message (the annotation file and image id).
         ids: ``image_id`` and ``image_index``, set on the errors.
+        orientation: the EXIF orientation to turn the pixels by
+            (:func:`~seg_datamodule.io.orientation.decode_oriented`); 1: as stored.
 
     Returns:
         ndarray[ceil(H / reduce), ceil(W / reduce), 3] uint8 RGB.
@@ -57,7 +61,8 @@ def load_checked_image(
     if unsafe is not None:  # the build refuses such names; an index made by hand may not
         raise BadImageError(f"{where}: file_name {file_name!r} {unsafe}", path=path, reason="image_unreadable", **ids)
     try:
-        image, stored = decode_image_with_size(path, reduce=reduce, expected_size=expected if check_size else None)
+        image, stored = decode_oriented(read_image_file(path), orientation, reduce=reduce, name=str(path),
+                                        expected_size=expected if check_size else None)
     except BadImageError as err:
         raise BadImageError(f"{where}: {err}", path=path, reason=err.reason, **ids) from None
     if check_size and stored != tuple(expected):  # a format whose header was not read

@@ -1,7 +1,8 @@
 """Scan annotation entries chunk by chunk: the per-entry checks of the build's Python loop.
 
 Each annotation is checked here for what a loop checks cheaply (its id, image, category, the
-structure of its bbox and segmentation, ``iscrowd``); its target polygon is packed into flat
+structure of its bbox and segmentation, ``iscrowd``); one with a box and no segmentation is
+counted as ``box_only`` and left out (:attr:`ChunkScanner.box_only`); its target polygon is packed into flat
 buffers (:class:`~seg_datamodule.io.coco.instances.ChunkRows`) whose numbers
 :func:`~seg_datamodule.io.coco.instances.finish_chunk` then checks vectorised. Crowd regions are
 checked one by one (:func:`~seg_datamodule.io.coco.instances.check_crowd`; they are few) and
@@ -17,7 +18,7 @@ from typing import Any, NamedTuple
 import numpy as np
 
 from seg_datamodule.io.coco.errors import ProblemLog
-from seg_datamodule.io.coco.instances import ChunkRows, CrowdRegion, check_crowd, finish_chunk, rle_rings
+from seg_datamodule.io.coco.instances import ChunkRows, CrowdRegion, check_bbox, check_crowd, finish_chunk, rle_rings
 
 __all__ = ["INT64_MAX", "INT64_MIN", "ChunkScanner", "KeptImages", "packed_numbers"]
 
@@ -75,6 +76,7 @@ class ChunkScanner:
         self.image_sizes = np.array([images.heights, images.widths], np.int64).T.reshape(-1, 2)  # (H, W)
         self.seen: set[int] = set()
         self.crowd: list[CrowdRegion] = []
+        self.box_only = 0  # annotations with a valid box and no segmentation, dropped
 
     def scan(self, anns: list[Any], start: int, stop: int) -> dict[str, np.ndarray] | None:
         """Scan annotations ``start:stop``; return the chunk's valid target instances as arrays."""
@@ -146,6 +148,15 @@ class ChunkScanner:
                 else:
                     crowd_append(CrowdRegion(ii, label, aid, bbox, checked[1], checked[0]))
                 continue
+            if seg is None or seg == "" or (type(seg) is list and not seg):
+                # A box without a mask (mixed detection and segmentation data) is not a bad
+                # entry: once its box is checked, it is dropped and counted apart (box_only).
+                problem = check_bbox(bbox)
+                if problem is None:
+                    self.box_only += 1
+                else:
+                    bad(pos, problem[0], problem[1], aid, iid, ii)
+                continue
             first = len(coords)
             if type(seg) is list:
                 problem, packed_rings = None, []
@@ -166,7 +177,7 @@ class ChunkScanner:
                     # A list the loader did not pack holds something other than numbers (or the
                     # JSON came from elsewhere): pack it here, or mark the annotation.
                     packed_rings.append(ring if type(ring) is array else packed_numbers(ring))
-                if not seg or (problem is not None and all(type(r) is list and not r for r in seg)):
+                if problem is not None and all(type(r) is list and not r for r in seg):
                     problem = ("segmentation_empty", "segmentation has no polygon coordinates")
                 if problem is not None:
                     bad(pos, problem[0], problem[1], aid, iid, ii)
@@ -190,9 +201,6 @@ class ChunkScanner:
                 nrings = len(rings)
                 if area != area:
                     area = mask_area
-            elif seg is None or seg == "":
-                bad(pos, "segmentation_empty", "segmentation is missing", aid, iid, ii)
-                continue
             else:
                 detail = f"segmentation is a {type(seg).__name__}, not polygons or RLE"
                 bad(pos, "segmentation_invalid", detail, aid, iid, ii)

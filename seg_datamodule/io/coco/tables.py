@@ -32,6 +32,9 @@ TABLE_KEYS = (
     "crowd_bboxes", "crowd_areas", "crowd_rle_offsets", "crowd_rle_bytes", "category_ids",
     # LVIS's federated lists per image, as contiguous labels (empty for COCO files).
     "neg_label_offsets", "neg_labels", "not_exhaustive_label_offsets", "not_exhaustive_labels",
+    # Per image, the EXIF orientation applied when decoding (1: as stored, always for COCO files,
+    # whose sizes refer to the stored pixels; see seg_datamodule.io.orientation).
+    "orientations",
 )
 
 #: The per-image label lists: (offsets key, labels key).
@@ -117,7 +120,7 @@ def select_images(tables: Mapping[str, np.ndarray], keep: np.ndarray) -> dict[st
     t = tables
     keep = np.asarray(keep, bool)
     images = np.flatnonzero(keep)
-    new = {k: t[k][images] for k in ("image_ids", "heights", "widths")}
+    new = {k: t[k][images] for k in ("image_ids", "heights", "widths", "orientations")}
     names, new["file_name_offsets"] = _gather(t["file_name_offsets"], images)
     new["file_name_bytes"] = t["file_name_bytes"][names]
     # Target instances, their rings and vertices.
@@ -210,12 +213,13 @@ def check_tables(tables: Mapping[str, np.ndarray], meta: Mapping[str, Any]) -> s
 
     Checks the metadata's keys and types, every array's dtype and shape, that every offsets
     array starts at 0, never decreases and ends at the length of what it indexes, that labels
-    lie in ``0..C-1``, rings have at least 3 vertices, image sizes are positive and file names
-    are safe UTF-8 (see :func:`~seg_datamodule.io.paths.file_name_problem`).
+    lie in ``0..C-1``, rings have at least 3 vertices, orientations are EXIF's 1..8, image sizes
+    are positive and file names are safe UTF-8 (see :func:`~seg_datamodule.io.paths.file_name_problem`).
 
     Args:
         tables: the arrays, by :data:`TABLE_KEYS`.
-        meta: ``class_names``, ``skip_counts``, ``skip_examples``, ``first_problem``.
+        meta: ``class_names``, ``skip_counts``, ``skip_examples``, ``first_problem``, and the
+            optional ``dropped_counts`` and ``source_counts`` (counts, like ``skip_counts``).
 
     Returns:
         the first problem found, as a phrase, or None.
@@ -223,9 +227,11 @@ def check_tables(tables: Mapping[str, np.ndarray], meta: Mapping[str, Any]) -> s
     names = meta.get("class_names")
     if not (isinstance(names, list) and all(isinstance(n, str) for n in names)):
         return "class_names missing or not a list of strings"
-    counts, examples = meta.get("skip_counts", {}), meta.get("skip_examples", {})
-    if not (isinstance(counts, dict) and all(type(v) is int and v >= 0 for v in counts.values())):
-        return "skip_counts not a dict of counts"
+    examples = meta.get("skip_examples", {})
+    for key in ("skip_counts", "dropped_counts", "source_counts"):
+        value = meta.get(key, {})
+        if not (isinstance(value, dict) and all(type(v) is int and v >= 0 for v in value.values())):
+            return f"{key} not a dict of counts"
     if not (isinstance(examples, dict) and all(
         isinstance(v, list) and all(isinstance(m, str) for m in v) for v in examples.values()
     )):
@@ -237,7 +243,7 @@ def check_tables(tables: Mapping[str, np.ndarray], meta: Mapping[str, Any]) -> s
         return "first_problem not a recorded problem"
     t = tables
     kinds = {"file_name_bytes": "u", "crowd_rle_bytes": "u", "bboxes": "f", "areas": "f",
-             "crowd_bboxes": "f", "crowd_areas": "f", "vertices": "if"}
+             "crowd_bboxes": "f", "crowd_areas": "f", "vertices": "if", "orientations": "u"}
     for key in TABLE_KEYS:
         if key not in t:
             return f"{key} missing"
@@ -246,7 +252,7 @@ def check_tables(tables: Mapping[str, np.ndarray], meta: Mapping[str, Any]) -> s
     num_images, num_classes = len(t["image_ids"]), len(t["category_ids"])
     n, k = len(t["labels"]), len(t["crowd_labels"])
     shapes = {
-        "image_ids": (num_images,), "heights": (num_images,), "widths": (num_images,),
+        "image_ids": (num_images,), "heights": (num_images,), "widths": (num_images,), "orientations": (num_images,),
         "category_ids": (len(names),), "vertex_scale": (), "annotation_ids": (n,), "areas": (n,),
         "bboxes": (n, 4), "crowd_annotation_ids": (k,), "crowd_areas": (k,), "crowd_bboxes": (k, 4),
         "vertices": (len(t["vertices"]), 2),
@@ -273,6 +279,8 @@ def check_tables(tables: Mapping[str, np.ndarray], meta: Mapping[str, Any]) -> s
     for key in ("labels", "crowd_labels", *(labels_key for _, labels_key in FEDERATED_TABLES)):
         if len(t[key]) and not (0 <= t[key].min() and t[key].max() < num_classes):
             return f"{key} outside 0..{num_classes - 1}"
+    if len(t["orientations"]) and not ((t["orientations"] >= 1) & (t["orientations"] <= 8)).all():
+        return "an orientation is not an EXIF orientation 1..8"
     heights, widths = t["heights"], t["widths"]
     if len(heights) and (
         (heights < 1).any() or (widths < 1).any() or (heights > MAX_IMAGE_PIXELS).any()

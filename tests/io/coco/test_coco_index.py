@@ -78,12 +78,12 @@ def test_drop_empty_and_drop_crowd(tmp_path: Path) -> None:
     path = _write(tmp_path, data)
     index = _build(path, drop_empty=True)
     np.testing.assert_array_equal(index.image_ids, [10, 20])  # 30 empty, 40 crowd only
-    assert index.dropped_counts == {"crowd_dropped": 1, "image_empty_dropped": 2}
+    assert index.dropped_counts == {"crowd_dropped": 1, "image_empty_dropped": 2, "box_only": 0}
     assert index.num_crowd == 1 and index.crowd_mask(0) is not None
     no_crowd = _build(path, drop_crowd=True)
     assert no_crowd.num_crowd == 0 and len(no_crowd) == 4
     assert all(no_crowd.crowd_mask(i) is None for i in range(len(no_crowd)))
-    assert no_crowd.dropped_counts == {"crowd_dropped": 2, "image_empty_dropped": 0}
+    assert no_crowd.dropped_counts == {"crowd_dropped": 2, "image_empty_dropped": 0, "box_only": 0}
     assert no_crowd.num_instances == index.num_instances == 4
     merged = {**index.skip_counts, **index.dropped_counts}
     assert format_skip_summary(merged) == (

@@ -51,9 +51,9 @@ BAD_ANNOTATIONS = [
     ("polygon one point", _set(101, "segmentation", [[7, 7, 7, 7, 7, 7]]), "zero_area", 101, 20, "b.jpg", 1),
     ("polygon of strings", _set(101, "segmentation", [["1", "1", "5", "1", "5", "5"]]),
      "segmentation_invalid", 101, 20, "b.jpg", 1),
-    ("segmentation []", _set(101, "segmentation", []), "segmentation_empty", 101, 20, "b.jpg", 1),
     ("segmentation [[]]", _set(101, "segmentation", [[]]), "segmentation_empty", 101, 20, "b.jpg", 1),
-    ("segmentation missing", _delete(101, "segmentation"), "segmentation_empty", 101, 20, "b.jpg", 1),
+    ("box-only with a zero box", lambda d: (_delete(101, "segmentation")(d), _set(101, "bbox", [1, 1, 0, 3])(d)),
+     "bbox_non_positive", 101, 20, "b.jpg", 1),
     ("segmentation a number", _set(101, "segmentation", 5), "segmentation_invalid", 101, 20, "b.jpg", 1),
     ("bbox zero width", _set(101, "bbox", [1, 1, 0, 10]), "bbox_non_positive", 101, 20, "b.jpg", 1),
     ("bbox negative height", _set(105, "bbox", [1, 1, 3, -2]), "bbox_non_positive", 105, 20, "b.jpg", 1),
@@ -133,6 +133,23 @@ def test_bad_input_is_skipped_and_counted(
     # The summary is logged once, naming the reason and an example with the file.
     records = [r for r in caplog.records if "skipped" in r.getMessage()]
     assert len(records) == 1 and reason in records[0].getMessage() and str(path) in records[0].getMessage()
+
+
+@pytest.mark.parametrize("mode", ["raise", "skip"])
+def test_box_only_annotations_are_dropped_and_counted_apart_in_either_mode(tmp_path: Path, mode: str) -> None:
+    """A box without a mask (missing, null, "" or [] segmentation) is no bad entry: counted as box_only."""
+    data = _base()
+    _delete(101, "segmentation")(data)
+    _set(102, "segmentation", None)(data)
+    _set(105, "segmentation", [])(data)
+    data["annotations"].append({**copy.deepcopy(_ann(data, 105)), "id": 106, "segmentation": ""})
+    index = _build(_write(tmp_path, data), on_bad_sample=mode)
+    assert index.skip_counts == {} and index.dropped_counts["box_only"] == 4
+    kept = _kept_annotations(index)
+    assert kept == {103, 104}
+    # Every annotation is kept or counted once.
+    assert index.num_instances + index.num_crowd + index.dropped_counts["box_only"] == len(data["annotations"])
+    assert "box_only 4" in index.summary()
 
 
 def test_skip_keeps_everything_else_exactly(tmp_path: Path) -> None:
