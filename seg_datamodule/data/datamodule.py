@@ -15,6 +15,11 @@ indices)``, so batches are the same for any ``num_workers``, and the train loade
 resumed from any checkpoint, mid-epoch included, continues with exactly the batches the
 uninterrupted run would have seen.
 
+The splits come from COCO JSON files (``train_ann``, ``val_ann``, ``test_ann``) or from an
+Ultralytics ``data.yaml`` (``dataset``, read by :mod:`seg_datamodule.io.yolo` straight into the
+same index; validation and test are then scored on a COCO ground truth written from the labels,
+:meth:`~seg_datamodule.data.module_sources.DataSources.evaluation_file`).
+
 Held-out data (:mod:`~seg_datamodule.data.splits`): ``test_ann`` / ``test_images`` for
 ``trainer.test`` (letterboxed like validation; an image-info file without annotations works), and
 ``predict_images`` (a folder, or with ``predict_ann`` a COCO JSON's images) for ``trainer.predict``
@@ -81,6 +86,15 @@ class COCOSegDataModule(DataSources, LoaderHooks, CountsHooks, LightningDataModu
             and counted in the batch's ``counts``, or raises, by ``on_bad_sample``.
         predict_ann: a COCO image-info or instances JSON listing the images to predict (ids and
             sizes from it; annotations are not read).
+        dataset: an Ultralytics ``data.yaml`` instead of the COCO files (``train_ann``,
+            ``val_ann``, ``test_ann`` and their folders): its splits (folders, ``.txt`` lists)
+            and ``names`` as Ultralytics reads them, label files parsed into the same index (see
+            :mod:`seg_datamodule.io.yolo`; images decoded with their EXIF orientation, as
+            Ultralytics does; its ``download:`` script is never run, its ``labels.cache`` never read).
+        train_split: the data.yaml split that trains (``null``: none).
+        val_split: the split that validates, scored with COCO AP on a ground truth written from
+            its labels (``null``: no validation).
+        test_split: the split ``trainer.test`` scores (``null``: none).
         image_size: output canvas side ``s`` (square ``s x s``).
         mask_stride: stride of the mask grid (4 for YOLACT's ProtoNet).
         batch_size: training images per batch (per rank).
@@ -179,6 +193,10 @@ class COCOSegDataModule(DataSources, LoaderHooks, CountsHooks, LightningDataModu
         test_images: str | None = None,
         predict_images: str | None = None,
         predict_ann: str | None = None,
+        dataset: str | None = None,
+        train_split: str | None = "train",
+        val_split: str | None = "val",
+        test_split: str | None = "test",
         image_size: int = 640,
         mask_stride: int = 4,
         batch_size: int = 16,
@@ -230,6 +248,7 @@ class COCOSegDataModule(DataSources, LoaderHooks, CountsHooks, LightningDataModu
             raise ValueError("give both train_ann and train_images, or neither (the demo dataset)")
         if train_stream is not None and train_ann is not None:
             raise ValueError("give train_stream or train_ann / train_images, not both")
+        _check_dataset(dataset, (train_split, val_split, test_split), (train_ann, val_ann, test_ann), train_stream)
         if (val_ann is None) != (val_images is None):
             raise ValueError("give both val_ann and val_images, or neither")
         if repeat_factor_threshold is not None:
@@ -250,6 +269,8 @@ class COCOSegDataModule(DataSources, LoaderHooks, CountsHooks, LightningDataModu
         self.val_ann, self.val_images = val_ann, val_images
         self.test_ann, self.test_images = test_ann, test_images
         self.predict_images, self.predict_ann = predict_images, predict_ann
+        self.dataset, self.dataset_yaml = dataset, None
+        self.train_split, self.val_split, self.test_split = train_split, val_split, test_split
         self.train_stream, self.demo_dir, self.cache_images = train_stream, demo_dir, cache_images
         # The flat keys as one typed object per layer, built once here.
         self.index_options = IndexOptions(on_bad_sample, drop_crowd, drop_empty, verify_images, cache_dir, use_cache)
@@ -359,3 +380,19 @@ class COCOSegDataModule(DataSources, LoaderHooks, CountsHooks, LightningDataModu
                 f"Trainer(reload_dataloaders_every_n_epochs=1) (got {reload})"
             )
 
+
+def _check_dataset(dataset: str | None, splits: tuple[str | None, ...], anns: tuple[str | None, ...],
+                   train_stream: str | None) -> None:
+    """Refuse a data.yaml given with COCO files, a split name that is not a str, a stream that trains twice."""
+    for name, split in zip(("train_split", "val_split", "test_split"), splits):
+        if split is not None and (not isinstance(split, str) or not split):
+            raise TypeError(f"{name} must be a split name of the data.yaml or None, got {split!r}")
+    if dataset is None:
+        return
+    if not isinstance(dataset, str) or not dataset:
+        raise TypeError(f"dataset must be the path of an Ultralytics data.yaml, got {dataset!r}")
+    given = [name for name, ann in zip(("train_ann", "val_ann", "test_ann"), anns) if ann is not None]
+    if given:
+        raise ValueError(f"give dataset (a data.yaml) or {' / '.join(given)}, not both: the data.yaml names every split")
+    if train_stream is not None and splits[0] is not None:
+        raise ValueError("train_stream trains instead of the data.yaml's train split: set train_split to null")

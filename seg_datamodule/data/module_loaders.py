@@ -39,6 +39,7 @@ class LoaderHooks:
     test_dataset: SegDataset | None
     predict_dataset: PredictDataset | None
     val_ann: str | None
+    dataset: str | None
     _train_loader: Any
     _loader_state: dict[str, Any] | None
 
@@ -121,7 +122,7 @@ class LoaderHooks:
         return int(self.trainer.fit_loop.epoch_loop.batch_progress.current.ready)
 
     def val_dataloader(self) -> DataLoader | list:
-        if self.val_dataset is None and self.val_ann is not None:
+        if self.val_dataset is None and (self.val_ann is not None or self.dataset is not None):
             self.setup("validate")
         if self.val_dataset is None:
             return []

@@ -60,6 +60,7 @@ from seg_datamodule.demo.scoring import (
     TEST_STATS,
     VAL_STATS,
     check_datamodule_agrees,
+    evaluation_file,
     held_out_metric,
     picked_stats,
     prediction_boxes,
@@ -193,7 +194,7 @@ class YolactLite(YolactNet, L.LightningModule):
             return
         if not self.hparams.coco_eval or self.coco_metric is not None or stage not in ("fit", "validate"):
             return
-        ann_file = self.val_ann if self.val_ann is not None else getattr(datamodule, "val_ann", None)
+        ann_file = self.val_ann if self.val_ann is not None else evaluation_file(datamodule, "validate")
         if ann_file is None:
             return
         self.coco_metric = validation_metric(ann_file, self.num_classes)
@@ -203,7 +204,7 @@ class YolactLite(YolactNet, L.LightningModule):
         datamodule = getattr(self._trainer, "datamodule", None) if self._trainer is not None else None
         if datamodule is not None and getattr(datamodule, "category_ids", None) is not None:
             self.category_ids = [int(c) for c in datamodule.category_ids]
-        ann_file = getattr(datamodule, "test_ann", None)
+        ann_file = evaluation_file(datamodule, "test")
         if stage != "test" or not self.hparams.coco_eval or ann_file is None or self.test_metric is not None:
             return
         self.test_metric = held_out_metric(ann_file, self.num_classes)

@@ -26,6 +26,7 @@ __all__ = [
     "TEST_STATS",
     "VAL_STATS",
     "check_datamodule_agrees",
+    "evaluation_file",
     "held_out_metric",
     "picked_stats",
     "prediction_boxes",
@@ -62,6 +63,15 @@ def check_datamodule_agrees(val_ann: str | None, mask_stride: int, datamodule: A
             f"YolactLite(mask_stride={mask_stride}) differs from the DataModule's mask_stride={dm_stride}; "
             "the prototype grid must be the masks' grid"
         )
+
+
+def evaluation_file(datamodule: Any, stage: str) -> str | None:
+    """The COCO JSON that scores ``stage``: the DataModule's ``evaluation_file(stage)`` (an Ultralytics
+    split's ground truth included), else its ``val_ann`` / ``test_ann``; None without one."""
+    scoring = getattr(datamodule, "evaluation_file", None)
+    if callable(scoring):
+        return scoring(stage)
+    return getattr(datamodule, "test_ann" if stage == "test" else "val_ann", None)
 
 
 def _same_file(a: str | os.PathLike, b: str | os.PathLike) -> bool:

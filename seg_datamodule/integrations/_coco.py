@@ -26,8 +26,9 @@ def make_coco_metric(module: L.LightningModule, ann_file: str | None, num_classe
     """The COCO metric of a module, or ``None`` when no annotation file is known.
 
     Args:
-        module: the LightningModule (its trainer's DataModule is asked for ``val_ann``).
-        ann_file: an explicit annotation file; ``None`` takes ``trainer.datamodule.val_ann``.
+        module: the LightningModule (its trainer's DataModule is asked which file scores validation).
+        ann_file: an explicit annotation file; ``None`` takes the DataModule's
+            ``evaluation_file("validate")`` (its ``val_ann``, or an Ultralytics split's ground truth).
         num_classes: the model's class count; must equal the file's number of categories.
 
     Returns:
@@ -39,7 +40,9 @@ def make_coco_metric(module: L.LightningModule, ann_file: str | None, num_classe
     if ann_file is None:
         trainer = module._trainer  # noqa: SLF001 (``module.trainer`` raises when detached)
         datamodule = getattr(trainer, "datamodule", None) if trainer is not None else None
-        ann_file = getattr(datamodule, "val_ann", None)
+        # The DataModule says which file scores validation (an Ultralytics split's ground truth too).
+        scoring = getattr(datamodule, "evaluation_file", None)
+        ann_file = scoring("validate") if callable(scoring) else getattr(datamodule, "val_ann", None)
     if ann_file is None:
         return None
     metric = COCOMaskMAP(ann_file)

@@ -258,7 +258,7 @@ def decode_image_bytes(
     return cv2.cvtColor(bgr, cv2.COLOR_BGR2RGB), stored
 
 
-def read_image_file(path: str | os.PathLike[str], *, max_bytes: int | None = None) -> bytes:
+def read_image_file(path: str | os.PathLike[str], *, max_bytes: int | None = None, head: int | None = None) -> bytes:
     """The bytes of an image file, read safely.
 
     Only a regular file is read (a FIFO, a device or a folder is refused, also through a
@@ -267,9 +267,10 @@ def read_image_file(path: str | os.PathLike[str], *, max_bytes: int | None = Non
     Args:
         path (str | PathLike): the image file.
         max_bytes (int | None): the limit; None: :data:`MAX_IMAGE_BYTES`.
+        head (int | None): read only the first ``head`` bytes (a header; the file may be longer).
 
     Returns:
-        the file's content.
+        the file's content (or its first ``head`` bytes).
 
     Raises:
         BadImageError: ``reason`` ``image_missing`` or ``image_unreadable`` (an OS error, not a
@@ -297,7 +298,7 @@ def read_image_file(path: str | os.PathLike[str], *, max_bytes: int | None = Non
                 path=name,
                 reason="image_unreadable",
             )
-        chunks, left = [], limit + 1  # a file growing while read is still bounded
+        chunks, left = [], limit + 1 if head is None else head  # a file growing while read is still bounded
         while left > 0:
             chunk = os.read(fd, min(left, 1 << 24))
             if not chunk:
@@ -311,7 +312,7 @@ def read_image_file(path: str | os.PathLike[str], *, max_bytes: int | None = Non
     finally:
         os.close(fd)
     data = b"".join(chunks)
-    if len(data) > limit:
+    if head is None and len(data) > limit:
         raise BadImageError(
             f"{_describe(name)} is over {limit} bytes, the limit", path=name, reason="image_unreadable"
         )

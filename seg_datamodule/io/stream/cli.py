@@ -2,7 +2,9 @@
 
 ``seg-datamodule convert ANN_FILE IMAGES OUTPUT [--on-bad-sample skip] [--chunk-bytes 64MB] ...``
 writes LitData chunks to ``OUTPUT`` (a folder or ``s3://...``; ``--endpoint-url`` or
-``AWS_ENDPOINT_URL`` for an S3-compatible store) and prints a one-line summary.
+``AWS_ENDPOINT_URL`` for an S3-compatible store) and prints a one-line summary;
+``seg-datamodule convert DATA_YAML OUTPUT [--split train]`` converts a split of an Ultralytics
+dataset (:func:`~seg_datamodule.io.stream.convert.convert_yolo`).
 """
 
 from __future__ import annotations
@@ -21,12 +23,16 @@ def convert_parser() -> argparse.ArgumentParser:
     """The ``convert`` subcommand's argument parser."""
     parser = argparse.ArgumentParser(
         prog="seg-datamodule convert",
-        description="Convert a COCO annotation file and its image folder to LitData chunks (one record per image) "
-                    "for COCOSegDataModule(train_stream=...). Needs: pip install 'seg-datamodule[stream]'.",
+        description="Convert a COCO annotation file and its image folder, or a split of an Ultralytics data.yaml, to "
+                    "LitData chunks (one record per image) for COCOSegDataModule(train_stream=...). Needs: pip install "
+                    "'seg-datamodule[stream]'.",
     )
-    parser.add_argument("ann_file", help="COCO instances JSON")
-    parser.add_argument("images", help="folder of the images (file_name is relative to it)")
+    parser.add_argument("ann_file", help="COCO instances JSON, or an Ultralytics data.yaml (then no IMAGES)")
+    parser.add_argument("images", nargs="?", default=None,
+                        help="folder of the images (file_name is relative to it); not for a data.yaml")
     parser.add_argument("output", help="output folder, local:/folder, or s3://bucket/prefix")
+    parser.add_argument("--split", default=None,
+                        help="the data.yaml's split to convert (default train); not for a COCO JSON")
     parser.add_argument("--on-bad-sample", choices=("raise", "skip"), default="raise",
                         help="raise on the first bad entry (default) or skip and count it")
     parser.add_argument("--drop-crowd", action="store_true", help="leave crowd regions out")
@@ -49,24 +55,34 @@ def convert_parser() -> argparse.ArgumentParser:
 def convert_main(argv: Sequence[str] | None = None) -> dict:
     """Run ``seg-datamodule convert``; returns the metadata written beside the chunks."""
     from seg_datamodule.io.coco import IndexOptions
-    from seg_datamodule.io.stream.convert import ChunkOptions, convert_coco
+    from seg_datamodule.io.stream.convert import ChunkOptions, convert_coco, convert_yolo
 
-    args = convert_parser().parse_args(argv)
+    parser = convert_parser()
+    args = parser.parse_args(argv)
+    is_yaml = args.ann_file.lower().endswith((".yaml", ".yml"))
+    if is_yaml and args.images is not None:
+        parser.error("a data.yaml names its own images: give DATA_YAML OUTPUT [--split NAME], without IMAGES")
+    if not is_yaml and (args.images is None or args.split is not None):
+        parser.error("a COCO JSON needs its IMAGES folder (ANN_FILE IMAGES OUTPUT); --split is for a data.yaml")
     # The flags stay flat for users; the options travel as two frozen types from here on.
     index_options = IndexOptions(on_bad_sample=args.on_bad_sample, drop_crowd=args.drop_crowd,
                                  drop_empty=args.drop_empty, verify_images=args.verify_images)
     chunk_options = ChunkOptions(chunk_bytes=args.chunk_bytes, num_workers=args.num_workers, seed=args.seed,
                                  overwrite=args.overwrite, start_method=args.start_method)
-    meta = convert_coco(
-        args.ann_file, args.images, args.output, index_options, chunk_options,
-        storage_options={"endpoint_url": args.endpoint_url} if args.endpoint_url else None,
-    )
+    storage = {"endpoint_url": args.endpoint_url} if args.endpoint_url else None
+    if is_yaml:
+        meta = convert_yolo(args.ann_file, args.split or "train", args.output, index_options, chunk_options,
+                            storage_options=storage)
+    else:
+        meta = convert_coco(args.ann_file, args.images, args.output, index_options, chunk_options,
+                            storage_options=storage)
     if args.json:
         print(json.dumps(meta, indent=1))
     else:
         size = meta.get("chunk_bytes_total")
         written = f"{size / 2**20:.1f} MiB of chunks" if size else "chunks uploaded"
         print(f"{args.output}: {meta['num_records']} images, {meta['num_instances']} instances, {written} "
-              f"(images {meta['image_bytes'] / 2**20:.1f} MiB + JSON {meta['ann_file_bytes'] / 2**20:.1f} MiB); "
+              f"(images {meta['image_bytes'] / 2**20:.1f} MiB + {'data.yaml' if is_yaml else 'JSON'} "
+              f"{meta['ann_file_bytes'] / 2**20:.1f} MiB); "
               f"{format_skip_summary(meta['skip_counts'])}", file=sys.stdout)
     return meta

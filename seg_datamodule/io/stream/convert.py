@@ -1,6 +1,7 @@
-"""COCO annotation file + image folder -> LitData chunks, one record per image, metadata beside them.
+"""COCO annotation file + image folder (or an Ultralytics data.yaml split) -> LitData chunks, one record per image.
 
-The converter builds a :class:`~seg_datamodule.io.coco.CocoIndex` first and converts from it, so
+The converter builds a :class:`~seg_datamodule.io.coco.CocoIndex` first (:func:`convert_coco`; an
+Ultralytics split's, :func:`convert_yolo`) and converts from it (:func:`convert_index`), so
 every bad entry is handled exactly as the map-style loader handles it (raise, or skip and count,
 with the same reasons and messages); a file that cannot be read when converting is handled the
 same way (reason ``image_missing`` / ``image_unreadable``). The JPEG bytes are stored as they are
@@ -9,7 +10,9 @@ chunks mix images; LitData does not keep item order, so every record carries its
 ``image_id``.
 
 Beside the chunks, :data:`META_FILE` holds the categories, the skip and drop counts, and every
-image's id and size by position (what a streamed batch plans its mosaic from).
+image's id and size by position (what a streamed batch plans its mosaic from), and for an
+Ultralytics split whose images carry an EXIF orientation, each image's orientation (the stored
+bytes are decoded turned, as the map-style loader decodes the file).
 
 The options travel as two frozen types built once at the edge (the ``seg-datamodule convert``
 flags, :mod:`~seg_datamodule.io.stream.cli`): :class:`~seg_datamodule.io.coco.IndexOptions` (how
@@ -35,10 +38,11 @@ from seg_datamodule.io.stream.endpoint import s3_storage_options
 from seg_datamodule.io.stream.records import record_from_index
 from seg_datamodule.io.stream.schema import META_FILE, SCHEMA_VERSION
 from seg_datamodule.io.stream.source import check_stream_source, read_stream_meta, split_source
+from seg_datamodule.io.yolo import build_yolo_index
 from seg_datamodule.ops.checks import check_bool, check_int
 
 __all__ = [
-    "ChunkOptions", "FORMAT_VERSION", "META_FILE", "convert_coco", "read_stream_meta",
+    "ChunkOptions", "FORMAT_VERSION", "META_FILE", "convert_coco", "convert_index", "convert_yolo", "read_stream_meta",
     "require_litdata", "split_source",
 ]
 
@@ -170,21 +174,66 @@ def convert_coco(
         BadAnnotationError, BadImageError: a bad entry with ``on_bad_sample="raise"``.
         TypeError, ValueError: a bad argument (the options check theirs when made).
     """
-    litdata = require_litdata()
+    _check_options(index_options, chunk_options)
+    return convert_index(CocoIndex.build(ann_file, images_root, index_options), output_dir, index_options,
+                         chunk_options, storage_options=storage_options)
+
+
+def convert_yolo(
+    data_yaml: str | os.PathLike[str],
+    split: str,
+    output_dir: str,
+    index_options: IndexOptions = _DEFAULT_INDEX,
+    chunk_options: ChunkOptions = _DEFAULT_CHUNKS,
+    *,
+    storage_options: dict[str, Any] | None = None,
+) -> dict[str, Any]:
+    """Convert a split of an Ultralytics dataset (a ``data.yaml``) to LitData chunks, as :func:`convert_coco` does.
+
+    The index is :func:`~seg_datamodule.io.yolo.build_yolo_index`'s (every bad line raised or
+    counted as the map-style loader does); the images' EXIF orientations go to the metadata, so a
+    streamed batch decodes them as the map-style one does.
+
+    Raises:
+        ImportError: LitData is not installed.
+        BadLabelError, BadImageError: a bad line or image with ``on_bad_sample="raise"``.
+        DatasetYamlError, DatasetNotFoundError: the data.yaml or the split cannot be read.
+    """
+    _check_options(index_options, chunk_options)
+    return convert_index(build_yolo_index(data_yaml, split, index_options), output_dir, index_options,
+                         chunk_options, storage_options=storage_options)
+
+
+def _check_options(index_options: IndexOptions, chunk_options: ChunkOptions) -> None:
     for name, value, kind in (("index_options", index_options, IndexOptions),
                               ("chunk_options", chunk_options, ChunkOptions)):
         if not isinstance(value, kind):
             raise TypeError(f"{name} must be of type {kind.__name__}, got {value!r}")
+
+
+def convert_index(
+    index: CocoIndex, output_dir: str, index_options: IndexOptions = _DEFAULT_INDEX,
+    chunk_options: ChunkOptions = _DEFAULT_CHUNKS, *, storage_options: dict[str, Any] | None = None,
+) -> dict[str, Any]:
+    """Write a built index's images and instances as LitData chunks (what :func:`convert_coco` and
+    :func:`convert_yolo` do once they have the index, built with ``index_options``); see
+    :func:`convert_coco` for the arguments.
+
+    Raises:
+        ImportError: LitData is not installed.
+        BadImageError: an image file cannot be opened and the index's ``on_bad_sample`` is ``"raise"``.
+        ValueError: no image is left to convert.
+    """
+    litdata = require_litdata()
     out, remote = split_source(output_dir)
     storage_options = s3_storage_options(out, storage_options)  # endpoint, bounded retries, http://
     start = time.perf_counter()
-    # 1. The index: every JSON problem raised or counted exactly as the map-style loader does.
-    index = CocoIndex.build(ann_file, images_root, index_options)
-    # 2. Files that cannot be opened: raised or counted like the images verify_images finds.
+    ann_file = index.ann_file
+    # 1. Files that cannot be opened: raised or counted like the images verify_images finds.
     positions, read_counts, read_examples = _readable(index, index_options.on_bad_sample)
     if positions.size == 0:
         raise ValueError(f"{ann_file}: no image left to convert ({format_skip_summary(read_counts)})")
-    # 3. Shuffle so chunks mix images, then write the chunks.
+    # 2. Shuffle so chunks mix images, then write the chunks.
     inputs = np.random.default_rng([chunk_options.seed, 0x636F6E76]).permutation(positions).tolist()
     if not remote:
         Path(out).mkdir(parents=True, exist_ok=True)
@@ -194,19 +243,20 @@ def convert_coco(
         mode="overwrite" if chunk_options.overwrite else None, verbose=False, storage_options=storage_options,
         start_method=chunk_options.start_method,
     )
-    # 4. The metadata beside the chunks.
+    # 3. The metadata beside the chunks.
     skip_counts = dict(index.skip_counts)
     for reason, count in read_counts.items():
         skip_counts[reason] = skip_counts.get(reason, 0) + count
     skip_examples = index.skip_examples | read_examples
+    options = index_options
     meta: dict[str, Any] = {
         "format": "seg_datamodule.stream",
         "version": SCHEMA_VERSION,
         "litdata_version": getattr(litdata, "__version__", "unknown"),
         "ann_file": str(ann_file),
-        "images_root": str(images_root),
-        "options": {"on_bad_sample": index_options.on_bad_sample, "drop_crowd": index_options.drop_crowd,
-                    "drop_empty": index_options.drop_empty, "verify_images": index_options.verify_images,
+        "images_root": str(index.image_root),
+        "options": {"on_bad_sample": options.on_bad_sample, "drop_crowd": options.drop_crowd,
+                    "drop_empty": options.drop_empty, "verify_images": options.verify_images,
                     "seed": chunk_options.seed, "chunk_bytes": chunk_options.chunk_bytes},
         "num_records": int(positions.size),
         "num_instances": int(sum(len(index.labels(int(i))) for i in positions)),
@@ -223,10 +273,12 @@ def convert_coco(
         "ann_file_bytes": int(os.path.getsize(ann_file)),
         "seconds": round(time.perf_counter() - start, 3),
     }
+    if (index.orientations != 1).any():  # an Ultralytics dataset's turned images
+        meta["orientations"] = [int(v) for v in index.orientations]
     if not remote:
         meta["chunk_bytes_total"] = int(sum(p.stat().st_size for p in Path(out).iterdir() if p.name != META_FILE))
     _write_meta(meta, out, remote, storage_options)
-    # 5. What was written must pass the reader's check (one schema: a drift fails here, not in training).
+    # 4. What was written must pass the reader's check (one schema: a drift fails here, not in training).
     check_stream_source(output_dir if remote else out, storage_options)
     return meta
 

@@ -67,7 +67,8 @@ def window_from_meta(meta: dict[str, Any], name: str = "stream", on_bad_sample: 
     :func:`~seg_datamodule.io.stream.source.check_stream_source`); ``on_bad_sample`` is what a
     dataset over it does with an image that fails to decode."""
     return RecordWindow(np.asarray(meta["image_ids"], np.int64), np.asarray(meta["heights"], np.int64),
-                        np.asarray(meta["widths"], np.int64), name=name, on_bad_sample=on_bad_sample)
+                        np.asarray(meta["widths"], np.int64), name=name, on_bad_sample=on_bad_sample,
+                        orientations=meta.get("orientations"))
 
 
 def stream_drop_count(num_records: int, world_size: int, batch_size: int) -> int:

@@ -20,7 +20,8 @@ from typing import Any, Mapping, Sequence
 import numpy as np
 from pycocotools import mask as mask_utils
 
-from seg_datamodule.io.images import BadImageError, decode_image_bytes, reduced_size
+from seg_datamodule.io.images import BadImageError, reduced_size
+from seg_datamodule.io.orientation import decode_oriented
 from seg_datamodule.io.stream.schema import RECORD_DTYPES, RECORD_INTS, RECORD_SCHEMA
 from seg_datamodule.ops.checks import check_choice
 from seg_datamodule.structures import Polygons
@@ -132,10 +133,12 @@ class RecordWindow:
         name (str): the stream, for messages.
         on_bad_sample (str): ``"raise"`` or ``"skip"``: what a dataset over the window does with
             an image that fails to decode.
+        orientations (ndarray[N] | None): the EXIF orientation each image is decoded with, as the
+            source index did (an Ultralytics dataset's); None: none turned.
     """
 
     def __init__(self, image_ids: np.ndarray, heights: np.ndarray, widths: np.ndarray, name: str = "stream",
-                 on_bad_sample: str = "raise") -> None:
+                 on_bad_sample: str = "raise", orientations: np.ndarray | None = None) -> None:
         self.image_ids = np.asarray(image_ids, np.int64)
         self.heights = np.asarray(heights, np.int64)
         self.widths = np.asarray(widths, np.int64)
@@ -144,6 +147,8 @@ class RecordWindow:
                              f"{self.image_ids.shape}, {self.heights.shape}, {self.widths.shape}")
         self.name = name
         self.on_bad_sample = check_choice("on_bad_sample", on_bad_sample, ("raise", "skip"))
+        self.orientations = np.ones(len(self.image_ids), np.uint8) if orientations is None else np.asarray(
+            orientations, np.uint8)
         self._records: dict[int, Mapping[str, Any]] = {}
 
     def __len__(self) -> int:
@@ -206,7 +211,8 @@ class RecordWindow:
         image_id = int(record["image_id"])
         where = f"{self.name}: image id {image_id}"
         try:
-            image, stored = decode_image_bytes(record["image"], reduce=reduce, name=f"{where} bytes")
+            image, stored = decode_oriented(record["image"], int(self.orientations[int(i)]), reduce=reduce,
+                                            name=f"{where} bytes")
         except BadImageError as err:
             raise BadImageError(str(err), path=self.name, reason=err.reason, image_id=image_id,
                                 image_index=int(i)) from None

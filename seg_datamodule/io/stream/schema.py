@@ -71,8 +71,9 @@ _CHUNK_KEYS = frozenset({"chunk_bytes", "chunk_size", "dim", "filename"})
 # A chunk is a plain file name in the dataset folder: no separator, no `..`, no leading dot.
 _CHUNK_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]{0,254}\.bin")
 
-# Of the metadata fields convert_coco writes, the one it writes for a local output only.
-_META_OPTIONAL = frozenset({"chunk_bytes_total"})
+# Of the metadata fields convert_coco writes, the one it writes for a local output only, and the
+# EXIF orientations of an Ultralytics dataset's images (written when one is turned; absent: none is).
+_META_OPTIONAL = frozenset({"chunk_bytes_total", "orientations"})
 
 
 class StreamFormatError(UserInputError, ValueError):
@@ -273,7 +274,7 @@ def check_meta(meta: Any, where: str) -> dict[str, Any]:
         "num_instances": int, "category_ids": list, "class_names": list, "skip_counts": dict,
         "skip_examples": dict, "dropped_counts": dict, "image_ids": list, "heights": list, "widths": list,
         "positions": list, "image_bytes": int, "ann_file_bytes": int, "seconds": (int, float),
-        "chunk_bytes_total": int,
+        "chunk_bytes_total": int, "orientations": list,
     }
     known = {"format", "version", *types}
     unknown = sorted(set(meta) - known)
@@ -294,6 +295,9 @@ def check_meta(meta: Any, where: str) -> dict[str, Any]:
                                       f"{len(heights)}, {len(widths)}")
     if len(set(ids)) != len(ids):
         raise _fail(where, "image_ids", "lists an image id twice")
+    if "orientations" in meta and (len(_int_list(meta, "orientations", where, 1)) != len(ids)
+                                   or any(o > 8 for o in meta["orientations"])):
+        raise _fail(where, "orientations", f"must be {len(ids)} EXIF orientations 1..8, one per image")
     positions = _int_list(meta, "positions", where)
     if len(set(positions)) != len(positions) or any(p >= len(ids) for p in positions):
         raise _fail(where, "positions", f"must be distinct positions below {len(ids)}")

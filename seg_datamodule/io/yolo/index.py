@@ -1,0 +1,259 @@
+"""An Ultralytics dataset split -> the same flat, cached, worker-safe :class:`~seg_datamodule.io.coco.CocoIndex` a COCO file gives.
+
+:func:`build_yolo_index` reads a split of a ``data.yaml`` (:mod:`~seg_datamodule.io.yolo.data_yaml`),
+lists its images (:mod:`~seg_datamodule.io.yolo.image_lists`), reads every image's header (size
+and EXIF orientation, :mod:`~seg_datamodule.io.yolo.headers`) and label file in threads, parses
+the labels at once (:mod:`~seg_datamodule.io.yolo.labels`) and assembles the index's tables: no
+conversion step, no JSON. Every downstream feature (mosaic, copy-paste, resume, counts, streaming
+``convert``, evaluation, test and predict) then works on it unchanged.
+
+* Image ids: an all-digit file stem is the id, other names a stable hash of the path
+  (:mod:`seg_datamodule.io.image_ids`); annotation ids count the instances from 1 in index order;
+  category ids are the class indices ``0..C-1``, labelled by ``names``.
+* Pixels: each image is decoded with its EXIF orientation applied, as Ultralytics decodes it (its
+  coordinates refer to that image); the index's sizes are the turned ones.
+* Cache: the tables are cached as a COCO file's are (:mod:`seg_datamodule.io.coco.cache`), keyed
+  on the split's listing and on the size, times and inode of every image, label file and list:
+  a changed label file or image rebuilds it. Ultralytics' own ``labels.cache`` (a pickle) is never
+  opened.
+* Bad input: :mod:`seg_datamodule.io.yolo.errors`.
+"""
+
+from __future__ import annotations
+
+import concurrent.futures
+import hashlib
+import logging
+import os
+from array import array
+from collections import Counter
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from seg_datamodule.io.coco import CocoIndex, IndexOptions
+from seg_datamodule.io.coco.building import merge_options
+from seg_datamodule.io.coco.cache import CACHE_FORMAT_VERSION, cached_tables_at, default_cache_dir
+from seg_datamodule.io.coco.errors import MAX_EXAMPLES
+from seg_datamodule.io.coco.tables import assemble
+from seg_datamodule.io.image_ids import assign_image_ids
+from seg_datamodule.io.images import BadImageError
+from seg_datamodule.io.yolo.data_yaml import DatasetYaml, read_dataset_yaml
+from seg_datamodule.io.yolo.errors import error_from_problem
+from seg_datamodule.io.yolo.headers import read_image_header
+from seg_datamodule.io.yolo.image_lists import IMG_FORMATS, SplitImages, label_path, list_split_images
+from seg_datamodule.io.yolo.labels import parse_label_files
+from seg_datamodule.ops.geometry import instance_areas
+from seg_datamodule.ops.ragged import offsets_from_lengths
+
+__all__ = ["build_yolo_index"]
+
+_log = logging.getLogger(__name__)
+_THREADS = min(8, os.cpu_count() or 1)  # header and label reads wait on the disk, not the GIL
+
+
+class _Problems:
+    """Counts problems by reason; keeps a few messages and the first problem in (image, line) order."""
+
+    def __init__(self) -> None:
+        self.counts: Counter[str] = Counter()
+        self.examples: dict[str, list[str]] = {}
+        self.first: tuple[tuple[int, int], dict[str, Any]] | None = None
+
+    def add(self, order: tuple[int, int], reason: str, problem: dict[str, Any]) -> None:
+        self.counts[reason] += 1
+        kept = self.examples.setdefault(reason, [])
+        if len(kept) < MAX_EXAMPLES:
+            kept.append(problem["message"])
+        if self.first is None or order < self.first[0]:
+            self.first = (order, {"reason": reason, **problem})
+
+
+def _read_one(image: str, label: str) -> tuple[Any, bytes | None | OSError]:
+    """An image's header (or the error reading it) and its label file's bytes (None: no such file)."""
+    try:
+        header: Any = read_image_header(image)
+    except BadImageError as err:
+        header = err
+    try:
+        with open(label, "rb") as f:
+            content: bytes | None | OSError = f.read()
+    except FileNotFoundError:
+        content = None
+    except OSError as err:
+        content = err
+    return header, content
+
+
+def _file_stats(paths: list[str]) -> bytes:
+    """Size, mtime, ctime and inode of each path (-1 for a missing one), packed."""
+    out = array("q")
+    for path in paths:
+        try:
+            st = os.stat(path)
+        except OSError:
+            out.extend((-1, -1, -1, -1))
+            continue
+        # A copy that keeps the old mtime (cp -p, rsync -a) still changes ctime and the inode.
+        out.extend((st.st_size, st.st_mtime_ns, st.st_ctime_ns, st.st_ino))
+    return out.tobytes()
+
+
+def _cache_key(dataset: DatasetYaml, split: str, listing: SplitImages, images: list[str],
+               labels: list[str]) -> dict[str, Any]:
+    digest = hashlib.blake2b(digest_size=16)
+    digest.update("\0".join(listing.file_names).encode("utf-8", "surrogatepass"))
+    for group in (images, labels, [str(p) for p in listing.lists]):
+        digest.update(_file_stats(group))
+    return {"version": CACHE_FORMAT_VERSION, "source": "ultralytics", "data_yaml": str(dataset.file), "split": split,
+            "root": str(listing.root), "class_names": list(dataset.class_names), "files": digest.hexdigest()}
+
+
+def _build_tables(dataset: DatasetYaml, listing: SplitImages, images: list[str],
+                  labels: list[str]) -> tuple[dict[str, np.ndarray], dict[str, Any]]:
+    """Read every header and label file and assemble the unfiltered tables (the cold build)."""
+    names, num_classes = listing.file_names, len(dataset.class_names)
+    ids = assign_image_ids(names, f"{dataset.file}")
+    with concurrent.futures.ThreadPoolExecutor(_THREADS) as pool:
+        read = list(pool.map(_read_one, images, labels, chunksize=64))
+    problems = _Problems()
+    keep, sizes, orientations, contents, content_image = [], [], [], [], []
+    missing = 0
+    for i, (header, content) in enumerate(read):
+        if isinstance(header, BadImageError):
+            problems.add((i, 0), header.reason or "image_corrupt", {
+                "kind": "image", "message": f"{dataset.file}: image id {int(ids[i])}: {header}", "file": images[i],
+                "image_id": int(ids[i])})
+            if isinstance(content, bytes):  # its lines go with it, counted
+                lost = sum(1 for line in content.splitlines() if line.strip())
+                if lost:
+                    problems.counts["label_of_skipped_image"] += lost
+            continue
+        if isinstance(content, OSError):
+            problems.add((i, 0), "image_label_unreadable", {
+                "kind": "image", "message": f"{labels[i]}: label file of {images[i]} cannot be read ({content})",
+                "file": labels[i], "image_id": int(ids[i])})
+            continue
+        keep.append(i)
+        sizes.append(header.size)
+        orientations.append(header.orientation)
+        if content is None:
+            missing += 1
+        else:
+            contents.append(content)
+            content_image.append(len(keep) - 1)
+    keep_arr = np.asarray(keep, np.int64)
+    sizes_arr = np.asarray(sizes, np.int64).reshape(-1, 2)
+    content_image_arr = np.asarray(content_image, np.int64)
+    parsed = parse_label_files(contents, sizes_arr[content_image_arr], num_classes)
+    for problem in parsed.problems:
+        i = int(keep_arr[content_image_arr[problem.file]])
+        problems.add((i, problem.line), problem.reason, {
+            "kind": "line", "message": f"{labels[i]}:{problem.line}: {problem.detail} (image {names[i]}, id {int(ids[i])})",
+            "file": labels[i], "line": problem.line, "image_id": int(ids[i])})
+
+    # Instances (one ring each), numbered from 1 in index order.
+    image_of = content_image_arr[parsed.file]
+    n = len(parsed.labels)
+    ring_offsets = offsets_from_lengths(parsed.ring_lens)
+    vertices = parsed.vertices
+    low = np.minimum.reduceat(vertices, ring_offsets[:-1]) if n else np.zeros((0, 2))
+    high = np.maximum.reduceat(vertices, ring_offsets[:-1]) if n else np.zeros((0, 2))
+    chunk = {
+        "pos": np.arange(n, dtype=np.int64), "img": image_of, "labels": parsed.labels,
+        "annotation_ids": np.arange(1, n + 1, dtype=np.int64), "bboxes": np.concatenate([low, high - low], 1),
+        "areas": instance_areas(vertices, ring_offsets, np.arange(n + 1)), "nrings": np.ones(n, np.int64),
+        "ring_lens": parsed.ring_lens, "vertices": vertices,
+    }
+    tables = assemble([chunk] if n else [], [], len(keep))
+    encoded = [names[i].encode("utf-8", "surrogatepass") for i in keep]
+    none = np.zeros(len(keep) + 1, np.int64)
+    tables.update(
+        image_ids=ids[keep_arr], heights=sizes_arr[:, 0].copy(), widths=sizes_arr[:, 1].copy(),
+        file_name_offsets=offsets_from_lengths(np.fromiter(map(len, encoded), np.int64, len(encoded))),
+        file_name_bytes=np.frombuffer(b"".join(encoded), np.uint8).copy(),
+        category_ids=np.arange(num_classes, dtype=np.int64), orientations=np.asarray(orientations, np.uint8),
+        neg_label_offsets=none, neg_labels=np.zeros(0, np.int64), not_exhaustive_label_offsets=none.copy(),
+        not_exhaustive_labels=np.zeros(0, np.int64),
+    )
+    source = {"image_label_missing": missing, "image_label_empty": int((parsed.lines == 0).sum())}
+    meta = {
+        "class_names": list(dataset.class_names), "skip_counts": dict(problems.counts),
+        "skip_examples": problems.examples, "first_problem": None if problems.first is None else problems.first[1],
+        "dropped_counts": {"box_only": int(parsed.box_only.sum())}, "source_counts": source,
+    }
+    return tables, meta
+
+
+def _cache_file(cache_dir: Path, dataset: DatasetYaml, split: str) -> Path:
+    digest = hashlib.sha256(f"{dataset.file}\0{split}".encode("utf-8", "surrogatepass")).hexdigest()[:16]
+    return cache_dir / f"{dataset.file.stem}-{split}-{digest}.npz"
+
+
+def _with_listing(meta: dict[str, Any], listing: SplitImages) -> dict[str, Any]:
+    """The metadata with the lists' bad lines and the listing's counts (not cached: read each time)."""
+    counts, examples = Counter(meta["skip_counts"]), {k: list(v) for k, v in meta["skip_examples"].items()}
+    for problem in listing.problems:
+        counts[problem.reason] += 1
+        if len(examples.setdefault(problem.reason, [])) < MAX_EXAMPLES:
+            examples[problem.reason].append(problem.message)
+    source = {**meta.get("source_counts", {}), **listing.counts}
+    return {**meta, "skip_counts": dict(counts), "skip_examples": examples,
+            "source_counts": {k: int(v) for k, v in source.items() if v}}
+
+
+def build_yolo_index(data_yaml: str | os.PathLike[str], split: str, options: IndexOptions | None = None,
+                     **fields: Any) -> CocoIndex:
+    """The index of one split of an Ultralytics dataset (see the module docstring), cached.
+
+    Args:
+        data_yaml: the dataset's ``data.yaml``.
+        split: the split to read: ``"train"``, ``"val"``, ``"test"``, or any other the file names.
+        options (IndexOptions | None): as for :meth:`~seg_datamodule.io.coco.CocoIndex.build`
+            (``on_bad_sample``, ``drop_empty``, ``verify_images``, ``cache_dir``, ``use_cache``;
+            an Ultralytics dataset has no crowd regions).
+        **fields: any :class:`~seg_datamodule.io.coco.IndexOptions` field, given flat.
+
+    Returns:
+        CocoIndex: its ``ann_file`` is the data.yaml, its ``image_root`` the folder every image of
+        the split is below.
+
+    Raises:
+        DatasetYamlError, DatasetNotFoundError: the data.yaml, or the split, cannot be read.
+        ImageIdClashError: two images would share an id (the message names both files).
+        BadLabelError: with ``on_bad_sample="raise"``, the first bad line (file and line named),
+            or a bad line of a ``.txt`` list.
+        BadImageError: with ``on_bad_sample="raise"``, the first image that cannot be read.
+        ValueError: the split lists no image.
+    """
+    options = merge_options(options, fields, "build_yolo_index()")
+    dataset = read_dataset_yaml(data_yaml)
+    listing = list_split_images(dataset.sources(split))
+    if listing.problems and options.on_bad_sample == "raise":
+        first = listing.problems[0]
+        raise error_from_problem({"kind": "line", "message": first.message, "reason": first.reason,
+                                  "file": first.source, "line": first.line})
+    if not listing.file_names:
+        raise ValueError(f"{dataset.file}: split {split!r} lists no image ({', '.join(map(str, dataset.sources(split)))}; "
+                         f"extensions: {', '.join(sorted(IMG_FORMATS))})")
+    images = [os.path.join(listing.root, name) for name in listing.file_names]
+    labels = [label_path(p) for p in images]
+
+    def build() -> tuple[dict[str, np.ndarray], dict[str, Any]]:
+        return _build_tables(dataset, listing, images, labels)
+
+    cached: tuple[bool, Path | None] = (False, None)
+    if options.use_cache:
+        cache_dir = default_cache_dir() if options.cache_dir is None else Path(options.cache_dir)
+        key = _cache_key(dataset, split, listing, images, labels)
+        (tables, meta), from_cache, path = cached_tables_at(_cache_file(cache_dir, dataset, split), key, build)
+        cached = (from_cache, path)
+    else:
+        tables, meta = build()
+    if options.on_bad_sample == "raise" and meta.get("first_problem") is not None:
+        raise error_from_problem(meta["first_problem"])
+    index = CocoIndex.from_tables(tables, _with_listing(meta, listing), dataset.file, listing.root, options, cached)
+    counts = ", ".join(f"{k} {v}" for k, v in index.source_counts.items())
+    _log.info("%s [%s]: %s%s", dataset.file, split, index.summary(), f"; {counts}" if counts else "")
+    return index
