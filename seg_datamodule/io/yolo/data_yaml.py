@@ -84,8 +84,8 @@ class DatasetYaml:
         """
         if split not in self.entries:
             raise DatasetYamlError(
-                f"{self.file}: no split {split!r} (splits: {', '.join(self.splits) or 'none'}); set the "
-                f"DataModule's {split}_split to one of them, or to null"
+                f"{self.file}: no split {split!r} (splits: {', '.join(self.splits) or 'none'}); name one of them "
+                "(the DataModule's train_split / val_split / test_split), or null for none"
             )
         value = self.entries[split]
         missing = []

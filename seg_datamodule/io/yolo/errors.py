@@ -66,7 +66,8 @@ class BadLabelError(BadAnnotationError):
 
 
 def error_from_problem(problem: Mapping[str, Any]) -> BadLabelError | BadImageError:
-    """The error of a recorded problem (``kind`` ``"line"`` or ``"image"``, ``message``, ``reason``,
+    """The error of a recorded problem (``kind`` ``"image"``: a :class:`~seg_datamodule.io.images.BadImageError`;
+    ``"line"`` or ``"label"``, a line or a whole label file: a :class:`BadLabelError`; ``message``, ``reason``,
     ``file``, ``line``, ``image_id``), as the build raises it and a cache built in skip mode records it."""
     if problem.get("kind") == "image":
         return BadImageError(problem["message"], path=problem.get("file"), reason=problem["reason"],

@@ -132,7 +132,7 @@ def _build_tables(dataset: DatasetYaml, listing: SplitImages, images: list[str],
             continue
         if isinstance(content, OSError):
             problems.add((i, 0), "image_label_unreadable", {
-                "kind": "image", "message": f"{labels[i]}: label file of {images[i]} cannot be read ({content})",
+                "kind": "label", "message": f"{labels[i]}: label file of {images[i]} cannot be read ({content})",
                 "file": labels[i], "image_id": int(ids[i])})
             continue
         keep.append(i)
