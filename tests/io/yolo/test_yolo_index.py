@@ -83,7 +83,7 @@ def test_ultralytics_label_cache_is_never_opened(tmp_path: Path) -> None:
 
     class Payload:
         def __reduce__(self):  # what unpickling the file would run
-            return (open, (str(marker), "w"))
+            return (os.mkdir, (str(marker),))
 
     planted = [tmp_path / "labels" / "train.cache", tmp_path / "labels" / "train" / "labels.cache",
                tmp_path / "labels.cache"]
