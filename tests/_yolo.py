@@ -96,10 +96,11 @@ def rotate_with_exif(src: Path, dst: Path, orientation: int) -> None:
     """Store ``src``'s pixels turned back so that EXIF ``orientation`` shows them as ``src`` (a phone's JPEG)."""
     from PIL import Image
 
-    image = Image.open(src)
     undo = {6: Image.Transpose.ROTATE_90, 8: Image.Transpose.ROTATE_270, 3: Image.Transpose.ROTATE_180}[orientation]
     exif = Image.Exif()
     exif[0x0112] = orientation
+    with Image.open(src) as image:
+        stored = image.transpose(undo)
     if dst.exists() or dst.is_symlink():
         os.unlink(dst)
-    image.transpose(undo).save(dst, "JPEG", quality=95, exif=exif.tobytes())
+    stored.save(dst, "JPEG", quality=95, exif=exif.tobytes())

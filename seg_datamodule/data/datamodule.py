@@ -342,7 +342,7 @@ class COCOSegDataModule(DataSources, LoaderHooks, CountsHooks, LightningDataModu
         max_epochs = None
         if self.trainer is not None and self.trainer.max_epochs is not None and self.trainer.max_epochs > 0:
             max_epochs = int(self.trainer.max_epochs)
-        if self.train_dataset is None:
+        if self.train_dataset is None and (self.train_index is not None or self.stream_meta is not None):
             index: Any = self.train_index
             cache_images = self.cache_images
             if self.stream_meta is not None:  # a window over each streamed batch; nothing to cache

@@ -62,7 +62,8 @@ class LoaderHooks:
     def train_dataloader(self) -> DataLoader:
         if self.train_dataset is None:
             self.setup("fit")
-        assert self.train_dataset is not None
+        if self.train_dataset is None:  # a data.yaml with train_split null
+            raise ValueError("nothing to train on: the DataModule's train_split is null")
         world_size, rank = self._world()
         progress = self._trained_batches if self.trainer is not None else None
         # A reloaded loader keeps counting where the last one was.
