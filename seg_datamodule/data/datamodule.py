@@ -353,7 +353,7 @@ class COCOSegDataModule(DataSources, LoaderHooks, CountsHooks, LightningDataModu
                 cache_images = len(index) if len(index) <= AUTO_CACHE_MAX_IMAGES else 0
             self.train_dataset = SegDataset(index, self.augment, train=True, seed=self.seed,
                                             cache_images=cache_images, max_epochs=max_epochs)
-        elif max_epochs is not None:  # set up before a Trainer was attached, or a new Trainer
+        elif max_epochs is not None and self.train_dataset is not None:  # set up before a Trainer, or a new one
             self.train_dataset.set_max_epochs(max_epochs)
         if self.repeat_factor_threshold is not None:
             self._setup_repeat_factors(stage)
