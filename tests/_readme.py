@@ -10,8 +10,9 @@ A step runs as a user would run it, with four kinds of change, all listed here:
 - **paths**: ``/data/coco/...``, ``annotations/instances_*.json`` and bare ``train2017`` /
   ``val2017`` name a COCO root made of coco-mini (:func:`make_coco_root`: its files, plus a
   test-dev image-info file and a ``test2017`` folder made from val), ``/data/lvis/...`` the LVIS
-  API's 100-image file in v1 form (:func:`make_lvis_root`); ``s3://bucket/...`` names a
-  local folder (no S3 server here);
+  API's 100-image file in v1 form (:func:`make_lvis_root`), ``/data/coco-seg/...`` coco-mini in
+  Ultralytics' layout with its ``data.yaml`` (``_yolo.make_yolo_root``, beside the COCO root);
+  ``s3://bucket/...`` names a local folder (no S3 server here);
 - **interpreter**: ``.venv/bin/python`` (or ``python``) is the interpreter running the tests,
   and ``seg-datamodule`` is its console script;
 - **size**: ``fit`` / ``validate`` / ``test`` / ``predict`` runs get :func:`cli_limits` appended
@@ -248,6 +249,8 @@ def substitute_token(token: str, coco: Path, bucket: Path) -> str:
     """A README path token as it is run in a test (see the module docstring)."""
     if token.startswith("/data/lvis/"):  # made beside the COCO root (make_lvis_root)
         return str(coco.parent / "lvis" / token[len("/data/lvis/"):])
+    if token.startswith("/data/coco-seg/"):  # made beside the COCO root (_yolo.make_yolo_root)
+        return str(coco.parent / "coco-seg" / token[len("/data/coco-seg/"):])
     if token == "/data/coco":
         return str(coco)
     if token.startswith("/data/coco/"):

@@ -27,6 +27,7 @@ import yaml
 from _readme import (
     Step, cli_limits, make_coco_root, make_lvis_root, parse_blocks, steps_from_blocks, substitute_python, substitute_token,
 )
+from _yolo import make_yolo_root
 
 ROOT = Path(__file__).resolve().parents[1]
 README = (ROOT / "README.md").read_text()
@@ -113,6 +114,7 @@ def runner(tmp_path_factory, coco_mini, demo_dir) -> _Runner:
     # The demo dataset generated once per session is found where the README's cache root puts it.
     coco = make_coco_root(coco_mini, tmp_path_factory.mktemp("coco") / "coco")
     make_lvis_root(coco, coco.parent / "lvis")
+    make_yolo_root(coco_mini, coco.parent / "coco-seg")
     return _Runner(tmp_path_factory.mktemp("readme"), coco, demo_dir.parent)
 
 
