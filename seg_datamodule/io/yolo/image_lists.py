@@ -22,7 +22,7 @@ Ultralytics' rule (:func:`label_path`).
 from __future__ import annotations
 
 import os
-from pathlib import Path, PurePosixPath
+from pathlib import Path
 from typing import NamedTuple, Sequence
 
 from seg_datamodule.io.paths import file_name_problem
@@ -148,6 +148,8 @@ def list_split_images(sources: Sequence[Path]) -> SplitImages:
         ignored += other
     unique = sorted(set(paths))
     root = Path(os.path.commonpath(roots)) if roots else Path("/")
-    names = [PurePosixPath(*Path(os.path.relpath(p, root)).parts).as_posix() for p in unique]
+    # Every path is normalised and below the root: cutting its prefix is its relative path.
+    cut = len(os.path.join(str(root), ""))
+    names = [p[cut:] for p in unique] if os.sep == "/" else [p[cut:].replace(os.sep, "/") for p in unique]
     return SplitImages(root, names, problems, {"files_ignored": ignored, "image_listed_twice": len(paths) - len(unique)},
                        tuple(lists))

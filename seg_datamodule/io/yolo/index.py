@@ -86,6 +86,10 @@ def _read_one(image: str, label: str) -> tuple[Any, bytes | None | OSError]:
     return header, content
 
 
+def _read_many(pairs: list[tuple[str, str]]) -> list[tuple[Any, bytes | None | OSError]]:
+    return [_read_one(image, label) for image, label in pairs]
+
+
 def _file_stats(paths: list[str]) -> bytes:
     """Size, mtime, ctime and inode of each path (-1 for a missing one), packed."""
     out = array("q")
@@ -100,12 +104,20 @@ def _file_stats(paths: list[str]) -> bytes:
     return out.tobytes()
 
 
+def _in_threads(function: Any, items: list[Any], pool: concurrent.futures.Executor) -> list[Any]:
+    """``function`` over slices of ``items`` (a few thousand calls per task, not one), results in order."""
+    step = max(256, -(-len(items) // (4 * _THREADS)))
+    return list(pool.map(function, [items[k:k + step] for k in range(0, len(items), step)]))
+
+
 def _cache_key(dataset: DatasetYaml, split: str, listing: SplitImages, images: list[str],
                labels: list[str]) -> dict[str, Any]:
     digest = hashlib.blake2b(digest_size=16)
     digest.update("\0".join(listing.file_names).encode("utf-8", "surrogatepass"))
-    for group in (images, labels, [str(p) for p in listing.lists]):
-        digest.update(_file_stats(group))
+    with concurrent.futures.ThreadPoolExecutor(_THREADS) as pool:  # stat releases the GIL
+        for group in (images, labels, [str(p) for p in listing.lists]):
+            for packed in _in_threads(_file_stats, group, pool):
+                digest.update(packed)
     return {"version": CACHE_FORMAT_VERSION, "source": "ultralytics", "data_yaml": str(dataset.file), "split": split,
             "root": str(listing.root), "class_names": list(dataset.class_names), "files": digest.hexdigest()}
 
@@ -116,7 +128,7 @@ def _build_tables(dataset: DatasetYaml, listing: SplitImages, images: list[str],
     names, num_classes = listing.file_names, len(dataset.class_names)
     ids = assign_image_ids(names, f"{dataset.file}")
     with concurrent.futures.ThreadPoolExecutor(_THREADS) as pool:
-        read = list(pool.map(_read_one, images, labels, chunksize=64))
+        read = [r for part in _in_threads(_read_many, list(zip(images, labels)), pool) for r in part]
     problems = _Problems()
     keep, sizes, orientations, contents, content_image = [], [], [], [], []
     missing = 0
@@ -237,7 +249,8 @@ def build_yolo_index(data_yaml: str | os.PathLike[str], split: str, options: Ind
     if not listing.file_names:
         raise ValueError(f"{dataset.file}: split {split!r} lists no image ({', '.join(map(str, dataset.sources(split)))}; "
                          f"extensions: {', '.join(sorted(IMG_FORMATS))})")
-    images = [os.path.join(listing.root, name) for name in listing.file_names]
+    prefix = os.path.join(str(listing.root), "")
+    images = [prefix + name for name in listing.file_names]
     labels = [label_path(p) for p in images]
 
     def build() -> tuple[dict[str, np.ndarray], dict[str, Any]]:

@@ -155,13 +155,13 @@ def _duplicates(line_file: np.ndarray, starts: np.ndarray, counts: np.ndarray, v
     fingerprint = np.add.reduceat(values[token] * weights, offsets[:-1])
     order = np.lexsort((lines, fingerprint, counts[lines], line_file[lines]))
     keys = np.stack([line_file[lines], counts[lines], fingerprint], 1)[order]
-    run_start = np.concatenate([[True], ~(keys[1:] == keys[:-1]).all(1)])
-    runs = np.split(lines[order], np.flatnonzero(run_start)[1:])
-    for run in runs:  # lines of one file with one fingerprint, in line order: rare beyond one
-        for k in range(1, len(run)):
-            b = run[k]
-            row = values[starts[b]:starts[b] + counts[b]]
-            out[b] = any(np.array_equal(values[starts[a]:starts[a] + counts[a]], row) for a in run[:k])
+    same = np.concatenate([[False], (keys[1:] == keys[:-1]).all(1)])
+    run_start = np.maximum.accumulate(np.where(same, 0, np.arange(len(same))))
+    ordered = lines[order]
+    for k in np.flatnonzero(same):  # a line whose file and fingerprint an earlier line has: rare
+        b = ordered[k]
+        row = values[starts[b]:starts[b] + counts[b]]
+        out[b] = any(np.array_equal(values[starts[a]:starts[a] + counts[a]], row) for a in ordered[run_start[k]:k])
     return out
 
 
