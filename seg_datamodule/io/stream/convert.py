@@ -205,6 +205,8 @@ def convert_yolo(
 
 
 def _check_options(index_options: IndexOptions, chunk_options: ChunkOptions) -> None:
+    """Refuse a missing LitData and options of the wrong type before any index is built."""
+    require_litdata()
     for name, value, kind in (("index_options", index_options, IndexOptions),
                               ("chunk_options", chunk_options, ChunkOptions)):
         if not isinstance(value, kind):
