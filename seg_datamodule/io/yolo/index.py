@@ -127,8 +127,10 @@ def _build_tables(dataset: DatasetYaml, listing: SplitImages, images: list[str],
     """Read every header and label file and assemble the unfiltered tables (the cold build)."""
     names, num_classes = listing.file_names, len(dataset.class_names)
     ids = assign_image_ids(names, f"{dataset.file}")
+    # 1. Every image's header and label file, in threads (they wait on the disk).
     with concurrent.futures.ThreadPoolExecutor(_THREADS) as pool:
         read = [r for part in _in_threads(_read_many, list(zip(images, labels)), pool) for r in part]
+    # 2. Images that cannot be read, or whose label file cannot: left out (or the first raised).
     problems = _Problems()
     keep, sizes, orientations, contents, content_image = [], [], [], [], []
     missing = 0
@@ -155,6 +157,7 @@ def _build_tables(dataset: DatasetYaml, listing: SplitImages, images: list[str],
         else:
             contents.append(content)
             content_image.append(len(keep) - 1)
+    # 3. Every label line at once, in the kept images' (turned) pixels.
     keep_arr = np.asarray(keep, np.int64)
     sizes_arr = np.asarray(sizes, np.int64).reshape(-1, 2)
     content_image_arr = np.asarray(content_image, np.int64)
@@ -165,7 +168,7 @@ def _build_tables(dataset: DatasetYaml, listing: SplitImages, images: list[str],
             "kind": "line", "message": f"{labels[i]}:{problem.line}: {problem.detail} (image {names[i]}, id {int(ids[i])})",
             "file": labels[i], "line": problem.line, "image_id": int(ids[i])})
 
-    # Instances (one ring each), numbered from 1 in index order.
+    # 4. The tables: instances (one ring each) numbered from 1 in index order, images, categories.
     image_of = content_image_arr[parsed.file]
     n = len(parsed.labels)
     ring_offsets = offsets_from_lengths(parsed.ring_lens)
