@@ -51,6 +51,7 @@ __all__ = ["build_yolo_index"]
 
 _log = logging.getLogger(__name__)
 _THREADS = min(8, os.cpu_count() or 1)  # header and label reads wait on the disk, not the GIL
+_CHUNK_IMAGES = 8192  # images read and parsed at once: bounds what the cold build holds beside the tables
 
 
 class _Problems:
@@ -122,81 +123,106 @@ def _cache_key(dataset: DatasetYaml, split: str, listing: SplitImages, images: l
             "root": str(listing.root), "class_names": list(dataset.class_names), "files": digest.hexdigest()}
 
 
-def _build_tables(dataset: DatasetYaml, listing: SplitImages, images: list[str],
-                  labels: list[str]) -> tuple[dict[str, np.ndarray], dict[str, Any]]:
-    """Read every header and label file and assemble the unfiltered tables (the cold build)."""
-    names, num_classes = listing.file_names, len(dataset.class_names)
-    ids = assign_image_ids(names, f"{dataset.file}")
-    # 1. Every image's header and label file, in threads (they wait on the disk).
-    with concurrent.futures.ThreadPoolExecutor(_THREADS) as pool:
-        read = [r for part in _in_threads(_read_many, list(zip(images, labels)), pool) for r in part]
-    # 2. Images that cannot be read, or whose label file cannot: left out (or the first raised).
-    problems = _Problems()
-    keep, sizes, orientations, contents, content_image = [], [], [], [], []
-    missing = 0
-    for i, (header, content) in enumerate(read):
+class _Kept:
+    """What the cold build keeps, chunk by chunk: images (their sizes, orientations) and instances."""
+
+    def __init__(self) -> None:
+        self.images: list[int] = []
+        self.sizes: list[tuple[int, int]] = []
+        self.orientations: list[int] = []
+        self.pieces: list[tuple[np.ndarray, ...]] = []  # (image position, label, points, vertices)
+        self.counts: Counter[str] = Counter()  # box_only, image_label_missing, image_label_empty
+
+
+def _take_chunk(start: int, read: list[Any], build: tuple[DatasetYaml, SplitImages, list[str], list[str], np.ndarray],
+                problems: _Problems, kept: _Kept) -> None:
+    """Keep the good images of ``read`` (images ``start``...) and their parsed lines; count or record the rest."""
+    dataset, listing, images, labels, ids = build
+    names = listing.file_names
+    contents, positions = [], []
+    # Images that cannot be read, or whose label file cannot: left out (or the first raised).
+    for i, (header, content) in enumerate(read, start):
         if isinstance(header, BadImageError):
             problems.add((i, 0), header.reason or "image_corrupt", {
                 "kind": "image", "message": f"{dataset.file}: image id {int(ids[i])}: {header}", "file": images[i],
                 "image_id": int(ids[i])})
-            if isinstance(content, bytes):  # its lines go with it, counted
-                lost = sum(1 for line in content.splitlines() if line.strip())
-                if lost:
-                    problems.counts["label_of_skipped_image"] += lost
+            lost = sum(1 for line in content.splitlines() if line.strip()) if isinstance(content, bytes) else 0
+            if lost:  # its lines go with it, counted
+                problems.counts["label_of_skipped_image"] += lost
             continue
         if isinstance(content, OSError):
             problems.add((i, 0), "image_label_unreadable", {
                 "kind": "label", "message": f"{labels[i]}: label file of {images[i]} cannot be read ({content})",
                 "file": labels[i], "image_id": int(ids[i])})
             continue
-        keep.append(i)
-        sizes.append(header.size)
-        orientations.append(header.orientation)
+        kept.images.append(i)
+        kept.sizes.append(header.size)
+        kept.orientations.append(header.orientation)
         if content is None:
-            missing += 1
+            kept.counts["image_label_missing"] += 1
         else:
             contents.append(content)
-            content_image.append(len(keep) - 1)
-    # 3. Every label line at once, in the kept images' (turned) pixels.
-    keep_arr = np.asarray(keep, np.int64)
-    sizes_arr = np.asarray(sizes, np.int64).reshape(-1, 2)
-    content_image_arr = np.asarray(content_image, np.int64)
-    parsed = parse_label_files(contents, sizes_arr[content_image_arr], num_classes)
+            positions.append(len(kept.images) - 1)
+    # Every label line of the chunk at once, in the kept images' (turned) pixels.
+    position = np.asarray(positions, np.int64)
+    parsed = parse_label_files(contents, np.asarray(kept.sizes, np.int64).reshape(-1, 2)[position],
+                               len(dataset.class_names))
     for problem in parsed.problems:
-        i = int(keep_arr[content_image_arr[problem.file]])
+        i = kept.images[position[problem.file]]
         problems.add((i, problem.line), problem.reason, {
             "kind": "line", "message": f"{labels[i]}:{problem.line}: {problem.detail} (image {names[i]}, id {int(ids[i])})",
             "file": labels[i], "line": problem.line, "image_id": int(ids[i])})
+    kept.pieces.append((position[parsed.file], parsed.labels, parsed.ring_lens, parsed.vertices))
+    kept.counts["box_only"] += int(parsed.box_only.sum())
+    kept.counts["image_label_empty"] += int((parsed.lines == 0).sum())
 
-    # 4. The tables: instances (one ring each) numbered from 1 in index order, images, categories.
-    image_of = content_image_arr[parsed.file]
-    n = len(parsed.labels)
-    ring_offsets = offsets_from_lengths(parsed.ring_lens)
-    vertices = parsed.vertices
+
+def _build_tables(dataset: DatasetYaml, listing: SplitImages, images: list[str],
+                  labels: list[str]) -> tuple[dict[str, np.ndarray], dict[str, Any]]:
+    """Read every header and label file and assemble the unfiltered tables (the cold build).
+
+    Chunk by chunk of :data:`_CHUNK_IMAGES` images: the headers and label files read in threads
+    (they wait on the disk), then parsed at once, so what is held beside the tables is one chunk.
+    """
+    names, num_classes = listing.file_names, len(dataset.class_names)
+    build = (dataset, listing, images, labels, assign_image_ids(names, f"{dataset.file}"))
+    problems, kept = _Problems(), _Kept()
+    with concurrent.futures.ThreadPoolExecutor(_THREADS) as pool:
+        for start in range(0, len(images), _CHUNK_IMAGES):
+            pairs = list(zip(images[start:start + _CHUNK_IMAGES], labels[start:start + _CHUNK_IMAGES]))
+            read = [r for part in _in_threads(_read_many, pairs, pool) for r in part]
+            _take_chunk(start, read, build, problems, kept)
+
+    # The tables: instances (one ring each) numbered from 1 in index order, images, categories.
+    image_of, classes, points, vertices = (np.concatenate(column) for column in zip(*kept.pieces))
+    vertices = vertices.reshape(-1, 2)
+    n = len(classes)
+    ring_offsets = offsets_from_lengths(points)
     low = np.minimum.reduceat(vertices, ring_offsets[:-1]) if n else np.zeros((0, 2))
     high = np.maximum.reduceat(vertices, ring_offsets[:-1]) if n else np.zeros((0, 2))
     chunk = {
-        "pos": np.arange(n, dtype=np.int64), "img": image_of, "labels": parsed.labels,
+        "pos": np.arange(n, dtype=np.int64), "img": image_of.astype(np.int64), "labels": classes.astype(np.int64),
         "annotation_ids": np.arange(1, n + 1, dtype=np.int64), "bboxes": np.concatenate([low, high - low], 1),
         "areas": instance_areas(vertices, ring_offsets, np.arange(n + 1)), "nrings": np.ones(n, np.int64),
-        "ring_lens": parsed.ring_lens, "vertices": vertices,
+        "ring_lens": points.astype(np.int64), "vertices": vertices,
     }
-    tables = assemble([chunk] if n else [], [], len(keep))
-    encoded = [names[i].encode("utf-8", "surrogatepass") for i in keep]
-    none = np.zeros(len(keep) + 1, np.int64)
+    tables = assemble([chunk] if n else [], [], len(kept.images))
+    encoded = [names[i].encode("utf-8", "surrogatepass") for i in kept.images]
+    sizes = np.asarray(kept.sizes, np.int64).reshape(-1, 2)
+    none = np.zeros(len(kept.images) + 1, np.int64)
     tables.update(
-        image_ids=ids[keep_arr], heights=sizes_arr[:, 0].copy(), widths=sizes_arr[:, 1].copy(),
+        image_ids=build[4][np.asarray(kept.images, np.int64)], heights=sizes[:, 0].copy(), widths=sizes[:, 1].copy(),
         file_name_offsets=offsets_from_lengths(np.fromiter(map(len, encoded), np.int64, len(encoded))),
         file_name_bytes=np.frombuffer(b"".join(encoded), np.uint8).copy(),
-        category_ids=np.arange(num_classes, dtype=np.int64), orientations=np.asarray(orientations, np.uint8),
+        category_ids=np.arange(num_classes, dtype=np.int64), orientations=np.asarray(kept.orientations, np.uint8),
         neg_label_offsets=none, neg_labels=np.zeros(0, np.int64), not_exhaustive_label_offsets=none.copy(),
         not_exhaustive_labels=np.zeros(0, np.int64),
     )
-    source = {"image_label_missing": missing, "image_label_empty": int((parsed.lines == 0).sum())}
     meta = {
         "class_names": list(dataset.class_names), "skip_counts": dict(problems.counts),
         "skip_examples": problems.examples, "first_problem": None if problems.first is None else problems.first[1],
-        "dropped_counts": {"box_only": int(parsed.box_only.sum())}, "source_counts": source,
+        "dropped_counts": {"box_only": kept.counts["box_only"]},
+        "source_counts": {k: kept.counts[k] for k in ("image_label_missing", "image_label_empty")},
     }
     return tables, meta
 

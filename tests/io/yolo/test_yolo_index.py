@@ -147,3 +147,20 @@ def test_the_ground_truth_scores_itself_perfectly(tmp_path: Path) -> None:
             assert evaluator.stats[0] == pytest.approx(1.0)
     other = ground_truth(index, use_cache=False)
     assert other.read_bytes() == path.read_bytes() and other.parent != path.parent
+
+
+def test_chunks_of_any_size_give_the_same_index(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    from seg_datamodule.io.yolo import index as index_module
+
+    labels = {f"{k}.jpg": f"{TRIANGLE}\n{SQUARE}\n" if k % 3 else None for k in range(7)}
+    labels["5.jpg"] = f"{TRIANGLE}\n9 0 0 1 0 1 1\n1 .5 .5 .1 .1\n"
+    yaml = make_dataset(tmp_path, labels)
+    whole = build_yolo_index(yaml, "train", use_cache=False, on_bad_sample="skip")
+    monkeypatch.setattr(index_module, "_CHUNK_IMAGES", 2)
+    chunked = build_yolo_index(yaml, "train", use_cache=False, on_bad_sample="skip")
+    assert chunked == whole and chunked.skip_counts == {"label_bad_class": 1}
+    assert chunked.source_counts == whole.source_counts == {"image_label_missing": 3}
+    assert chunked.dropped_counts["box_only"] == 1 and chunked.num_instances == 7
+    monkeypatch.setattr(index_module, "_CHUNK_IMAGES", 3)
+    with pytest.raises(BadLabelError, match=r"5.txt:2: class 9"):
+        build_yolo_index(yaml, "train", use_cache=False)
