@@ -29,7 +29,7 @@ dataset and as a COCO JSON of exactly the same polygons: img/s of each, interlea
 
 Usage::
 
-    python benchmarks/bench_yolo_index.py                       # full scale (writes ~236k files once)
+    python benchmarks/bench_yolo_index.py                       # full scale (writes ~236k files, ~1.5 GB, once)
     python benchmarks/bench_yolo_index.py --images 2000         # quick run
     python benchmarks/bench_yolo_index.py --loader              # the loader comparison
 """
@@ -87,8 +87,10 @@ def make_dataset(workdir: Path, images: int, size: int) -> Path:
     (root / "images/train").mkdir(parents=True, exist_ok=True)
     (root / "labels/train").mkdir(parents=True, exist_ok=True)
     rng = np.random.default_rng(0)
-    jpegs = [cv2.imencode(".jpg", rng.integers(0, 255, (size * 3 // 4, size, 3), dtype=np.uint8))[1].tobytes()
-             for _ in range(8)]
+    # Smooth noise: a few KB per JPEG (the images' headers are what an index build reads).
+    coarse = [rng.integers(0, 255, (size * 3 // 32 + 1, size // 8 + 1, 3), dtype=np.uint8) for _ in range(8)]
+    jpegs = [cv2.imencode(".jpg", cv2.resize(c, (size, size * 3 // 4), interpolation=cv2.INTER_LINEAR))[1].tobytes()
+             for c in coarse]
     for k in range(images):
         (root / "images/train" / f"{k:012d}.jpg").write_bytes(jpegs[k % len(jpegs)])
         (root / "labels/train" / f"{k:012d}.txt").write_text("\n".join(lines[k % len(lines)]) + "\n")
