@@ -106,10 +106,15 @@ def test_mixed_folder_predicts_with_right_sizes_and_counts_the_bad_file(tmp_path
             pass
 
 
+def _demo_categories(demo_dir: Path) -> dict[str, str]:
+    """The demo's training split, named for its categories (a folder to predict names none)."""
+    return {"train_ann": str(demo_dir / "annotations" / "instances_train2017.json"),
+            "train_images": str(demo_dir / "train2017")}
+
+
 def test_predict_step_boxes_lie_inside_each_image(tmp_path: Path, demo_dir: Path) -> None:
     folder = _mixed_folder(tmp_path / "images")
-    dm = _dm(tmp_path, folder, on_bad_sample="skip")
-    dm.demo_dir = str(demo_dir)
+    dm = _dm(tmp_path, folder, on_bad_sample="skip", **_demo_categories(demo_dir))
     model = YolactLite(num_classes=dm.num_classes, width=4, num_prototypes=4).eval()
     model.category_ids = dm.category_ids
     dm.setup("predict")
@@ -181,8 +186,8 @@ def test_image_info_json_as_test_and_predict_source(coco_mini: Path, tmp_path: P
 @pytest.mark.slow
 def test_trainer_predict_writes_results_and_the_id_mapping(tmp_path: Path, demo_dir: Path) -> None:
     folder = _mixed_folder(tmp_path / "images")
-    dm = _dm(tmp_path, folder, num_workers=2, on_bad_sample="skip")  # samples and counts cross from workers
-    dm.demo_dir = str(demo_dir)
+    # Samples and counts cross from workers.
+    dm = _dm(tmp_path, folder, num_workers=2, on_bad_sample="skip", **_demo_categories(demo_dir))
     model = YolactLite(num_classes=dm.num_classes, width=4, num_prototypes=4)
     out = tmp_path / "out" / "results.json"
     trainer = L.Trainer(accelerator="cpu", logger=False, enable_progress_bar=False, enable_model_summary=False,
