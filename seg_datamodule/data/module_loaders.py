@@ -6,6 +6,7 @@ attributes read here); the loader arguments themselves come from :mod:`~seg_data
 
 from __future__ import annotations
 
+import math
 from typing import Any
 
 import numpy as np
@@ -127,6 +128,31 @@ class LoaderHooks:
     def keep_loader_state(self, state_dict: dict[str, Any]) -> None:
         """Keep the train loader's state for the next ``train_dataloader()`` (see :meth:`loader_state`)."""
         self._loader_state = state_dict.get("train_loader")
+
+    def stepping_batches(self) -> int | float:
+        """``trainer.estimated_stepping_batches``, with every epoch's own length under repeat-factor sampling.
+
+        Lightning multiplies the train loader's length at the start of fit (epoch 0's draw) by
+        ``max_epochs``; each epoch's draw is a pure function of ``(seed, epoch)``, so this sums
+        them, cut by ``limit_train_batches``, gradient accumulation and ``max_steps`` as Lightning
+        cuts its estimate. A schedule sized to it then ends with the run (a cosine sized short
+        would climb again). Without repeat factors it is Lightning's estimate.
+        """
+        trainer = self.trainer
+        estimate = trainer.estimated_stepping_batches
+        if (self.repeat_factors is None or self.train_dataset is None or not math.isfinite(estimate)
+                or trainer.max_epochs in (None, -1)):
+            return estimate
+        world_size, rank = self._world()
+        sampler = EpochShardSampler(self.train_dataset, num_replicas=world_size, rank=rank, shuffle=True,
+                                    seed=self.seed, repeat_factors=self.repeat_factors)
+        limit, steps = trainer.limit_train_batches, 0
+        for epoch in range(max(int(trainer.max_epochs), 1)):
+            sampler.set_epoch(epoch)
+            batches = math.ceil(len(sampler) / self.batch_size)
+            batches = min(batches, limit) if isinstance(limit, int) else int(batches * limit)
+            steps += math.ceil(batches / trainer.accumulate_grad_batches)
+        return min(steps, trainer.max_steps) if trainer.max_steps != -1 else steps
 
     def _evaluation_split(self) -> str | None:
         """``"val"`` or ``"test"`` while the Trainer runs that loop (sanity check included), else None."""

@@ -54,6 +54,7 @@ import torch.nn.functional as F
 from torch import Tensor
 from lightning.pytorch.utilities import rank_zero_info
 
+from seg_datamodule.data.repeat_factors import scheduled_steps
 from seg_datamodule.demo.losses import box_predictions, mask_iou, mask_loss
 from seg_datamodule.demo.network import YolactNet, YolactOutput
 from seg_datamodule.demo.scoring import TEST_STATS, VAL_STATS, check_datamodule_agrees, picked_stats, prediction_boxes
@@ -307,7 +308,7 @@ class YolactLite(YolactNet, L.LightningModule):
             ],
             lr=self.hparams.lr,
         )
-        total = self.trainer.estimated_stepping_batches if self._trainer is not None else math.inf
+        total = scheduled_steps(self._trainer)  # each epoch's own length under repeat-factor sampling
         if not self.hparams.cosine_schedule or not math.isfinite(total) or total < 1:
             return optimizer
         scheduler = torch.optim.lr_scheduler.CosineAnnealingLR(optimizer, T_max=int(total))
