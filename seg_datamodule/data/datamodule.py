@@ -15,7 +15,7 @@ indices)``, so batches are the same for any ``num_workers``, and the train loade
 resumed from any checkpoint, mid-epoch included, continues with exactly the batches the
 uninterrupted run would have seen.
 
-Held-out data (:mod:`~seg_datamodule.data.splits`): ``test_ann`` / ``test_images`` for
+Held-out data (:mod:`~seg_datamodule.data.module_sources`): ``test_ann`` / ``test_images`` for
 ``trainer.test`` (letterboxed like validation; an image-info file without annotations works), and
 ``predict_images`` (a folder, or with ``predict_ann`` a COCO JSON's images) for ``trainer.predict``
 (:mod:`~seg_datamodule.data.predict`). Each stage builds only the splits it reads, so a DataModule

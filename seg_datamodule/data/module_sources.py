@@ -99,8 +99,8 @@ class DataSources:
         """
         self._resolve_paths()
         if stage == "fit" and self.train_ann is None and self.train_stream is None:
-            raise MissingSplitError("fit needs train_ann and train_images (or train_stream); this DataModule names only "
-                             "held-out splits")
+            raise MissingSplitError("fit needs train_ann and train_images (or train_stream); this DataModule "
+                                    "names only held-out splits")
         for split, what in (("val", "validate"), ("test", "test")):
             if stage == what and getattr(self, f"{split}_ann") is None:
                 raise MissingSplitError(f"{what} needs {split}_ann and {split}_images")

@@ -1,10 +1,11 @@
-"""The DataModule's held-out sources: the ``test`` split and the ``predict`` images.
+"""The checks every split of the DataModule passes: given in pairs, the same categories, images to use.
 
-* test: a COCO JSON (instances, or an image-info file without ``annotations`` such as COCO
-  test-dev) plus its folder, indexed like validation (negatives kept) and letterboxed without
-  augmentation by :class:`~seg_datamodule.data.dataset.SegDataset` (``train=False``);
-* predict: a folder of images (walked recursively), or a COCO JSON plus its folder, read by
-  :class:`~seg_datamodule.data.predict.PredictDataset`.
+The splits themselves are built by :mod:`~seg_datamodule.data.module_sources`: the ``test`` split
+is a COCO JSON (instances, or an image-info file without ``annotations`` such as COCO test-dev)
+plus its folder, indexed like validation (negatives kept) and letterboxed without augmentation by
+:class:`~seg_datamodule.data.dataset.SegDataset` (``train=False``); ``predict`` is a folder of
+images (walked recursively), or a COCO JSON plus its folder, read by
+:class:`~seg_datamodule.data.predict.PredictDataset`.
 
 Labels are positions in the sorted category ids of the DataModule's categories (the first split
 named of train, val, test and predict's JSON, or a restored checkpoint's), so every JSON must have
@@ -22,13 +23,12 @@ from typing import Sequence
 import numpy as np
 
 from seg_datamodule.errors import UserInputError
-from seg_datamodule.io.coco import CocoIndex, IndexOptions, format_skip_summary
+from seg_datamodule.io.coco import CocoIndex, format_skip_summary
 from seg_datamodule.io.image_root import sample_image_root
-from seg_datamodule.io.predict_source import PredictImages, images_from_index, list_image_folder
 
 __all__ = [
-    "BAD_IMAGE_WARN_SHARE", "CategoryMismatchError", "EmptySplitError", "build_predict_images", "build_test_index",
-    "check_categories", "check_pair", "check_split_images",
+    "BAD_IMAGE_WARN_SHARE", "CategoryMismatchError", "EmptySplitError", "check_categories", "check_pair",
+    "check_split_images",
 ]
 
 #: A split whose sampled files are missing, or whose indexed images were left out as bad, beyond
@@ -66,50 +66,6 @@ def check_categories(file: str, category_ids: np.ndarray, train_ids: Sequence[in
         )
 
 
-def build_test_index(
-    ann: str, images: str, options: IndexOptions, train_ids: Sequence[int], train_source: str
-) -> CocoIndex:
-    """The test split's index: like validation, negatives kept (an image-info file has only those).
-
-    Args:
-        ann (str): the COCO JSON (``annotations`` optional).
-        images (str): its image folder.
-        options (IndexOptions): the DataModule's index options.
-        train_ids (Sequence[int]): the training data's sorted category ids.
-        train_source (str): the training data, for messages.
-
-    Raises:
-        BadAnnotationError: a bad entry with ``on_bad_sample="raise"``.
-        CategoryMismatchError: the file's category ids differ from the training data's.
-    """
-    index = CocoIndex.build(ann, images, options, drop_empty=False)
-    check_categories(ann, index.category_ids, train_ids, train_source)
-    return index
-
-
-def build_predict_images(
-    images: str, ann: str | None, options: IndexOptions, train_ids: Sequence[int], train_source: str
-) -> PredictImages:
-    """What ``predict`` reads: ``images`` walked recursively, or the images ``ann`` lists in it.
-
-    Args:
-        images (str): a folder of image files, or the folder ``ann``'s ``file_name`` values are in.
-        ann (str | None): a COCO image-info or instances JSON (its annotations are not read for
-            predicting, but a bad entry is still raised or counted by ``on_bad_sample``).
-        options (IndexOptions): the DataModule's index options.
-        train_ids (Sequence[int]): the training data's sorted category ids.
-        train_source (str): the training data, for messages.
-
-    Raises:
-        FileNotFoundError: ``images`` is not a folder.
-        ValueError: no image in the folder, or ``ann``'s category ids differ from the training data's.
-    """
-    if ann is None:
-        return list_image_folder(images)
-    index = build_test_index(ann, images, options, train_ids, train_source)
-    return images_from_index(index, images, ann)
-
-
 def check_split_images(index: CocoIndex, key: str) -> str | None:
     """Stop a split with no image to use; describe one whose images are largely missing or bad.
 
@@ -143,6 +99,7 @@ def check_split_images(index: CocoIndex, key: str) -> str | None:
         parts.append(f"{len(sample.missing)} of {sample.sampled} files sampled from the {n} images it names are "
                      f"missing (e.g. {sample.missing[0]!r}: about {sample.missing_share:.0%} of the split)")
     if left_out:
-        parts.append(f"{left_out} images were left out as bad when indexing ({', '.join(f'{k} {v}' for k, v in sorted(bad.items()))})")
+        reasons = ", ".join(f"{k} {v}" for k, v in sorted(bad.items()))
+        parts.append(f"{left_out} images were left out as bad when indexing ({reasons})")
     return (f"{key} {str(index.image_root)!r} for {index.ann_file}: {'; '.join(parts)}. With on_bad_sample='skip' "
             "they are skipped and counted, with 'raise' the first one stops the run")

@@ -154,7 +154,8 @@ def _transfer_finding(transfer: Mapping[str, float], loader: Mapping[str, Any]) 
     advice = (
         "the loader already pins memory: copy with non_blocking=True, or move less (uint8 images, masks at stride 4)"
         if pinned
-        else "pin the loader's memory (pin_memory=True, the DataModule's default on CUDA) and copy with non_blocking=True"
+        else "pin the loader's memory (pin_memory=True, the DataModule's default on CUDA) and copy with"
+        " non_blocking=True"
     )
     return {"figures": figures, "sentence": f"Host-to-device copy is significant: {share}: {advice}."}
 

@@ -99,6 +99,9 @@ def test_a_missing_empty_or_wrong_image_folder_stops_at_setup(coco_mini: Path, t
             # In the Trainer's setup, before any loader (or worker) exists.
             _trainer(limit_val_batches=2).validate(YolactLite(num_classes=80, width=4), datamodule=dm)
         assert err.value.key == "val_images" and dm.val_dataset is None
+    with pytest.raises(ImageRootError, match=f"train_images '{tmp_path / 'empty'}' is empty; expected the 79 images"):
+        COCOSegDataModule(train_ann=ann, train_images=str(tmp_path / "empty"), num_workers=2,
+                          cache_dir=str(tmp_path / "cache")).setup("fit")
     empty = tmp_path / "no_images.json"
     data = json.loads(Path(ann).read_text())
     empty.write_text(json.dumps({"images": [], "annotations": [], "categories": data["categories"]}))

@@ -161,7 +161,8 @@ def test_images_without_predictions_and_bbox_only(val_ann: str, coco: COCO) -> N
     assert set(results) == {f"bbox_{n}" for n in STAT_NAMES} and results["bbox_AP"].item() == pytest.approx(1.0)
 
     fresh = COCOMaskMAP(val_ann)  # saw no image: no number at all, not AP -1 (issue 35)
-    with pytest.warns(UserWarning, match="before the ``update``"), pytest.raises(NothingScoredError, match="over nothing"):
+    with pytest.warns(UserWarning, match="before the ``update``"), pytest.raises(NothingScoredError,
+                                                                                 match="over nothing"):
         fresh.compute()
 
 
