@@ -15,14 +15,18 @@ indices)``, so batches are the same for any ``num_workers``, and the train loade
 resumed from any checkpoint, mid-epoch included, continues with exactly the batches the
 uninterrupted run would have seen.
 
-Held-out data (:mod:`~seg_datamodule.data.splits`): ``test_ann`` / ``test_images`` for
+Held-out data (:mod:`~seg_datamodule.data.module_sources`): ``test_ann`` / ``test_images`` for
 ``trainer.test`` (letterboxed like validation; an image-info file without annotations works), and
 ``predict_images`` (a folder, or with ``predict_ann`` a COCO JSON's images) for ``trainer.predict``
-(:mod:`~seg_datamodule.data.predict`).
+(:mod:`~seg_datamodule.data.predict`). Each stage builds only the splits it reads, so a DataModule
+naming only ``val_ann`` / ``val_images`` validates a checkpoint; the categories come from the
+first split named, or the checkpoint (:mod:`~seg_datamodule.data.module_sources`). Before any
+worker starts, setup stops a split with no image to use and warns when many are missing.
 
-Without ``train_ann`` the module uses the embedded demo dataset, generated on first use (see
-:mod:`~seg_datamodule.demo.data`). With ``train_stream`` training streams LitData chunks written by
-``seg-datamodule convert`` (:mod:`~seg_datamodule.io.stream`) through the same dataset and collate.
+When no split at all is named the module uses the embedded demo dataset, generated on first use
+(see :mod:`~seg_datamodule.demo.data`). With ``train_stream`` training streams LitData chunks
+written by ``seg-datamodule convert`` (:mod:`~seg_datamodule.io.stream`) through the same dataset
+and collate.
 """
 
 from __future__ import annotations
@@ -35,10 +39,11 @@ import numpy as np
 from lightning.pytorch import LightningDataModule
 from lightning.pytorch.utilities import rank_zero_info
 
+from seg_datamodule.data.accounting import ConsumedCounts
 from seg_datamodule.data.dataset import SegDataset
 from seg_datamodule.data.module_counts import CountsHooks
 from seg_datamodule.data.module_loaders import LoaderHooks
-from seg_datamodule.data.module_sources import DataSources
+from seg_datamodule.data.module_sources import STAGE_SPLITS, DataSources
 from seg_datamodule.data.options import AugmentOptions, LoaderOptions, StreamOptions
 from seg_datamodule.data.predict import PredictDataset
 from seg_datamodule.data.repeat_factors import describe_repeat_factors, image_repeat_factors
@@ -63,15 +68,16 @@ class COCOSegDataModule(DataSources, LoaderHooks, CountsHooks, LightningDataModu
     """Instance-segmentation batches from COCO-format data, masks rasterised in the workers.
 
     Args:
-        train_ann: COCO instances JSON for training; ``None`` uses the embedded demo dataset
-            (and its validation split, unless ``val_ann`` is given).
+        train_ann: COCO instances JSON for training; when no split at all is named (no
+            ``train_ann``, ``train_stream``, ``val_ann``, ``test_ann`` or ``predict_images``), the
+            embedded demo dataset's training and validation splits.
         train_images: folder of the training images (``file_name`` is relative to it).
         val_ann: COCO instances JSON for validation (optional).
         val_images: folder of the validation images.
         test_ann: COCO JSON of a held-out split for ``trainer.test``: an instances file, or an
             image-info file without ``annotations`` (COCO test-dev); letterboxed without
-            augmentation like validation, negatives kept. Its category ids must be the training
-            data's.
+            augmentation like validation, negatives kept. Its category ids must be the
+            DataModule's (those of the first split named, or of the checkpoint restored).
         test_images: folder of the test images.
         predict_images: what ``trainer.predict`` reads: a folder walked recursively for every
             file OpenCV decodes (ids derived from the relative paths, see
@@ -230,8 +236,7 @@ class COCOSegDataModule(DataSources, LoaderHooks, CountsHooks, LightningDataModu
             raise ValueError("give both train_ann and train_images, or neither (the demo dataset)")
         if train_stream is not None and train_ann is not None:
             raise ValueError("give train_stream or train_ann / train_images, not both")
-        if (val_ann is None) != (val_images is None):
-            raise ValueError("give both val_ann and val_images, or neither")
+        check_pair("val", val_ann, val_images)
         if repeat_factor_threshold is not None:
             check_number("repeat_factor_threshold", repeat_factor_threshold, 0.0, 1.0)
             if repeat_factor_threshold <= 0 or train_stream is not None:
@@ -277,6 +282,11 @@ class COCOSegDataModule(DataSources, LoaderHooks, CountsHooks, LightningDataModu
         self.test_index: CocoIndex | None = None
         self.test_dataset: SegDataset | None = None
         self.predict_dataset: PredictDataset | None = None
+        self._predict_index: CocoIndex | None = None
+        self._checkpoint_categories: tuple[list[int], list[str]] | None = None
+        self._checked_splits: set[str] = set()
+        #: The validation and test batches the loops consumed, per split (the last run of each).
+        self.consumed = ConsumedCounts()
 
     # ------------------------------------------------------------------ options, read back
 
@@ -313,11 +323,26 @@ class COCOSegDataModule(DataSources, LoaderHooks, CountsHooks, LightningDataModu
     # ------------------------------------------------------------------ Lightning hooks
 
     def prepare_data(self) -> None:
-        """Generate the demo data and write the index caches (once per node)."""
-        self._build_indices()
+        """Generate the demo data and write the index caches of the stage's splits (once per node)."""
+        self._build_indices(self._stage())
 
     def setup(self, stage: str) -> None:
-        self._build_indices()
+        """Build what ``stage`` reads, and check its image folders before any worker starts."""
+        self._build_indices(stage)
+        self._check_images(stage)
+        if stage == "fit":
+            self._setup_train()
+        if stage in ("fit", "validate"):
+            self._setup_val()
+        elif stage == "test":
+            self._setup_test()
+        elif stage == "predict":
+            self._setup_predict()
+        for split in STAGE_SPLITS.get(stage, ()):  # a new run of an evaluation stage counts afresh
+            if split != "train":
+                self.consumed.reset(split)
+
+    def _setup_train(self) -> None:
         max_epochs = None
         if self.trainer is not None and self.trainer.max_epochs is not None and self.trainer.max_epochs > 0:
             max_epochs = int(self.trainer.max_epochs)
@@ -335,13 +360,16 @@ class COCOSegDataModule(DataSources, LoaderHooks, CountsHooks, LightningDataModu
         elif max_epochs is not None:  # set up before a Trainer was attached, or a new Trainer
             self.train_dataset.set_max_epochs(max_epochs)
         if self.repeat_factor_threshold is not None:
-            self._setup_repeat_factors(stage)
-        if self.val_index is not None and self.val_dataset is None:
-            self.val_dataset = SegDataset(self.val_index, self.augment, train=False, seed=self.seed)
-        if stage == "test":
-            self._setup_test()
-        elif stage == "predict":
-            self._setup_predict()
+            self._setup_repeat_factors("fit")
+
+    def state_dict(self) -> dict[str, Any]:
+        """The train loader's state (:meth:`LoaderHooks.loader_state`) and the categories, for checkpoints."""
+        return {**self.loader_state(), **self.categories_state()}
+
+    def load_state_dict(self, state_dict: dict[str, Any]) -> None:
+        """Check (or, for a folder to predict, take) the checkpoint's categories; keep the loader's state."""
+        self.restore_categories(state_dict)
+        self.keep_loader_state(state_dict)
 
     def _setup_repeat_factors(self, stage: str) -> None:
         """Per-image repeat factors of the training index; the Trainer must reload the loader."""
