@@ -15,7 +15,9 @@ it, but no Trainer is.
 
 The DataModule is fixed (:class:`~seg_datamodule.data.datamodule.COCOSegDataModule`); the model is
 any ``LightningModule`` chosen by ``class_path``. ``data.num_classes`` (read from the annotation
-file) is linked into ``model.init_args.num_classes``, so a config never repeats it.
+file of the first split named) is linked into ``model.init_args.num_classes``, so a config never
+repeats it; a DataModule whose only split is a folder to predict takes the categories the
+``--ckpt_path`` checkpoint was trained on.
 """
 
 from __future__ import annotations
@@ -27,6 +29,7 @@ from collections.abc import Sequence
 from dataclasses import replace
 from pathlib import Path
 
+import torch
 from lightning.pytorch import LightningModule
 from lightning.pytorch.cli import ArgsType, LightningCLI
 
@@ -39,7 +42,21 @@ class SegCLI(LightningCLI):
     """LightningCLI with the DataModule's class count linked into the model."""
 
     def add_arguments_to_parser(self, parser) -> None:  # noqa: ANN001 (jsonargparse parser)
-        parser.link_arguments("data.num_classes", "model.init_args.num_classes", apply_on="instantiate")
+        parser.link_arguments("data", "model.init_args.num_classes", compute_fn=self._num_classes,
+                              apply_on="instantiate")
+
+    def _num_classes(self, datamodule: COCOSegDataModule) -> int:
+        """The DataModule's class count, checked against the ``--ckpt_path`` checkpoint's categories.
+
+        Before the model is built (a model of the wrong size would fail on the weights first);
+        with no split naming categories (a folder to predict), the checkpoint's are taken.
+        """
+        config = getattr(self, "config", None) or {}
+        ckpt_path = (config.get(config.get("subcommand") or "", None) or {}).get("ckpt_path")
+        if ckpt_path and Path(ckpt_path).is_file():
+            checkpoint = torch.load(ckpt_path, map_location="cpu", weights_only=True, mmap=True)
+            datamodule.restore_categories(checkpoint.get(type(datamodule).__qualname__) or {})
+        return datamodule.num_classes
 
 
 def main(args: ArgsType = None) -> SegCLI | None:

@@ -1,21 +1,35 @@
-"""Where annotations go: a counter by reason shared between DataLoader workers and the main process.
+"""Where annotations go: counters by reason, and the report that says it.
 
-Both the dataset's augmentation drops (``outside``, ``clipped``, ...) and images found bad by a
-worker (``image_missing``, ...) are counted here, so every annotation is either in a batch or in a
-counter with its reason.
+* :class:`SkipCounter`: shared between DataLoader workers and the main process; both the
+  dataset's augmentation drops (``outside``, ``clipped``, ...) and images found bad by a worker
+  (``image_missing``, ...) are counted there, so every annotation is either in a batch or in a
+  counter with its reason;
+* :class:`ConsumedCounts`: the counts of the evaluation batches a loop really consumed (workers
+  build batches ahead that nobody evaluates), per split, for the last run of each;
+* :func:`format_report`: one line per source, what augmentation cropped out apart from what was
+  lost (bad files, bad annotations, degenerate shapes), worded for the recipe.
 """
 
 from __future__ import annotations
 
+import collections
 import ctypes
 import multiprocessing
 import multiprocessing.context
-from typing import Any, Sequence
+from typing import Any, Hashable, Sequence
 
 from seg_datamodule.io.coco.errors import format_skip_summary
 from seg_datamodule.io.images import IMAGE_ERROR_REASONS, BadImageError
 
-__all__ = ["SkipCounter", "format_report"]
+__all__ = ["AUGMENT_REASONS", "ConsumedCounts", "LOSS_REASONS", "SkipCounter", "format_report"]
+
+#: Annotation counts that are the augmentation at work (the instance left the crop, or kept too
+#: little of itself, or was covered by a paste), not data lost.
+AUGMENT_REASONS: tuple[str, ...] = ("outside", "clipped", "small_box", "occluded")
+#: Annotation counts that are data lost: shapes without area, annotations of images that failed.
+LOSS_REASONS: tuple[str, ...] = ("degenerate", "bad_image")
+_CROP_WORDS = {"outside": "outside the canvas", "clipped": "clipped below min_area_ratio",
+               "small_box": "box under min_box_size", "occluded": "occluded by a paste"}
 
 
 class SkipCounter:
@@ -114,29 +128,68 @@ class SkipCounter:
         return f"SkipCounter({self.counts()})"
 
 
-def format_report(skip_counts: dict[str, dict[str, int]], decodes: dict[str, Any] | None = None) -> str:
+class ConsumedCounts:
+    """The counts of the evaluation batches a loop consumed, per split (``val``, ``test``).
+
+    Fed one batch at a time where the loop takes it (the DataModule's ``on_after_batch_transfer``),
+    so batches that workers built ahead but nobody evaluated are not counted, for any
+    ``num_workers``. A new ``run`` key (another validation: the sanity check, each epoch's) starts
+    the split's counts afresh: a report says what one pass over the split delivered.
+    """
+
+    def __init__(self) -> None:
+        self._runs: dict[str, tuple[Hashable, collections.Counter[str]]] = {}
+
+    def add(self, split: str, run: Hashable, counts: dict[str, int]) -> None:
+        """Count a consumed batch's ``counts`` for ``split``, in evaluation run ``run``."""
+        current = self._runs.get(split)
+        if current is None or current[0] != run:
+            current = self._runs[split] = (run, collections.Counter())
+        current[1].update(counts)
+
+    def counts(self, split: str) -> dict[str, int]:
+        """The last run's counts of ``split`` (empty before any)."""
+        current = self._runs.get(split)
+        return {} if current is None else {k: int(v) for k, v in current[1].items()}
+
+    def reset(self, split: str) -> None:
+        """Forget ``split``'s counts (a new ``trainer.validate`` / ``test`` call)."""
+        self._runs.pop(split, None)
+
+
+def format_report(skip_counts: dict[str, dict[str, int]], decodes: dict[str, Any] | None = None,
+                  recipe: str = "mosaic") -> str:
     """Where every annotation went, one line per source, and the training decodes per image.
 
+    A dataset's line (a source with a ``kept`` count) separates what augmentation cropped out
+    (:data:`AUGMENT_REASONS`: the augmentation working, not data lost) from what was lost
+    (:data:`LOSS_REASONS` and bad images), each worded for what it is.
+
     Args:
-        skip_counts: source (``train_index``, ``train``, ...) -> reason -> count; a source with
-            a ``kept`` count is a dataset (per tile drawn: in a sample, or dropped on the way).
+        skip_counts: source (``train_index``, ``train``, ...) -> reason -> count.
         decodes: ``samples``, ``decodes``, ``reduced_decodes`` and a ``setting`` to name, or None.
+        recipe (str): the training recipe (``"mosaic"`` or ``"lsj"``), for the crop's name.
 
     Returns:
         the lines, joined.
     """
+    crop = {"lsj": "the LSJ crop", "mosaic": "the mosaic / affine crop"}.get(recipe, "augmentation")
     lines = []
     for name, counts in skip_counts.items():
         counts = dict(counts)
         kept = counts.pop("kept", None)
+        if kept is None:
+            lines.append(f"{name}: {format_skip_summary(counts)}")
+            continue
         # Targets copy-paste and MixUp added: part of ``kept``, not a reason anything was lost.
-        added = {key: counts.pop(key, 0) for key in ("pasted", "mixed_in")}
-        summary = format_skip_summary(counts)
-        if kept is not None:
-            extra = ", ".join(f"{n} {key.replace('_', ' ')}" for key, n in added.items() if n)
-            summary = f"{kept} annotations delivered as targets{f' ({extra})' if extra else ''}; " + summary.replace(
-                "skipped", "dropped by augmentation or loading", 1)
-        lines.append(f"{name}: {summary}")
+        added = ", ".join(f"{n} {key.replace('_', ' ')}" for key in ("pasted", "mixed_in") if (n := counts.pop(key, 0)))
+        cropped = {key: counts.pop(key, 0) for key in AUGMENT_REASONS}
+        summary = f"{kept} annotations delivered as targets{f' ({added})' if added else ''}"
+        if sum(cropped.values()):
+            what = ", ".join(f"{_CROP_WORDS[k]} {n}" for k, n in cropped.items() if n)
+            where = crop if name == "train" else "letterboxing"
+            summary += f"; cropped out by {where}: {sum(cropped.values())} ({what})"
+        lines.append(f"{name}: {summary}; {format_skip_summary(counts).replace('skipped', 'lost', 1)}")
     if decodes and decodes.get("samples"):
         lines.append(
             f"train decodes: {decodes['decodes'] / decodes['samples']:.2f} per output image "

@@ -15,19 +15,19 @@ indices)``, so batches are the same for any ``num_workers``, and the train loade
 resumed from any checkpoint, mid-epoch included, continues with exactly the batches the
 uninterrupted run would have seen.
 
-The splits come from COCO JSON files (``train_ann``, ``val_ann``, ``test_ann``) or from an
-Ultralytics ``data.yaml`` (``dataset``, read by :mod:`seg_datamodule.io.yolo` straight into the
-same index; validation and test are then scored on a COCO ground truth written from the labels,
-:meth:`~seg_datamodule.data.module_sources.DataSources.evaluation_file`).
-
-Held-out data (:mod:`~seg_datamodule.data.splits`): ``test_ann`` / ``test_images`` for
+The splits come from COCO JSON files or an Ultralytics ``data.yaml`` (``dataset``: :mod:`seg_datamodule.io.yolo`).
+Held-out data (:mod:`~seg_datamodule.data.module_sources`): ``test_ann`` / ``test_images`` for
 ``trainer.test`` (letterboxed like validation; an image-info file without annotations works), and
 ``predict_images`` (a folder, or with ``predict_ann`` a COCO JSON's images) for ``trainer.predict``
-(:mod:`~seg_datamodule.data.predict`).
+(:mod:`~seg_datamodule.data.predict`). Each stage builds only the splits it reads, so a DataModule
+naming only ``val_ann`` / ``val_images`` validates a checkpoint; the categories come from the
+first split named, or the checkpoint (:mod:`~seg_datamodule.data.module_sources`). Before any
+worker starts, setup stops a split with no image to use and warns when many are missing.
 
-Without ``train_ann`` the module uses the embedded demo dataset, generated on first use (see
-:mod:`~seg_datamodule.demo.data`). With ``train_stream`` training streams LitData chunks written by
-``seg-datamodule convert`` (:mod:`~seg_datamodule.io.stream`) through the same dataset and collate.
+When no split at all is named the module uses the embedded demo dataset, generated on first use
+(see :mod:`~seg_datamodule.demo.data`). With ``train_stream`` training streams LitData chunks
+written by ``seg-datamodule convert`` (:mod:`~seg_datamodule.io.stream`) through the same dataset
+and collate.
 """
 
 from __future__ import annotations
@@ -40,15 +40,16 @@ import numpy as np
 from lightning.pytorch import LightningDataModule
 from lightning.pytorch.utilities import rank_zero_info
 
+from seg_datamodule.data.accounting import ConsumedCounts
 from seg_datamodule.data.dataset import SegDataset
 from seg_datamodule.data.module_counts import CountsHooks
 from seg_datamodule.data.module_loaders import LoaderHooks
-from seg_datamodule.data.module_sources import DataSources
+from seg_datamodule.data.module_sources import STAGE_SPLITS, DataSources
 from seg_datamodule.data.options import AugmentOptions, LoaderOptions, StreamOptions
 from seg_datamodule.data.predict import PredictDataset
 from seg_datamodule.data.repeat_factors import describe_repeat_factors, image_repeat_factors
 from seg_datamodule.data.resume import ResumableDataLoader
-from seg_datamodule.data.splits import check_pair
+from seg_datamodule.data.splits import check_dataset_keys, check_pair
 from seg_datamodule.io.coco import CocoIndex, IndexOptions
 from seg_datamodule.ops.checks import check_choice, check_int, check_number
 from seg_datamodule.transforms.albu import load_transforms
@@ -68,15 +69,16 @@ class COCOSegDataModule(DataSources, LoaderHooks, CountsHooks, LightningDataModu
     """Instance-segmentation batches from COCO-format data, masks rasterised in the workers.
 
     Args:
-        train_ann: COCO instances JSON for training; ``None`` uses the embedded demo dataset
-            (and its validation split, unless ``val_ann`` is given).
+        train_ann: COCO instances JSON for training; when no split at all is named (no
+            ``train_ann``, ``train_stream``, ``val_ann``, ``test_ann`` or ``predict_images``), the
+            embedded demo dataset's training and validation splits.
         train_images: folder of the training images (``file_name`` is relative to it).
         val_ann: COCO instances JSON for validation (optional).
         val_images: folder of the validation images.
         test_ann: COCO JSON of a held-out split for ``trainer.test``: an instances file, or an
             image-info file without ``annotations`` (COCO test-dev); letterboxed without
-            augmentation like validation, negatives kept. Its category ids must be the training
-            data's.
+            augmentation like validation, negatives kept. Its category ids must be the
+            DataModule's (those of the first split named, or of the checkpoint restored).
         test_images: folder of the test images.
         predict_images: what ``trainer.predict`` reads: a folder walked recursively for every
             file OpenCV decodes (ids derived from the relative paths, see
@@ -86,15 +88,11 @@ class COCOSegDataModule(DataSources, LoaderHooks, CountsHooks, LightningDataModu
             and counted in the batch's ``counts``, or raises, by ``on_bad_sample``.
         predict_ann: a COCO image-info or instances JSON listing the images to predict (ids and
             sizes from it; annotations are not read).
-        dataset: an Ultralytics ``data.yaml`` instead of the COCO files (``train_ann``,
-            ``val_ann``, ``test_ann`` and their folders): its splits (folders, ``.txt`` lists)
-            and ``names`` as Ultralytics reads them, label files parsed into the same index (see
-            :mod:`seg_datamodule.io.yolo`; images decoded with their EXIF orientation, as
-            Ultralytics does; its ``download:`` script is never run, its ``labels.cache`` never read).
+        dataset: an Ultralytics ``data.yaml`` instead of the COCO files, read as Ultralytics reads it
+            (EXIF orientation applied, nothing in it run; :mod:`seg_datamodule.io.yolo`).
         train_split: the data.yaml split that trains (``null``: none).
-        val_split: the split that validates, scored with COCO AP on a ground truth written from
-            its labels (``null``: no validation).
-        test_split: the split ``trainer.test`` scores (``null``: none).
+        val_split: the one that validates, COCO AP on a ground truth of its labels (``null``: none).
+        test_split: the one ``trainer.test`` scores (``null``: none).
         image_size: output canvas side ``s`` (square ``s x s``).
         mask_stride: stride of the mask grid (4 for YOLACT's ProtoNet).
         batch_size: training images per batch (per rank).
@@ -248,9 +246,8 @@ class COCOSegDataModule(DataSources, LoaderHooks, CountsHooks, LightningDataModu
             raise ValueError("give both train_ann and train_images, or neither (the demo dataset)")
         if train_stream is not None and train_ann is not None:
             raise ValueError("give train_stream or train_ann / train_images, not both")
-        _check_dataset(dataset, (train_split, val_split, test_split), (train_ann, val_ann, test_ann), train_stream)
-        if (val_ann is None) != (val_images is None):
-            raise ValueError("give both val_ann and val_images, or neither")
+        check_dataset_keys(dataset, (train_split, val_split, test_split), (train_ann, val_ann, test_ann), train_stream)
+        check_pair("val", val_ann, val_images)
         if repeat_factor_threshold is not None:
             check_number("repeat_factor_threshold", repeat_factor_threshold, 0.0, 1.0)
             if repeat_factor_threshold <= 0 or train_stream is not None:
@@ -269,8 +266,7 @@ class COCOSegDataModule(DataSources, LoaderHooks, CountsHooks, LightningDataModu
         self.val_ann, self.val_images = val_ann, val_images
         self.test_ann, self.test_images = test_ann, test_images
         self.predict_images, self.predict_ann = predict_images, predict_ann
-        self.dataset, self.dataset_yaml = dataset, None
-        self.train_split, self.val_split, self.test_split = train_split, val_split, test_split
+        self.dataset, self.train_split, self.val_split, self.test_split = dataset, train_split, val_split, test_split
         self.train_stream, self.demo_dir, self.cache_images = train_stream, demo_dir, cache_images
         # The flat keys as one typed object per layer, built once here.
         self.index_options = IndexOptions(on_bad_sample, drop_crowd, drop_empty, verify_images, cache_dir, use_cache)
@@ -298,6 +294,11 @@ class COCOSegDataModule(DataSources, LoaderHooks, CountsHooks, LightningDataModu
         self.test_index: CocoIndex | None = None
         self.test_dataset: SegDataset | None = None
         self.predict_dataset: PredictDataset | None = None
+        self._predict_index: CocoIndex | None = None
+        self._checkpoint_categories: tuple[list[int], list[str]] | None = None
+        self._checked_splits: set[str] = set()
+        #: The validation and test batches the loops consumed, per split (the last run of each).
+        self.consumed = ConsumedCounts()
 
     # ------------------------------------------------------------------ options, read back
 
@@ -334,11 +335,26 @@ class COCOSegDataModule(DataSources, LoaderHooks, CountsHooks, LightningDataModu
     # ------------------------------------------------------------------ Lightning hooks
 
     def prepare_data(self) -> None:
-        """Generate the demo data and write the index caches (once per node)."""
-        self._build_indices()
+        """Generate the demo data and write the index caches of the stage's splits (once per node)."""
+        self._build_indices(self._stage())
 
     def setup(self, stage: str) -> None:
-        self._build_indices()
+        """Build what ``stage`` reads, and check its image folders before any worker starts."""
+        self._build_indices(stage)
+        self._check_images(stage)
+        if stage == "fit":
+            self._setup_train()
+        if stage in ("fit", "validate"):
+            self._setup_val()
+        elif stage == "test":
+            self._setup_test()
+        elif stage == "predict":
+            self._setup_predict()
+        for split in STAGE_SPLITS.get(stage, ()):  # a new run of an evaluation stage counts afresh
+            if split != "train":
+                self.consumed.reset(split)
+
+    def _setup_train(self) -> None:
         max_epochs = None
         if self.trainer is not None and self.trainer.max_epochs is not None and self.trainer.max_epochs > 0:
             max_epochs = int(self.trainer.max_epochs)
@@ -356,13 +372,16 @@ class COCOSegDataModule(DataSources, LoaderHooks, CountsHooks, LightningDataModu
         elif max_epochs is not None and self.train_dataset is not None:  # set up before a Trainer, or a new one
             self.train_dataset.set_max_epochs(max_epochs)
         if self.repeat_factor_threshold is not None:
-            self._setup_repeat_factors(stage)
-        if self.val_index is not None and self.val_dataset is None:
-            self.val_dataset = SegDataset(self.val_index, self.augment, train=False, seed=self.seed)
-        if stage == "test":
-            self._setup_test()
-        elif stage == "predict":
-            self._setup_predict()
+            self._setup_repeat_factors("fit")
+
+    def state_dict(self) -> dict[str, Any]:
+        """The train loader's state (:meth:`LoaderHooks.loader_state`) and the categories, for checkpoints."""
+        return {**self.loader_state(), **self.categories_state()}
+
+    def load_state_dict(self, state_dict: dict[str, Any]) -> None:
+        """Check (or, for a folder to predict, take) the checkpoint's categories; keep the loader's state."""
+        self.restore_categories(state_dict)
+        self.keep_loader_state(state_dict)
 
     def _setup_repeat_factors(self, stage: str) -> None:
         """Per-image repeat factors of the training index; the Trainer must reload the loader."""
@@ -379,20 +398,3 @@ class COCOSegDataModule(DataSources, LoaderHooks, CountsHooks, LightningDataModu
                 "epoch, which Lightning reads only when it reloads the train loader: set "
                 f"Trainer(reload_dataloaders_every_n_epochs=1) (got {reload})"
             )
-
-
-def _check_dataset(dataset: str | None, splits: tuple[str | None, ...], anns: tuple[str | None, ...],
-                   train_stream: str | None) -> None:
-    """Refuse a data.yaml given with COCO files, a split name that is not a str, a stream that trains twice."""
-    for name, split in zip(("train_split", "val_split", "test_split"), splits):
-        if split is not None and (not isinstance(split, str) or not split):
-            raise TypeError(f"{name} must be a split name of the data.yaml or None, got {split!r}")
-    if dataset is None:
-        return
-    if not isinstance(dataset, str) or not dataset:
-        raise TypeError(f"dataset must be the path of an Ultralytics data.yaml, got {dataset!r}")
-    given = [name for name, ann in zip(("train_ann", "val_ann", "test_ann"), anns) if ann is not None]
-    if given:
-        raise ValueError(f"give dataset (a data.yaml) or {' / '.join(given)}, not both: the data.yaml names every split")
-    if train_stream is not None and splits[0] is not None:
-        raise ValueError("train_stream trains instead of the data.yaml's train split: set train_split to null")

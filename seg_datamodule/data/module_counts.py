@@ -12,7 +12,7 @@ from typing import Any
 import numpy as np
 from lightning.pytorch.utilities import rank_zero_info
 
-from seg_datamodule.data.accounting import format_report
+from seg_datamodule.data.accounting import ConsumedCounts, format_report
 from seg_datamodule.data.dataset import COUNT_KEYS, DECODE_KEYS, SegDataset
 from seg_datamodule.data.repeat_factors import describe_repeat_factors
 from seg_datamodule.io.coco import CocoIndex
@@ -33,6 +33,7 @@ class CountsHooks:
     train_dataset: SegDataset | None
     val_dataset: SegDataset | None
     test_dataset: SegDataset | None
+    consumed: ConsumedCounts
     _train_loader: Any
 
     @property
@@ -43,10 +44,11 @@ class CountsHooks:
         (``on_bad_sample="skip"``, ``drop_crowd``, ``drop_empty``). ``train`` / ``val``: per
         annotation of every tile drawn, ``kept`` (in the sample) or the reason it was dropped
         (outside the canvas, clipped below ``min_area_ratio``, a tiny box, a bad image).
-        ``train`` counts the batches the Trainer took (each batch carries its counts, so batches
-        the workers built ahead but nobody trained on are not counted, and a resumed run
-        continues the count saved in the checkpoint); ``val`` counts what the workers built.
-        Under DDP each rank counts its own shard.
+        Each batch carries its counts, and only the batches a loop took are counted (not those
+        the workers built ahead), for any ``num_workers``: ``train`` over the run (a resumed run
+        continues the count saved in the checkpoint), ``val`` and ``test`` over the last
+        validation or test run (the sanity check is a run of its own). Under DDP each rank counts
+        its own shard.
         """
         out: dict[str, dict[str, int]] = {}
         for name, index in (("train_index", self.train_index), ("val_index", self.val_index),
@@ -67,20 +69,24 @@ class CountsHooks:
         return out
 
     def _counts_of(self, name: str, dataset: SegDataset) -> dict[str, int]:
-        """Training: the batches trained on (exact across a resume); else what the workers built."""
-        if name == "train" and self._train_loader is not None:
+        """Training: the batches trained on (exact across a resume); else the last run's consumed batches."""
+        if name != "train":
+            return self.consumed.counts(name)
+        if self._train_loader is not None:
             return self._train_loader.delivered_counts
         return dataset.counts | dataset.decode_counts
 
     def report(self) -> str:
         """A human-readable summary of :attr:`skip_counts` and the training decodes per image."""
         dataset = self.train_dataset
-        decodes = None
+        decodes, recipe = None, "mosaic"
         if dataset is not None:
             counts = self._counts_of("train", dataset)
             decodes = {key: counts.get(key, 0) for key in DECODE_KEYS}
-            decodes["setting"] = f"mosaic_partners={dataset.augment.mosaic_partners!r}, cache_images={dataset.cache_images}"
-        report = format_report(self.skip_counts, decodes)
+            augment, recipe = dataset.augment, dataset.augment.recipe
+            partners = f"mosaic_partners={augment.mosaic_partners!r}, " if recipe == "mosaic" and augment.mosaic else ""
+            decodes["setting"] = f"recipe={recipe!r}, {partners}cache_images={dataset.cache_images}"
+        report = format_report(self.skip_counts, decodes, recipe)
         if self.repeat_factors is not None and self.repeat_factor_threshold is not None:
             drawn = None if self._train_loader is None else len(self._train_loader.sampler)
             report += "\n" + describe_repeat_factors(self.repeat_factors, self.repeat_factor_threshold, drawn)

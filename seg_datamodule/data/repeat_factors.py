@@ -14,15 +14,35 @@ what the metric groups APr / APc / APf by, not a fraction).
 
 Pure functions; the draw takes a ``numpy.random.Generator``, which
 :class:`~seg_datamodule.data.sampler.EpochShardSampler` seeds from ``(seed, epoch)``.
+
+A schedule sized to the run: Lightning's ``estimated_stepping_batches`` is epoch 0's length times
+``max_epochs``, while each epoch draws its own; :func:`scheduled_steps` asks the DataModule
+(``COCOSegDataModule.stepping_batches``, the sum of every epoch's own draw) instead.
 """
 
 from __future__ import annotations
+
+import math
+from typing import Any
 
 import numpy as np
 
 from seg_datamodule.ops.checks import check_number
 
-__all__ = ["category_frequencies", "describe_repeat_factors", "draw_repeats", "image_repeat_factors", "repeat_factor_summary"]
+__all__ = ["category_frequencies", "describe_repeat_factors", "draw_repeats", "image_repeat_factors",
+           "repeat_factor_summary", "scheduled_steps"]
+
+
+def scheduled_steps(trainer: Any) -> int | float:
+    """Optimiser steps of the run, for a schedule sized to it (``inf`` without a Trainer).
+
+    The DataModule's ``stepping_batches()`` when it has one (a ``COCOSegDataModule``: every epoch's
+    own length under repeat-factor sampling), else ``trainer.estimated_stepping_batches``.
+    """
+    if trainer is None:
+        return math.inf
+    stepping = getattr(getattr(trainer, "datamodule", None), "stepping_batches", None)
+    return stepping() if callable(stepping) else trainer.estimated_stepping_batches
 
 
 def category_frequencies(image_of_pair: np.ndarray, label_of_pair: np.ndarray, num_images: int,

@@ -12,7 +12,10 @@ loader handed out: Lightning fetches a batch ahead, so at a checkpoint one more 
 left the loader than was trained on.
 
 With repeat-factor sampling an epoch's length is the epoch's own (``epoch_batches`` in the state
-is that of the epoch saved), and the state also names the repeat factors it was drawn with.
+is that of the epoch saved), and the state also names the repeat factors it was drawn with. An
+epoch the Trainer cuts short (``limit_train_batches``) ends at its limit: ``epoch_batches`` is
+what the Trainer takes (``epoch_length``), so a checkpoint at the cut resumes at the next epoch,
+and the counts of a resumed run continue the uninterrupted run's exactly (issue 35).
 """
 
 from __future__ import annotations
@@ -110,6 +113,9 @@ class ResumableDataLoader(DataLoader):
             size: ``"raise"`` (default) or ``"restart"`` the epoch with a warning.
         counts: where delivered counts go (a reloaded loader continues its predecessor's);
             None: from zero.
+        epoch_length: returns how many batches of an epoch training takes (the DataModule passes
+            the Trainer's ``num_training_batches``, ``limit_train_batches`` applied); ``None``:
+            the whole epoch.
 
     Raises:
         TypeError: ``sampler`` is not an ``EpochShardSampler``.
@@ -121,16 +127,18 @@ class ResumableDataLoader(DataLoader):
         progress: Callable[[], int] | None = None,
         on_mismatch: Literal["raise", "restart"] = "raise",
         counts: DeliveredCounts | None = None,
+        epoch_length: Callable[[], int] | None = None,
         **kwargs: Any,
     ) -> None:
         super().__init__(*args, **kwargs)
         if not isinstance(self.sampler, EpochShardSampler):
             raise TypeError(f"sampler must be an EpochShardSampler, got {type(self.sampler).__name__}")
-        self.progress = progress
+        self.progress, self.epoch_length = progress, epoch_length
         self.on_mismatch = check_choice("on_mismatch", on_mismatch, ("raise", "restart"))
         self._handed_out = 0
         self.counts = DeliveredCounts() if counts is None else counts
         self._resume: tuple[int, int] | None = None
+        self._started_at: tuple[int, int] = (0, 0)
         self._started = False
 
     # ------------------------------------------------------------------ iteration
@@ -144,15 +152,23 @@ class ResumableDataLoader(DataLoader):
             self._resume = None
             sampler.set_epoch(epoch)
             sampler.start_at(epoch, start * self.batch_size)
-            self._handed_out = start
+            self._started_at = (epoch, start)
         else:
-            self._handed_out = 0
+            self._started_at = (int(sampler.epoch), 0)
+        self._handed_out = self._started_at[1]
         return self._counting(super().__iter__())
 
     def _counting(self, batches: Iterator[Any]) -> Iterator[Any]:
+        # Read at the first batch: Lightning sets the epoch after creating the iterator. An epoch
+        # other than the one resumed starts at its first batch (the sampler ignores the start too).
         epoch = int(self.sampler.epoch)  # type: ignore[attr-defined]
+        if epoch != self._started_at[0]:
+            self._handed_out = 0
+        # Lightning fetches one batch past a cut epoch's last (limit_train_batches): never trained on.
+        taken = None if self.epoch_length is None else int(self.epoch_length())
         for batch in batches:
-            self.counts.add(epoch, self._handed_out, batch_counts(batch))
+            if taken is None or self._handed_out < taken:
+                self.counts.add(epoch, self._handed_out, batch_counts(batch))
             self._handed_out += 1
             yield batch
 
@@ -187,7 +203,7 @@ class ResumableDataLoader(DataLoader):
             "version": _VERSION,
             "epoch": int(sampler.epoch),
             "batches": self._consumed(),
-            "epoch_batches": len(self),
+            "epoch_batches": len(self) if self.epoch_length is None else min(len(self), int(self.epoch_length())),
             **self._identity(),
             "counts": self.counts.state(int(sampler.epoch), self._consumed()),
         }

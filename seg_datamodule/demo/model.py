@@ -25,8 +25,8 @@ probability and box-cropped mask, so ``val/bbox_AP`` measures classification alo
 ``val/segm_AP`` classification and masks: an upper bound for a YOLACT with a perfect box head,
 not a number to compare with a published detector.
 
-Test (``trainer.test``) scores the DataModule's ``test_ann`` split the same way, logged as
-``test/segm_AP``, ``test/bbox_AP``, ... when that file has annotations (an image-info file such
+Test (``trainer.test``) scores the DataModule's ``test_ann`` split the same way (LVIS AP for an
+LVIS file), logged as ``test/segm_AP``, ``test/bbox_AP``, ... when that file has annotations (an image-info file such
 as COCO test-dev has none: then only the losses are logged, over no targets).
 
 Predict (``trainer.predict``) has no ground truth to pool at. This model has no box head and was
@@ -54,19 +54,12 @@ import torch.nn.functional as F
 from torch import Tensor
 from lightning.pytorch.utilities import rank_zero_info
 
+from seg_datamodule.data.repeat_factors import scheduled_steps
 from seg_datamodule.demo.losses import box_predictions, mask_iou, mask_loss
 from seg_datamodule.demo.network import YolactNet, YolactOutput
-from seg_datamodule.demo.scoring import (
-    TEST_STATS,
-    VAL_STATS,
-    check_datamodule_agrees,
-    evaluation_file,
-    held_out_metric,
-    picked_stats,
-    prediction_boxes,
-    validation_metric,
-)
+from seg_datamodule.demo.scoring import TEST_STATS, VAL_STATS, check_datamodule_agrees, picked_stats, prediction_boxes
 from seg_datamodule.evaluation import COCOMaskMAP, CocoDetections, LVISMaskMAP
+from seg_datamodule.evaluation.choose import metric_for_file, stage_file
 from seg_datamodule.evaluation.results import batch_detections
 from seg_datamodule.ops.checks import check_bool, check_int, check_number
 from seg_datamodule.structures import DetectionBatch
@@ -140,7 +133,7 @@ class YolactLite(YolactNet, L.LightningModule):
         self.coco_metric: COCOMaskMAP | None = None
         #: Made at ``setup("test")`` from the DataModule's ``test_ann`` when it has annotations.
         self.test_metric: COCOMaskMAP | None = None
-        #: COCO category id of each label, for ``predict_step`` (the DataModule's, at ``setup``).
+        #: COCO category id of each label, for ``predict_step`` (the DataModule's, at the start of predict).
         self.category_ids: list[int] | None = None
 
     # ------------------------------------------------------------------------------ the steps
@@ -182,32 +175,30 @@ class YolactLite(YolactNet, L.LightningModule):
         return losses["loss"]
 
     def setup(self, stage: str) -> None:
-        """Make the COCO metric once the validation annotation file is known.
+        """Make the metric of the stage's annotation file (the DataModule's ``evaluation_file(stage)``).
 
-        Lightning calls this after the DataModule's ``setup``, so its ``val_ann`` is resolved
-        (the demo dataset's, when no files were given).
+        Lightning calls this after the DataModule's ``setup``, so its files are resolved (the demo
+        dataset's, when no split was named). COCO AP, or federated LVIS AP for an LVIS file, in
+        validation and test alike; no metric for an image-info file.
         """
         datamodule = getattr(self._trainer, "datamodule", None) if self._trainer is not None else None
         check_datamodule_agrees(self.val_ann, self.mask_stride, datamodule)
-        if stage in ("test", "predict"):
-            self._setup_held_out(stage)
+        if not self.hparams.coco_eval:
             return
-        if not self.hparams.coco_eval or self.coco_metric is not None or stage not in ("fit", "validate"):
-            return
-        ann_file = self.val_ann if self.val_ann is not None else evaluation_file(datamodule, "validate")
-        if ann_file is None:
-            return
-        self.coco_metric = validation_metric(ann_file, self.num_classes)
+        if stage in ("fit", "validate") and self.coco_metric is None:
+            ann_file = self.val_ann if self.val_ann is not None else stage_file(datamodule, "validate")
+            self.coco_metric = None if ann_file is None else metric_for_file(ann_file, self.num_classes)
+        elif stage == "test" and self.test_metric is None:
+            ann_file = stage_file(datamodule, "test")
+            self.test_metric = None if ann_file is None else metric_for_file(ann_file, self.num_classes)
+            if ann_file is not None and self.test_metric is None:
+                rank_zero_info(f"{ann_file} has no annotations (an image-info file): test/ logs the losses, no AP")
 
-    def _setup_held_out(self, stage: str) -> None:
-        """Test: a COCO metric on the DataModule's ``test_ann`` (if annotated); both: category ids."""
+    def on_predict_start(self) -> None:
+        """Take the DataModule's category ids (for a folder to predict, restored from the checkpoint by now)."""
         datamodule = getattr(self._trainer, "datamodule", None) if self._trainer is not None else None
-        if datamodule is not None and getattr(datamodule, "category_ids", None) is not None:
+        if datamodule is not None and hasattr(type(datamodule), "category_ids"):
             self.category_ids = [int(c) for c in datamodule.category_ids]
-        ann_file = evaluation_file(datamodule, "test")
-        if stage != "test" or not self.hparams.coco_eval or ann_file is None or self.test_metric is not None:
-            return
-        self.test_metric = held_out_metric(ann_file, self.num_classes)
 
     def validation_step(self, batch: DetectionBatch, batch_idx: int) -> None:
         """Logs ``val/loss``, ``val/mask_loss``, ``val/cls_loss``, ``val/mask_iou``, ``val/cls_acc``.
@@ -267,7 +258,8 @@ class YolactLite(YolactNet, L.LightningModule):
         metric.reset()
         for name, value in picked_stats(results, "test", TEST_STATS).items():
             self.log(name, value, sync_dist=True)
-        rank_zero_info(f"COCO test segm AP {results['segm_AP']:.4f}, bbox AP {results['bbox_AP']:.4f} "
+        kind = "LVIS" if isinstance(metric, LVISMaskMAP) else "COCO"
+        rank_zero_info(f"{kind} test segm AP {results['segm_AP']:.4f}, bbox AP {results['bbox_AP']:.4f} "
                        "(at the ground-truth boxes)")
 
     def predict_boxes(self, batch: DetectionBatch) -> tuple[Tensor, Tensor]:
@@ -316,7 +308,7 @@ class YolactLite(YolactNet, L.LightningModule):
             ],
             lr=self.hparams.lr,
         )
-        total = self.trainer.estimated_stepping_batches if self._trainer is not None else math.inf
+        total = scheduled_steps(self._trainer)  # each epoch's own length under repeat-factor sampling
         if not self.hparams.cosine_schedule or not math.isfinite(total) or total < 1:
             return optimizer
         scheduler = torch.optim.lr_scheduler.CosineAnnealingLR(optimizer, T_max=int(total))

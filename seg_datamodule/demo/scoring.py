@@ -1,8 +1,8 @@
-"""How the demo model is scored: its COCO / LVIS metrics, the figures it logs, the boxes predict pools at.
+"""How the demo model is scored: the checks beside its metrics, the figures it logs, the boxes predict pools at.
 
-The evaluation glue of :class:`~seg_datamodule.demo.model.YolactLite`, apart from its hooks: the
-metric made at ``setup`` from the validation or test annotation file (checked against the
-model's ``num_classes`` and the DataModule's ``val_ann`` and ``mask_stride``), the AP figures
+The evaluation glue of :class:`~seg_datamodule.demo.model.YolactLite`, apart from its hooks (its
+metrics come from :func:`~seg_datamodule.evaluation.choose.metric_for_file`): the model's
+``val_ann`` and ``mask_stride`` checked against the DataModule's, the AP figures
 picked from a metric's results for logging, and the whole-image boxes
 :meth:`~seg_datamodule.demo.model.YolactLite.predict_step` pools at for an image without boxes.
 """
@@ -15,28 +15,16 @@ from pathlib import Path
 from typing import Any
 
 import torch
-from lightning.pytorch.utilities import rank_zero_info
 from torch import Tensor
 
-from seg_datamodule.evaluation import COCOMaskMAP, LVISMaskMAP
-from seg_datamodule.evaluation.lvis_eval import LVISFileError
 from seg_datamodule.structures import DetectionBatch
 
-__all__ = [
-    "TEST_STATS",
-    "VAL_STATS",
-    "check_datamodule_agrees",
-    "evaluation_file",
-    "held_out_metric",
-    "picked_stats",
-    "prediction_boxes",
-    "validation_metric",
-]
+__all__ = ["TEST_STATS", "VAL_STATS", "check_datamodule_agrees", "picked_stats", "prediction_boxes"]
 
 #: The stats logged per IoU type in validation (``val/segm_AP``, ...; LVIS adds ``APr/c/f``).
 VAL_STATS = ("AP", "AP50", "AP75", "AP_small", "AP_medium", "AP_large", "APs", "APm", "APl", "APr", "APc", "APf")
-#: The stats logged per IoU type in test (``test/segm_AP``, ...).
-TEST_STATS = ("AP", "AP50", "AP75", "AP_small", "AP_medium", "AP_large")
+#: The stats logged per IoU type in test (``test/segm_AP``, ...; an LVIS file's too).
+TEST_STATS = VAL_STATS
 
 
 def check_datamodule_agrees(val_ann: str | None, mask_stride: int, datamodule: Any) -> None:
@@ -65,59 +53,12 @@ def check_datamodule_agrees(val_ann: str | None, mask_stride: int, datamodule: A
         )
 
 
-def evaluation_file(datamodule: Any, stage: str) -> str | None:
-    """The COCO JSON that scores ``stage``: the DataModule's ``evaluation_file(stage)`` (an Ultralytics
-    split's ground truth included), else its ``val_ann`` / ``test_ann``; None without one."""
-    scoring = getattr(datamodule, "evaluation_file", None)
-    if callable(scoring):
-        return scoring(stage)
-    return getattr(datamodule, "test_ann" if stage == "test" else "val_ann", None)
-
-
 def _same_file(a: str | os.PathLike, b: str | os.PathLike) -> bool:
     """Whether two paths name one file (resolved; by inode when both exist)."""
     try:
         return os.path.samefile(a, b)
     except OSError:
         return Path(a).resolve() == Path(b).resolve()
-
-
-def _check_num_classes(ann_file: Any, num_categories: int, num_classes: int) -> None:
-    if num_categories != num_classes:
-        raise ValueError(
-            f"{ann_file} has {num_categories} categories but the model has num_classes="
-            f"{num_classes}; COCO AP needs label k to be the file's k-th category"
-        )
-
-
-def validation_metric(ann_file: str | os.PathLike, num_classes: int) -> COCOMaskMAP | LVISMaskMAP:
-    """The validation metric of an annotation file: COCO AP, or federated LVIS AP for an LVIS file.
-
-    Raises:
-        ValueError: the file has a number of categories other than ``num_classes``.
-    """
-    metric = COCOMaskMAP(ann_file)
-    try:
-        num_categories = len(metric.category_ids)
-    except LVISFileError:  # an LVIS file: federated LVIS AP instead
-        metric = LVISMaskMAP(ann_file)
-        num_categories = len(metric.category_ids)
-    _check_num_classes(ann_file, num_categories, num_classes)
-    return metric
-
-
-def held_out_metric(ann_file: str | os.PathLike, num_classes: int) -> COCOMaskMAP | None:
-    """The test metric of the ``test_ann`` file; ``None`` for a file without annotations (image info only).
-
-    Raises:
-        ValueError: the file has a number of categories other than ``num_classes``.
-    """
-    metric = COCOMaskMAP(ann_file)
-    if not metric.coco.dataset.get("annotations"):
-        rank_zero_info(f"{ann_file} has no annotations (an image-info file): test/ logs the losses, no COCO AP")
-        return None
-    _check_num_classes(ann_file, len(metric.category_ids), num_classes)
-    return metric
 
 
 def picked_stats(results: Mapping[str, Any], prefix: str, stats: Iterable[str]) -> dict[str, Any]:

@@ -7,17 +7,19 @@
 detections as a COCO results file (:mod:`~seg_datamodule.evaluation.results`), written in predict by
 :class:`~seg_datamodule.evaluation.writer.COCOResultsWriter`. For LVIS files
 :mod:`~seg_datamodule.evaluation.lvis_eval` (federated LVIS AP), wrapped by
-:class:`~seg_datamodule.evaluation.lvis_metric.LVISMaskMAP`.
+:class:`~seg_datamodule.evaluation.lvis_metric.LVISMaskMAP`; :func:`~seg_datamodule.evaluation.choose.metric_for_file`
+picks the one that scores a file.
 """
 
 from seg_datamodule.evaluation.coco_eval import STAT_NAMES, deduplicate, evaluate_detections, load_coco
-from seg_datamodule.evaluation.coco_metric import COCOMaskMAP
+from seg_datamodule.evaluation.coco_metric import COCOMaskMAP, NothingScoredError
 from seg_datamodule.evaluation.lvis_eval import LVIS_STAT_NAMES, evaluate_lvis, load_lvis
 from seg_datamodule.evaluation.lvis_metric import LVISMaskMAP
 from seg_datamodule.evaluation.letterbox import boxes_to_canvas, boxes_to_original, masks_to_original
 from seg_datamodule.evaluation.predictions import BatchLetterbox, CocoDetections, canvas_predictions_to_coco
 from seg_datamodule.evaluation.results import batch_detections, detections_to_results
 from seg_datamodule.evaluation.writer import COCOResultsWriter
+from seg_datamodule.evaluation.choose import metric_for_file
 
 __all__ = [
     "BatchLetterbox",
@@ -26,6 +28,7 @@ __all__ = [
     "CocoDetections",
     "LVISMaskMAP",
     "LVIS_STAT_NAMES",
+    "NothingScoredError",
     "STAT_NAMES",
     "batch_detections",
     "boxes_to_canvas",
@@ -38,4 +41,5 @@ __all__ = [
     "load_coco",
     "load_lvis",
     "masks_to_original",
+    "metric_for_file",
 ]

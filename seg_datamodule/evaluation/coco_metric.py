@@ -7,6 +7,10 @@ keeps them as RLE-encoded COCO detections in tensor states (so ``torchmetrics`` 
 across ranks). ``compute`` de-duplicates images that a ``DistributedSampler`` repeated to even
 out the ranks (by image id, keeping the first), then runs ``COCOeval`` against the original
 annotation JSON, once: on rank 0 of the process group, which broadcasts the numbers.
+
+Scoring nothing is not a result: a metric whose updates held no image that loaded (a wrong image
+folder under ``on_bad_sample: skip`` turns every validation image into an empty stand-in) raises
+:class:`NothingScoredError` instead of reporting AP 0 (issue 35).
 """
 
 from __future__ import annotations
@@ -33,10 +37,29 @@ from seg_datamodule.evaluation.coco_eval import (
     resolve_backend,
 )
 from seg_datamodule.evaluation.lvis_eval import LVISFileError, is_lvis_dataset
+from seg_datamodule.errors import UserInputError
 from seg_datamodule.evaluation.predictions import BatchLetterbox, CocoDetections, canvas_predictions_to_coco
 from seg_datamodule.ops.checks import check_number
 
-__all__ = ["COCOMaskMAP"]
+__all__ = ["COCOMaskMAP", "NothingScoredError", "images_loaded"]
+
+
+class NothingScoredError(UserInputError, RuntimeError):
+    """A metric was asked for a number but none of the images it was given had loaded."""
+
+
+def images_loaded(batch: Any) -> int:
+    """Images of ``batch`` that really loaded.
+
+    A validation or test batch keeps an image that failed to load as an empty stand-in and counts
+    it under an ``image_*`` key of ``batch.counts``; a predict batch (``counts["predicted"]``)
+    leaves it out; a batch without counts loaded every image.
+    """
+    counts = getattr(batch, "counts", None) or {}
+    n = len(batch.image_ids)
+    if "predicted" in counts:
+        return n
+    return max(0, n - sum(int(v) for k, v in counts.items() if k.startswith("image_")))
 
 _STATES = ("image_ids", "dets_per_image", "category_ids", "scores", "boxes", "rle_lengths", "rle_bytes")
 
@@ -113,6 +136,7 @@ class COCOMaskMAP(Metric):
         self._sizes: dict[int, tuple[int, int]] | None = None
         for name in _STATES:  # one list of tensors per CocoDetections field, "det_" + field
             self.add_state(f"det_{name}", default=[], dist_reduce_fx="cat")
+        self.add_state("images_loaded", default=torch.tensor(0, dtype=torch.int64), dist_reduce_fx="sum")
 
     # -------------------------------------------------------------------------- ground truth
 
@@ -193,6 +217,7 @@ class COCOMaskMAP(Metric):
             source=self.ann_file,
         )
         self._add(dets)
+        self.images_loaded += images_loaded(batch)
 
     def _add(self, dets: CocoDetections) -> None:
         # Always append (even empty tensors): a rank whose lists stayed empty would be gathered as
@@ -229,7 +254,14 @@ class COCOMaskMAP(Metric):
             ``{f"{iou_type}_{name}": Tensor[] float32}`` for ``name`` in ``AP, AP50, AP75,
             AP_small, AP_medium, AP_large, AR1, AR10, AR100, AR_small, AR_medium, AR_large``;
             ``-1`` where COCO has nothing to score.
+
+        Raises:
+            NothingScoredError: no image given to :meth:`update` had loaded (on any rank).
         """
+        if int(self.images_loaded) == 0:
+            raise NothingScoredError(
+                f"{self.ann_file}: none of the images scored had loaded (every one missing or unreadable; the "
+                "DataModule's report counts them by reason): refusing to report an AP over nothing")
         keys = [f"{t}_{name}" for t in self.iou_types for name in self._stat_names]
         if not self._distributed():
             results = self._evaluate()

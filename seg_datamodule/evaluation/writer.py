@@ -15,8 +15,10 @@ At the end of the predict epoch it writes two files:
   file of every image predicted (``id``, ``file_name`` relative to the predict folder when the
   DataModule knows it, ``height``, ``width``), the ``categories``, and an ``info`` summary:
   ``images_predicted``, ``detections``, ``images_skipped`` by reason (bad images the loader left
-  out, see :mod:`~seg_datamodule.data.predict`), the thresholds and the source. For a folder it
-  is the id -> file mapping; it also indexes as ``test_ann`` / ``predict_ann``.
+  out, see :mod:`~seg_datamodule.data.predict`), ``files_ignored`` (files of the folder that are
+  not images) and ``left_out_when_listing`` (entries of a JSON source its index left out, by
+  reason), the thresholds and the source. For a folder it is the id -> file mapping; it also
+  indexes as ``test_ann`` / ``predict_ann``. The console line says the same counts.
 
 Under DDP each rank writes its shard (``<output>.rank<r>.json``) beside ``output``, then rank 0
 merges them (an image that came through twice is kept once, its first occurrence), writes the
@@ -169,20 +171,25 @@ class COCOResultsWriter(BasePredictionWriter):
             results.extend(r for r in shard["results"] if r["image_id"] in fresh)
             skipped.update(shard["skipped"])
         datamodule = getattr(trainer, "datamodule", None)
+        listing = _listing_counts(datamodule)
+        ignored = listing.pop("files_ignored", 0)
         _write_json(self.output, results)
         _write_json(self.images_file, {
             "info": {
                 "description": f"images predicted into {self.output.name} by seg_datamodule's COCOResultsWriter",
                 "images_predicted": len(images), "detections": len(results),
-                "images_skipped": dict(sorted(skipped.items())), "score_threshold": self.score_threshold,
+                "images_skipped": dict(sorted(skipped.items())), "files_ignored": ignored,
+                "left_out_when_listing": listing, "score_threshold": self.score_threshold,
                 "max_per_image": self.max_per_image, "source": _source(datamodule),
             },
             "images": _image_entries(images, datamodule),
             "categories": _categories(datamodule, self.category_ids),
         })
+        left_out = "".join(f", {key} {n}" for key, n in listing.items())
         rank_zero_info(
             f"COCOResultsWriter: {len(results)} detections on {len(images)} images -> {self.output} "
             f"(images: {self.images_file}); skipped {sum(skipped.values())} bad images {dict(skipped) or ''}".rstrip()
+            + f"; {ignored} files ignored (not images){left_out}"
         )
 
 
@@ -192,6 +199,12 @@ def _write_json(path: Path, value: Any) -> None:
     tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
     tmp.write_text(json.dumps(value))
     os.replace(tmp, path)
+
+
+def _listing_counts(datamodule: Any) -> dict[str, int]:
+    """What the DataModule's predict source left out while listing (``files_ignored``, index skips)."""
+    listing = getattr(getattr(datamodule, "predict_dataset", None), "images", None)
+    return {str(k): int(v) for k, v in sorted((getattr(listing, "counts", None) or {}).items())}
 
 
 def _source(datamodule: Any) -> str | None:

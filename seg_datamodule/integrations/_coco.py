@@ -2,9 +2,10 @@
 
 Both :class:`~seg_datamodule.integrations.ultralytics.YOLOSegModule` and
 :class:`~seg_datamodule.integrations.torchvision.MaskRCNNModule` score real detections with
-:class:`~seg_datamodule.evaluation.COCOMaskMAP`. The annotation file comes from the DataModule
-(``trainer.datamodule.val_ann``) or the module's ``coco_ann_file`` argument; it is never saved as
-a hyperparameter named ``val_ann``, so it cannot clash with the DataModule's own ``val_ann``.
+:class:`~seg_datamodule.evaluation.COCOMaskMAP` (federated LVIS AP for an LVIS file, through
+:func:`~seg_datamodule.evaluation.choose.metric_for_file`). The annotation file comes from the
+DataModule (``evaluation_file("validate")``) or the module's ``coco_ann_file`` argument; it is
+never saved as a hyperparameter named ``val_ann``, so it cannot clash with the DataModule's own.
 """
 
 from __future__ import annotations
@@ -15,6 +16,7 @@ import lightning as L
 from lightning.pytorch.utilities import rank_zero_info
 
 from seg_datamodule.evaluation import COCOMaskMAP
+from seg_datamodule.evaluation.choose import metric_for_file, stage_file
 
 __all__ = ["AP_NAMES", "log_coco_results", "make_coco_metric"]
 
@@ -23,35 +25,24 @@ AP_NAMES = ("AP", "AP50", "AP75", "AP_small", "AP_medium", "AP_large")
 
 
 def make_coco_metric(module: L.LightningModule, ann_file: str | None, num_classes: int) -> COCOMaskMAP | None:
-    """The COCO metric of a module, or ``None`` when no annotation file is known.
+    """The validation metric of a module, or ``None`` when no annotated file is known.
 
     Args:
-        module: the LightningModule (its trainer's DataModule is asked which file scores validation).
-        ann_file: an explicit annotation file; ``None`` takes the DataModule's
-            ``evaluation_file("validate")`` (its ``val_ann``, or an Ultralytics split's ground truth).
+        module: the LightningModule (its trainer's DataModule is asked for its validation file).
+        ann_file: an explicit annotation file; ``None`` takes the DataModule's.
         num_classes: the model's class count; must equal the file's number of categories.
 
     Returns:
-        :class:`COCOMaskMAP` or ``None`` (plain DataLoaders without a file: no AP is logged).
+        :class:`COCOMaskMAP` (:class:`~seg_datamodule.evaluation.LVISMaskMAP` for an LVIS file)
+        or ``None`` (plain DataLoaders without a file, or a file without annotations: no AP).
 
     Raises:
         ValueError: the file has a number of categories other than ``num_classes``.
     """
     if ann_file is None:
         trainer = module._trainer  # noqa: SLF001 (``module.trainer`` raises when detached)
-        datamodule = getattr(trainer, "datamodule", None) if trainer is not None else None
-        # The DataModule says which file scores validation (an Ultralytics split's ground truth too).
-        scoring = getattr(datamodule, "evaluation_file", None)
-        ann_file = scoring("validate") if callable(scoring) else getattr(datamodule, "val_ann", None)
-    if ann_file is None:
-        return None
-    metric = COCOMaskMAP(ann_file)
-    if len(metric.category_ids) != num_classes:
-        raise ValueError(
-            f"{ann_file} has {len(metric.category_ids)} categories but the model has num_classes="
-            f"{num_classes}; COCO AP needs label k to be the file's k-th category"
-        )
-    return metric
+        ann_file = stage_file(getattr(trainer, "datamodule", None) if trainer is not None else None, "validate")
+    return None if ann_file is None else metric_for_file(ann_file, num_classes)
 
 
 def log_coco_results(module: L.LightningModule, metric: COCOMaskMAP | None, what: str) -> dict[str, Any] | None:

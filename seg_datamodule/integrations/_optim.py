@@ -8,6 +8,8 @@ from typing import Any, Literal
 import torch
 from torch import nn
 
+from seg_datamodule.data.repeat_factors import scheduled_steps
+
 __all__ = ["OPTIMIZERS", "check_optim_args", "configure_from_hparams", "configure_optimizer"]
 
 OPTIMIZERS = ("AdamW", "SGD")
@@ -86,8 +88,9 @@ def configure_optimizer(
 def configure_from_hparams(module: Any) -> Any:
     """:func:`configure_optimizer` of ``module.model`` from the module's saved hyperparameters
     (``optimizer``, ``lr``, ``momentum``, ``weight_decay``, ``warmup_steps``, ``cosine_schedule``),
-    the schedule sized to the run (``trainer.estimated_stepping_batches``; unbounded without a Trainer)."""
+    the schedule sized to the run (:func:`~seg_datamodule.data.repeat_factors.scheduled_steps`; unbounded
+    without a Trainer)."""
     h = module.hparams
-    total = module.trainer.estimated_stepping_batches if module._trainer is not None else float("inf")
+    total = scheduled_steps(module._trainer)
     return configure_optimizer(module.model, h.optimizer, h.lr, h.momentum, h.weight_decay, h.warmup_steps,
                                total, h.cosine_schedule)

@@ -29,6 +29,7 @@ import numpy as np
 
 from seg_datamodule.io.coco import CocoIndex
 from seg_datamodule.io.image_ids import assign_image_ids, stable_image_id
+from seg_datamodule.io.image_root import ImageRootError
 from seg_datamodule.io.paths import file_name_problem
 
 __all__ = ["IMAGE_EXTENSIONS", "PredictImages", "images_from_index", "list_image_folder", "stable_image_id"]
@@ -93,14 +94,14 @@ def list_image_folder(root: str | os.PathLike[str]) -> PredictImages:
         sizes, and EXIF orientation applied when read.
 
     Raises:
-        FileNotFoundError: ``root`` is not a folder.
+        ImageRootError: ``root`` is not a folder (a ``FileNotFoundError``).
         ValueError: the folder holds no image file.
         ImageIdClashError: two paths share an id (``7.jpg`` and ``007.png``, or a 53-bit hash
             collision; the message names both).
     """
     base = Path(root)
     if not base.is_dir():
-        raise FileNotFoundError(f"predict_images {str(root)!r} is not a folder")
+        raise ImageRootError(f"predict_images {str(root)!r} is not a folder", key="predict_images", root=str(root))
     names: list[str] = []
     ignored = 0
     for folder, subfolders, files in os.walk(base):

@@ -22,13 +22,14 @@ __all__ = ["PHASES", "StepLabels", "StepTimeAccumulator"]
 PHASES: tuple[str, ...] = (
     "train_dataloader_next",
     "batch_to_device",
+    "device_work",
     "forward",
     "backward",
     "optimizer_step",
     "other",
     "step",
 )
-_FETCH, _TO_DEVICE, _FORWARD, _BACKWARD, _OPTIMIZER, _OTHER, _STEP = range(len(PHASES))
+_FETCH, _TO_DEVICE, _DEVICE_WORK, _FORWARD, _BACKWARD, _OPTIMIZER, _OTHER, _STEP = range(len(PHASES))
 _SPLIT = PHASES[:_STEP]  # the exclusive phases, whose shares sum to 1
 _TIMED_SET = frozenset(PHASES[:_OTHER])  # the phases with their own brackets
 _LABELS = ("batch", "epoch", "global_step", "optimizer_calls")

@@ -269,6 +269,15 @@ class StepTimeProfiler(Callback):
         if self._recorder is not None:
             self._recorder.fetch_end()
 
+    def on_device_work_start(self) -> None:
+        """Called by the tap when ``on_after_batch_transfer`` starts (the ``device_work`` phase)."""
+        if self._recorder is not None:
+            self._recorder.device_work_start()
+
+    def on_device_work_end(self) -> None:
+        if self._recorder is not None:
+            self._recorder.device_work_end()
+
     def on_train_batch_start(
         self, trainer: Trainer, pl_module: LightningModule, batch: Any, batch_idx: int
     ) -> None:

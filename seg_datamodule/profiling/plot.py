@@ -27,6 +27,7 @@ __all__ = ["plot_step_split"]
 _COLORS = {
     "train_dataloader_next": "#d62728",
     "batch_to_device": "#9467bd",
+    "device_work": "#e377c2",
     "forward": "#1f77b4",
     "backward": "#2ca02c",
     "optimizer_step": "#ff7f0e",

@@ -7,7 +7,11 @@ A training step (one batch) is split into phases whose names are a contract::
                            hook brackets (seen through ``tap.py``)
     batch_to_device        the end of the fetch .. this callback's ``on_train_batch_start``: the
                            transfer hooks and the strategy's ``batch_to_device`` (and the
-                           ``on_train_batch_start`` of callbacks listed before this one)
+                           ``on_train_batch_start`` of callbacks listed before this one), less:
+    device_work            ``on_after_batch_transfer``, the work done on the batch once it is on
+                           its device (the DataModule's ``hsv_on_device`` HSV jitter): Lightning's
+                           profiler action ``[LightningDataModule]<class>.on_after_batch_transfer``
+                           (or ``[LightningModule]...``), seen through ``tap.py``
     forward                ``on_train_batch_start`` .. ``on_before_backward`` (automatic
                            optimisation: ``training_step`` and ``zero_grad``)
     backward               ``on_before_backward`` .. ``on_after_backward``
@@ -62,6 +66,7 @@ from collections.abc import Mapping, Sequence
 from seg_datamodule.compat import verified_note
 from seg_datamodule.profiling.accumulator import (
     _BACKWARD,
+    _DEVICE_WORK,
     _FETCH,
     _FORWARD,
     _OPTIMIZER,
@@ -121,6 +126,13 @@ class StepRecorder:
         self.timer.exit(_FETCH)
         if self.timer.current is None:  # not a fetch nested in training_step (dataloader_iter)
             self.timer.enter(_TO_DEVICE)
+
+    def device_work_start(self) -> None:
+        """``on_after_batch_transfer`` starts (inside the transfer; nothing outside a step)."""
+        self.timer.enter(_DEVICE_WORK)
+
+    def device_work_end(self) -> None:
+        self.timer.exit(_DEVICE_WORK)
 
     def _in_order(self, event: str) -> None:
         """Note ``event``; the first that comes before one it should follow (automatic

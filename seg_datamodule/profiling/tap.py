@@ -1,8 +1,11 @@
-"""See Lightning's fetch: a tap on the Trainer's profiler for the one phase no public hook brackets.
+"""See Lightning's fetch and ``on_after_batch_transfer``: a tap on the Trainer's profiler for the
+two phases no callback hook brackets.
 
 Lightning waits for the next batch between ``profiler.start`` and ``profiler.stop`` of
-``[_TrainingEpochLoop].train_dataloader_next`` (``loops/training_epoch_loop.py``); no callback hook
-runs around it. Every other phase comes from public hooks (see ``callback.py``).
+``[_TrainingEpochLoop].train_dataloader_next`` (``loops/training_epoch_loop.py``), and runs the
+DataModule's (or the model's) ``on_after_batch_transfer`` under
+``[LightningDataModule]<class>.on_after_batch_transfer`` (``trainer/call.py``); no callback hook
+runs around either. Every other phase comes from public hooks (see ``callback.py``).
 
 The tap replaces ``start`` and ``stop`` on the profiler *instance* (the class is untouched), so
 ``trainer.profiler`` stays the user's object: ``isinstance(trainer.profiler, SimpleProfiler)``
@@ -16,10 +19,12 @@ from __future__ import annotations
 
 from typing import Any, Protocol
 
-__all__ = ["FETCH_ACTION_SUFFIX", "FetchListener", "attach", "detach"]
+__all__ = ["DEVICE_WORK_ACTION_SUFFIX", "FETCH_ACTION_SUFFIX", "FetchListener", "attach", "detach"]
 
 #: Lightning's action is ``[<loop class>].train_dataloader_next``; the suffix survives a renamed loop.
 FETCH_ACTION_SUFFIX = "].train_dataloader_next"
+#: The DataModule's or the model's ``on_after_batch_transfer`` (``[LightningDataModule]<class>.<hook>``).
+DEVICE_WORK_ACTION_SUFFIX = ".on_after_batch_transfer"
 _TAP_ATTRIBUTE = "_step_time_fetch_tap"
 
 
@@ -27,6 +32,10 @@ class FetchListener(Protocol):
     def on_fetch_start(self) -> None: ...
 
     def on_fetch_end(self) -> None: ...
+
+    def on_device_work_start(self) -> None: ...
+
+    def on_device_work_end(self) -> None: ...
 
 
 class _FetchTap:
@@ -46,11 +55,17 @@ class _FetchTap:
         if action_name.endswith(FETCH_ACTION_SUFFIX):
             for listener in self.listeners:
                 listener.on_fetch_start()
+        elif action_name.endswith(DEVICE_WORK_ACTION_SUFFIX):
+            for listener in self.listeners:
+                listener.on_device_work_start()
 
     def stop(self, action_name: str) -> None:
         if action_name.endswith(FETCH_ACTION_SUFFIX):
             for listener in self.listeners:
                 listener.on_fetch_end()
+        elif action_name.endswith(DEVICE_WORK_ACTION_SUFFIX):
+            for listener in self.listeners:
+                listener.on_device_work_end()
         self.inner_stop(action_name)
 
     def install(self) -> None:

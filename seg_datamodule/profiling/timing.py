@@ -166,7 +166,7 @@ def attribute(boundaries: Sequence[float], active: Sequence[int], scale: float =
         scale: multiplies every interval (1e3: seconds to ms).
 
     Returns:
-        list[float] of 6: time per phase of ``PHASES[:6]`` (the exclusive split).
+        list[float]: time per phase of ``PHASES[:-1]`` (the exclusive split).
     """
     out = [0.0] * len(_SPLIT)
     previous = boundaries[0]
@@ -194,7 +194,7 @@ def device_split(
         active (Sequence[int], K + 1): phase after each marker (-1: none).
 
     Returns:
-        (ms per phase of ``PHASES[:6]``, span ms, busy ms).
+        (ms per phase of ``PHASES[:-1]``, span ms, busy ms).
     """
     g = [first_s]
     for segment in segment_ms:

@@ -102,7 +102,7 @@ def available_cores() -> int:
 
 
 def loader_info(trainer: Trainer) -> dict[str, Any]:
-    """The train loader's ``num_workers``, ``batch_size`` and ``pin_memory``, and ``cores`` per rank.
+    """The train loader's ``num_workers``, ``batch_size`` and ``pin_memory``, ``cores`` per rank, the ``device`` type.
 
     Read through the public ``trainer.train_dataloader`` after Lightning set the loaders up; a
     value is ``None`` when there is not exactly one ``DataLoader`` or it does not say. ``cores``
@@ -120,4 +120,5 @@ def loader_info(trainer: Trainer) -> dict[str, Any]:
         "batch_size": None if single is None or single.batch_size is None else int(single.batch_size),
         "pin_memory": None if single is None else bool(single.pin_memory),
         "cores": max(1, available_cores() // ranks_here),
+        "device": trainer.strategy.root_device.type,  # no host-to-device copy to pin for off CUDA
     }

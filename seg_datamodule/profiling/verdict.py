@@ -14,7 +14,12 @@ The rules, each a finding with the figures it rests on (the thresholds are :data
   ``ceil(consumption / per-worker rate)``, capped by the cores (one is the training process's).
 * ``optimizer_starved``: the optimiser step in the loop (median over the steps that stepped) is
   at least 1.5 x its cost alone (``isolated_optimizer_steps``; only when that ran).
-* ``transfer_bound``: ``batch_to_device`` is at least 10 % of the step time.
+* ``transfer_bound``: ``batch_to_device`` is at least 10 % of the step time. Pinned memory and
+  ``non_blocking`` copies are advised only when the batches go to a CUDA device: on a CPU run
+  nothing is copied to a device (its ``batch_to_device`` is the transfer hooks' own work).
+* ``device_work``: ``device_work`` (``on_after_batch_transfer``: work on the batch once it is on
+  its device, the DataModule's ``hsv_on_device`` jitter) is at least 10 % of the step time. On a
+  CPU run that is the training process doing what the loader's workers could do in parallel.
 * ``between_steps``: at least 30 % of training wall time passed between steps (validation,
   checkpointing, logging, epoch starts).
 * ``compute_bound``: none of the above.
@@ -37,6 +42,7 @@ THRESHOLDS: dict[str, float] = {
     "loader_share": 0.20,  # train_dataloader_next share of the step
     "optimizer_ratio": 1.5,  # in-loop over isolated optimiser step
     "transfer_share": 0.10,  # batch_to_device share of the step
+    "device_work_share": 0.10,  # device_work (on_after_batch_transfer) share of the step
     "between_steps_share": 0.30,  # time between steps, share of training wall time
 }
 
@@ -135,6 +141,39 @@ def _optimizer_finding(
     return {"figures": figures, "sentence": sentence}
 
 
+def _transfer_finding(transfer: Mapping[str, float], loader: Mapping[str, Any]) -> dict[str, Any]:
+    pinned, device = loader.get("pin_memory"), loader.get("device")
+    figures = {"batch_to_device_share": transfer["share"], "batch_to_device_median_ms": transfer["median_ms"],
+               "pin_memory": pinned, "device": device}
+    share = f"batch_to_device takes {transfer['share']:.0%} of the step ({transfer['median_ms']:.1f} ms median)"
+    if device is not None and device != "cuda":  # no copy to pin for
+        return {"figures": figures, "sentence": (
+            f"The transfer step is significant on a {device} run, where nothing is copied to a device: {share};"
+            " that is the transfer hooks' own work (on_before_batch_transfer, transfer_batch_to_device): make them"
+            " cheaper.")}
+    advice = (
+        "the loader already pins memory: copy with non_blocking=True, or move less (uint8 images, masks at stride 4)"
+        if pinned
+        else "pin the loader's memory (pin_memory=True, the DataModule's default on CUDA) and copy with"
+        " non_blocking=True"
+    )
+    return {"figures": figures, "sentence": f"Host-to-device copy is significant: {share}: {advice}."}
+
+
+def _device_work_finding(work: Mapping[str, float], loader: Mapping[str, Any]) -> dict[str, Any]:
+    device = loader.get("device")
+    figures = {"device_work_share": work["share"], "device_work_median_ms": work["median_ms"], "device": device}
+    sentence = (f"Work on the batch after its transfer takes {work['share']:.0%} of the step (device_work, i.e."
+                f" on_after_batch_transfer, {work['median_ms']:.1f} ms median: the DataModule's hsv_on_device HSV"
+                " jitter, or the model's own hook); it is not a copy.")
+    if device is not None and device != "cuda":
+        sentence += (f" On a {device} run it is the training process doing what the loader's workers could do in"
+                     " parallel: set hsv_on_device: false (the workers jitter) and give them the cores.")
+    else:
+        sentence += " On the accelerator it is part of the step's compute: cheaper augmentation, or accept it."
+    return {"figures": figures, "sentence": sentence}
+
+
 def judge_step_time(
     summary: Mapping[str, Mapping[str, float]],
     wall: Mapping[str, float] | None = None,
@@ -150,12 +189,13 @@ def judge_step_time(
         wall: the report's ``wall`` (``train_s``, ``steps_s``, ``between_steps_s``,
             ``steps_share``); without it the time between steps is not judged.
         loader: what is known of the training loader: ``num_workers``, ``batch_size``,
-            ``cores`` (available to this process), ``pin_memory``; any may be missing or None.
+            ``cores`` (available to this process), ``pin_memory``, and the ``device`` type the
+            batches go to (``"cpu"``, ``"cuda"``); any may be missing or None.
         isolated_context: the report's ``isolated_context`` (threads beside the optimiser).
 
     Returns:
         dict | None: ``key`` (one of ``loader_bound``, ``optimizer_starved``, ``transfer_bound``,
-        ``between_steps``, ``compute_bound``), ``sentence``, ``figures`` (the table's numbers it
+        ``device_work``, ``between_steps``, ``compute_bound``), ``sentence``, ``figures`` (the table's numbers it
         rests on, under their table names, and what is derived from them), ``wall_share`` (the
         share of training wall time the finding accounts for), ``also`` (the other findings that
         fired, same keys, largest ``wall_share`` first) and ``thresholds``. ``None`` for an
@@ -183,20 +223,10 @@ def judge_step_time(
         add("optimizer_starved", excess, _optimizer_finding(opt, isolated_context, loader))
     transfer = summary["batch_to_device"]
     if math.isfinite(transfer["share"]) and transfer["share"] >= THRESHOLDS["transfer_share"]:
-        pinned = loader.get("pin_memory")
-        advice = (
-            "the loader already pins memory: copy with non_blocking=True, or move less"
-            " (uint8 images, masks at stride 4)"
-            if pinned
-            else "pin the loader's memory (pin_memory=True, the DataModule's default on CUDA) and copy"
-            " with non_blocking=True"
-        )
-        add("transfer_bound", transfer["share"] * steps_share, {
-            "figures": {"batch_to_device_share": transfer["share"], "batch_to_device_median_ms": transfer["median_ms"],
-                        "pin_memory": pinned},
-            "sentence": f"Host-to-device copy is significant: batch_to_device takes {transfer['share']:.0%} of the"
-                        f" step ({transfer['median_ms']:.1f} ms median): {advice}.",
-        })
+        add("transfer_bound", transfer["share"] * steps_share, _transfer_finding(transfer, loader))
+    work = summary.get("device_work")
+    if work is not None and math.isfinite(work["share"]) and work["share"] >= THRESHOLDS["device_work_share"]:
+        add("device_work", work["share"] * steps_share, _device_work_finding(work, loader))
     if wall is not None and steps_share < 1.0 - THRESHOLDS["between_steps_share"]:
         between = 1.0 - steps_share
         add("between_steps", between, {
@@ -209,11 +239,11 @@ def judge_step_time(
         })
     # 2. Nothing fired: the step is its own work.
     if not findings:
-        work = sum(summary[p]["share"] for p in ("forward", "backward", "optimizer_step"))
-        add("compute_bound", work * steps_share, {
-            "figures": {"forward_backward_optimizer_share": work, "train_dataloader_next_share": fetch_share,
+        compute = sum(summary[p]["share"] for p in ("forward", "backward", "optimizer_step"))
+        add("compute_bound", compute * steps_share, {
+            "figures": {"forward_backward_optimizer_share": compute, "train_dataloader_next_share": fetch_share,
                         "batch_to_device_share": transfer["share"], "step_median_ms": summary["step"]["median_ms"]},
-            "sentence": f"The step is compute-bound: forward, backward and the optimiser step take {work:.0%} of it,"
+            "sentence": f"The step is compute-bound: forward, backward and the optimiser step take {compute:.0%} of it,"
                         f" waiting for data {fetch_share:.0%}; nothing to fix on the data side.",
         })
     findings.sort(key=lambda f: -f["wall_share"])

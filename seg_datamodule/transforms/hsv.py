@@ -9,19 +9,25 @@ gains: it follows OpenCV's 8-bit ``RGB2HSV`` integer arithmetic exactly, the sam
 fused multiply-adds emulated in float64, its final truncation), so on the x86 OpenCV builds this
 was checked on the two agree bit for bit over every possible pixel; other builds may differ by
 one grey level (they round, or do not fuse).
+
+On the CPU the kernel runs on :data:`CPU_THREADS` threads of its own (torch's count is restored
+after): its lookups gain little from more, and torch's OpenMP team waits for a thread whose core
+another process holds, which turned 0.25 s per 32 x 640^2 batch into 4-8 s (issue 35;
+``benchmarks/bench_hsv_contention.py``).
 """
 
 from __future__ import annotations
 
+import contextlib
 import functools
-from typing import Any, Sequence
+from typing import Any, Iterator, Sequence
 
 import numpy as np
 import torch
 
 from seg_datamodule.ops.checks import check_number
 
-__all__ = ["HSVJitter", "apply_pending_hsv", "hsv_jitter_batch_", "hsv_luts", "refuse_random_hsv"]
+__all__ = ["CPU_THREADS", "HSVJitter", "apply_pending_hsv", "hsv_jitter_batch_", "hsv_luts", "refuse_random_hsv"]
 
 _SHIFT = 12  # OpenCV's fixed-point shift in RGB2HSV_b
 _ROUND = 1 << (_SHIFT - 1)
@@ -36,6 +42,8 @@ _HSCALE = float(np.float32(6.0) / np.float32(180.0))
 _INV255 = float(np.float32(1.0) / np.float32(255.0))
 #: Pixels per chunk off the CPU: 32 images of 640 x 640 in one pass (one launch per op).
 _DEVICE_CHUNK_PIXELS = 1 << 24
+#: Threads of the CPU kernel (see the module docstring): one keeps its cost when cores are contended.
+CPU_THREADS = 1
 
 
 class HSVJitter:
@@ -213,10 +221,33 @@ def hsv_jitter_batch_(images: torch.Tensor, gains: torch.Tensor) -> torch.Tensor
     if batch == 0 or height * width == 0:
         return images
     rgb_to_hsv, hsv_to_rgb = _tables(images.device)
-    # Each image's three tables side by side: entry c * 256 + x of image b at (3 b + c) * 256 + x.
-    luts = hsv_luts(gains).to(torch.int32).view(-1)
+    on_cpu = images.device.type == "cpu"
+    with _threads(CPU_THREADS if on_cpu else None):
+        _jitter(images, hsv_luts(gains).to(torch.int32).view(-1), rgb_to_hsv, hsv_to_rgb, on_cpu)
+    return images
+
+
+@contextlib.contextmanager
+def _threads(count: int | None) -> Iterator[None]:
+    """Run the block on ``count`` torch threads (None: as they are), restoring the count after."""
+    before = torch.get_num_threads()
+    if count is None or count == before:
+        yield
+        return
+    torch.set_num_threads(count)
+    try:
+        yield
+    finally:
+        torch.set_num_threads(before)
+
+
+def _jitter(images: torch.Tensor, luts: torch.Tensor, rgb_to_hsv: torch.Tensor, hsv_to_rgb: torch.Tensor,
+            on_cpu: bool) -> None:
+    """The lookups of :func:`hsv_jitter_batch_`; ``luts`` each image's three tables side by side
+    (entry ``c * 256 + x`` of image ``b`` at ``(3 b + c) * 256 + x``)."""
+    batch, _, height, width = images.shape
     # The CPU goes image by image (its temporaries stay in cache); accelerators in few passes.
-    step = 1 if images.device.type == "cpu" else max(1, _DEVICE_CHUNK_PIXELS // (height * width))
+    step = 1 if on_cpu else max(1, _DEVICE_CHUNK_PIXELS // (height * width))
     for start in range(0, batch, step):
         chunk = images[start : start + step]
         n = chunk.shape[0]
@@ -228,7 +259,6 @@ def hsv_jitter_batch_(images: torch.Tensor, gains: torch.Tensor) -> torch.Tensor
         out = hsv_to_rgb.index_select(0, _pack(torch.stack(jittered)))
         for c, shift in enumerate((16, 8, 0)):
             chunk[:, c].copy_(((out >> shift) & 255).view(n, height, width))
-    return images
 
 
 def apply_pending_hsv(batch: Any) -> Any:

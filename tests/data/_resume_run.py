@@ -6,7 +6,7 @@ model for two epochs with a checkpoint after every step, writes one line per tra
 when fit ends, the DataModule's counts to ``OUT/counts_rank<R>.json``; ``--devices 2`` runs DDP
 on two CPU processes, each rank killing itself at the same step. ``--kill-at`` sends SIGKILL to itself when
 that step starts (no clean-up); ``--ckpt`` resumes from a checkpoint; ``--copy-paste`` and
-``--mixup`` turn those on (copy-paste from the batch).
+``--mixup`` turn those on (copy-paste from the batch); ``--limit-train-batches`` cuts each epoch.
 """
 
 from __future__ import annotations
@@ -56,6 +56,7 @@ def main() -> None:
     parser.add_argument("--devices", type=int, default=1, help="> 1: DDP on that many CPU processes")
     parser.add_argument("--copy-paste", type=float, default=0.0, help="copy_paste (batch mode) probability")
     parser.add_argument("--mixup", type=float, default=0.0)
+    parser.add_argument("--limit-train-batches", type=int, default=None, help="Trainer(limit_train_batches=...)")
     args = parser.parse_args()
     args.out.mkdir(parents=True, exist_ok=True)
     dm = COCOSegDataModule(demo_dir=args.demo_dir, image_size=96, batch_size=args.batch_size,
@@ -65,6 +66,7 @@ def main() -> None:
     trainer = Trainer(
         accelerator="cpu", devices=args.devices, strategy="ddp" if args.devices > 1 else "auto", max_epochs=2, logger=False, enable_progress_bar=False,
         enable_model_summary=False, limit_val_batches=0, num_sanity_val_steps=0,
+        limit_train_batches=args.limit_train_batches,
         callbacks=[Fingerprints(args.out, args.kill_at),
                    ModelCheckpoint(dirpath=args.out.parent / "ckpt", every_n_train_steps=1, save_last=True,
                                    save_top_k=0)],

@@ -4,6 +4,7 @@ run with repeat-factor sampling and LVIS AP (in process and through configs/lvis
 from __future__ import annotations
 
 import csv
+import math
 import os
 import subprocess
 import sys
@@ -12,12 +13,13 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
-from lightning.pytorch import Callback, Trainer
+from lightning.pytorch import Callback, LightningModule, Trainer
 
 from _datasets import make_dataset
 from seg_datamodule import DetectionCollate, EpochShardSampler
 from seg_datamodule.data.assemble import federated_labels
 from seg_datamodule.data.datamodule import COCOSegDataModule
+from seg_datamodule.data.repeat_factors import scheduled_steps
 from seg_datamodule.io.coco import CocoIndex
 from seg_datamodule.models import YolactLite
 from _lvis import load_json, write_images, write_v1
@@ -93,6 +95,48 @@ def test_repeat_factors_need_the_loader_reloaded_each_epoch(lvis_v1: tuple[Path,
         COCOSegDataModule(train_ann=str(ann), train_images=str(images), repeat_factor_threshold=0.0)
     with pytest.raises(ValueError, match="needs train_ann"):
         COCOSegDataModule(train_stream="local:/nowhere", repeat_factor_threshold=0.001)
+
+
+class _StepsProbe(LightningModule):
+    """Records what a schedule would be sized to; trains on nothing (each epoch ends at once)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.w = torch.nn.Parameter(torch.zeros(1))
+        self.sizes: tuple[int | float, int | float] | None = None
+
+    def configure_optimizers(self) -> torch.optim.Optimizer:
+        self.sizes = (self.trainer.estimated_stepping_batches, scheduled_steps(self.trainer))
+        return torch.optim.SGD(self.parameters(), lr=0.0)
+
+    def on_train_batch_start(self, batch, batch_idx) -> int:
+        return -1
+
+    def training_step(self, batch, batch_idx):  # never reached
+        raise AssertionError
+
+    def validation_step(self, batch, batch_idx) -> None:  # no validation split here
+        pass
+
+
+def test_a_schedule_sees_every_epochs_own_length(lvis_v1: tuple[Path, Path], tmp_path: Path) -> None:
+    """Lightning's estimate is epoch 0's draw times max_epochs; the DataModule sums each epoch's
+    own draw (issue 35), the reference being the sampler's epochs drawn independently here."""
+    ann, images = lvis_v1
+    dm = COCOSegDataModule(train_ann=str(ann), train_images=str(images), image_size=64, batch_size=3,
+                           num_workers=0, mosaic=0.0, cache_dir=str(tmp_path), repeat_factor_threshold=0.05, seed=3)
+    probe = _StepsProbe()
+    trainer = Trainer(accelerator="cpu", max_epochs=5, reload_dataloaders_every_n_epochs=1, logger=False,
+                      limit_val_batches=0, enable_progress_bar=False, enable_checkpointing=False,
+                      enable_model_summary=False)
+    trainer.fit(probe, datamodule=dm)
+    lengths = []
+    for epoch in range(5):
+        sampler = EpochShardSampler(range(len(dm.train_index)), seed=3, repeat_factors=dm.repeat_factors)
+        sampler.set_epoch(epoch)
+        lengths.append(math.ceil(len(sampler) / 3))
+    assert probe.sizes is not None and probe.sizes[0] == 5 * lengths[0]
+    assert probe.sizes[1] == sum(lengths) != probe.sizes[0]
 
 
 class _EpochBatches(Callback):

@@ -14,6 +14,7 @@ import torch
 from _datasets import make_dataset
 from seg_datamodule import BadImageError, COCOSegDataModule, COCOResultsWriter
 from seg_datamodule.data.predict import PredictDataset, SkippedImage, empty_batch
+from seg_datamodule.evaluation import writer as writer_module
 from seg_datamodule.io.coco import CocoIndex
 from seg_datamodule.io.predict_source import images_from_index, list_image_folder, stable_image_id
 from seg_datamodule.models import YolactLite
@@ -106,10 +107,15 @@ def test_mixed_folder_predicts_with_right_sizes_and_counts_the_bad_file(tmp_path
             pass
 
 
+def _demo_categories(demo_dir: Path) -> dict[str, str]:
+    """The demo's training split, named for its categories (a folder to predict names none)."""
+    return {"train_ann": str(demo_dir / "annotations" / "instances_train2017.json"),
+            "train_images": str(demo_dir / "train2017")}
+
+
 def test_predict_step_boxes_lie_inside_each_image(tmp_path: Path, demo_dir: Path) -> None:
     folder = _mixed_folder(tmp_path / "images")
-    dm = _dm(tmp_path, folder, on_bad_sample="skip")
-    dm.demo_dir = str(demo_dir)
+    dm = _dm(tmp_path, folder, on_bad_sample="skip", **_demo_categories(demo_dir))
     model = YolactLite(num_classes=dm.num_classes, width=4, num_prototypes=4).eval()
     model.category_ids = dm.category_ids
     dm.setup("predict")
@@ -179,12 +185,15 @@ def test_image_info_json_as_test_and_predict_source(coco_mini: Path, tmp_path: P
 
 
 @pytest.mark.slow
-def test_trainer_predict_writes_results_and_the_id_mapping(tmp_path: Path, demo_dir: Path) -> None:
+def test_trainer_predict_writes_results_and_the_id_mapping(tmp_path: Path, demo_dir: Path,
+                                                           monkeypatch: pytest.MonkeyPatch) -> None:
     folder = _mixed_folder(tmp_path / "images")
-    dm = _dm(tmp_path, folder, num_workers=2, on_bad_sample="skip")  # samples and counts cross from workers
-    dm.demo_dir = str(demo_dir)
+    # Samples and counts cross from workers.
+    dm = _dm(tmp_path, folder, num_workers=2, on_bad_sample="skip", **_demo_categories(demo_dir))
     model = YolactLite(num_classes=dm.num_classes, width=4, num_prototypes=4)
     out = tmp_path / "out" / "results.json"
+    printed: list[str] = []
+    monkeypatch.setattr(writer_module, "rank_zero_info", printed.append)
     trainer = L.Trainer(accelerator="cpu", logger=False, enable_progress_bar=False, enable_model_summary=False,
                         callbacks=[COCOResultsWriter(str(out))])
     assert trainer.predict(model, datamodule=dm, return_predictions=False) is None
@@ -194,5 +203,8 @@ def test_trainer_predict_writes_results_and_the_id_mapping(tmp_path: Path, demo_
     assert by_name == GOOD and len(results) == len(GOOD)
     assert images["info"]["images_predicted"] == len(GOOD)
     assert images["info"]["images_skipped"] == {"image_corrupt": 1, "image_truncated": 1}
+    # notes.txt: counted where the user looks, not only in the listing (issue 35).
+    assert images["info"]["files_ignored"] == 1 and images["info"]["left_out_when_listing"] == {}
+    assert len(printed) == 1 and "skipped 2 bad images" in printed[0] and "1 files ignored (not images)" in printed[0]
     assert [c["id"] for c in images["categories"]] == dm.category_ids
     assert {r["image_id"] for r in results} == {i["id"] for i in images["images"]}

@@ -79,6 +79,41 @@ def test_counts_leave_out_batches_handed_out_but_not_trained_on() -> None:
     assert loader.state_dict()["batches"] == 1
 
 
+def test_a_cut_epoch_resumes_at_the_next_with_the_uninterrupted_counts() -> None:
+    """limit_train_batches cuts each epoch at 3 of 6 batches, and Lightning fetches one batch past
+    the cut: a checkpoint at the cut resumes at the next epoch, and its counts, like the
+    uninterrupted run's, hold exactly the batches trained on (issue 35)."""
+    ds = make_dataset(FakeIndex(n=24), image_size=64, seed=3)
+    limit, trained = 3, {"n": 0}
+
+    def run(loader: ResumableDataLoader, epochs: list[int]) -> list[tuple]:
+        seen = []
+        for epoch in epochs:
+            it = iter(loader)  # Lightning creates the iterator, then sets the epoch
+            loader.sampler.set_epoch(epoch)
+            trained["n"] = 0
+            for k in range(limit):
+                seen.append(_print(next(it)))
+                trained["n"] = k + 1
+            next(it)  # fetched past the cut, never trained on
+        return seen
+
+    def make() -> ResumableDataLoader:
+        return _loader(ds, 0, progress=lambda: trained["n"], epoch_length=lambda: limit)
+
+    straight = make()
+    want = run(straight, [0, 1])
+    first = make()
+    got = run(first, [0])
+    state = json.loads(json.dumps(first.state_dict()))
+    assert (state["epoch"], state["batches"], state["epoch_batches"]) == (0, 3, 3)
+    resumed = make()
+    resumed.load_state_dict(state)
+    got += run(resumed, [1])
+    assert got == want
+    assert resumed.delivered_counts == straight.delivered_counts and straight.delivered_counts["samples"] == 24
+
+
 @pytest.mark.parametrize("change, message", [
     (dict(batch_size=3), "batch_size 4 in the checkpoint, 3 now"),
     (dict(n=13), "dataset"),
@@ -143,6 +178,30 @@ def test_sigkill_mid_epoch_then_resume_sees_the_same_batches(demo_dir: Path, tmp
     assert resumed.returncode == 0, resumed.stderr[-3000:]
     want, got = read_steps(tmp_path / "straight" / "run"), read_steps(tmp_path / "killed" / "resumed")
     assert min(got) == 7 and max(got) == max(want) and len(want) > 7 + 5  # through the next epoch
+    key = ("epoch", "batch_idx", "image_ids", "images", "masks", "ignore")
+    for step in got:
+        assert [got[step][k] for k in key] == [want[step][k] for k in key], step
+    counts = [read_counts(tmp_path / d) for d in ("straight/run", "killed/resumed")]
+    assert counts[0] == counts[1] and counts[0]["kept"] > 0
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("kill_at", [5, 7])
+def test_sigkill_or_resume_with_cut_epochs_gives_the_uninterrupted_counts(demo_dir: Path, tmp_path: Path,
+                                                                          kill_at: int) -> None:
+    """Epochs cut at 5 of 12 batches (limit_train_batches, as the README's resume test runs): killed
+    at the first step of epoch 1 (the last checkpoint is the cut) or mid-epoch, the resumed run
+    trains on the same batches and ends with the uninterrupted run's counts (it kept epoch 0's)."""
+    cut = ("--limit-train-batches", "5")
+    straight = _run(tmp_path / "straight" / "run", demo_dir, 0, *cut)
+    assert straight.returncode == 0, straight.stderr[-3000:]
+    killed = _run(tmp_path / "killed" / "run", demo_dir, 0, *cut, "--kill-at", str(kill_at))
+    assert killed.returncode == -9, killed.stderr[-3000:]
+    resumed = _run(tmp_path / "killed" / "resumed", demo_dir, 0, *cut, "--ckpt",
+                   str(tmp_path / "killed" / "ckpt" / "last.ckpt"))
+    assert resumed.returncode == 0, resumed.stderr[-3000:]
+    want, got = read_steps(tmp_path / "straight" / "run"), read_steps(tmp_path / "killed" / "resumed")
+    assert min(got) == kill_at and max(got) == max(want) == 9
     key = ("epoch", "batch_idx", "image_ids", "images", "masks", "ignore")
     for step in got:
         assert [got[step][k] for k in key] == [want[step][k] for k in key], step

@@ -13,7 +13,7 @@ from pycocotools import mask as mask_utils
 from pycocotools.coco import COCO
 
 from _coco_gt import gt_full_resolution, gt_on_canvas, letterbox_batch, letterboxed, perturbed
-from seg_datamodule.evaluation import COCOMaskMAP, deduplicate, load_coco
+from seg_datamodule.evaluation import COCOMaskMAP, NothingScoredError, deduplicate, load_coco
 from seg_datamodule.evaluation.coco_eval import STAT_NAMES
 
 CANVAS = 640
@@ -160,9 +160,10 @@ def test_images_without_predictions_and_bbox_only(val_ann: str, coco: COCO) -> N
     results = boxes_only.compute()
     assert set(results) == {f"bbox_{n}" for n in STAT_NAMES} and results["bbox_AP"].item() == pytest.approx(1.0)
 
-    fresh = COCOMaskMAP(val_ann)
-    with pytest.warns(UserWarning, match="before the ``update``"):
-        assert fresh.compute()["segm_AP"].item() == -1.0
+    fresh = COCOMaskMAP(val_ann)  # saw no image: no number at all, not AP -1 (issue 35)
+    with pytest.warns(UserWarning, match="before the ``update``"), pytest.raises(NothingScoredError,
+                                                                                 match="over nothing"):
+        fresh.compute()
 
 
 def test_pickles_without_the_parsed_file(val_ann: str, coco: COCO) -> None:

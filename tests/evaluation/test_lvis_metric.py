@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 import torch
 
-from seg_datamodule.evaluation import COCOMaskMAP, LVISMaskMAP, deduplicate
+from seg_datamodule.evaluation import COCOMaskMAP, LVISMaskMAP, NothingScoredError, deduplicate
 from seg_datamodule.evaluation.lvis_eval import LVIS_STAT_NAMES, LVISFileError
 from _coco_gt import letterbox_batch
 from _lvis import LVIS_VAL_100, load_json, gt_predictions
@@ -177,8 +177,8 @@ def test_max_detections_keeps_the_best_per_image(tmp_path: Path) -> None:
 
 def test_nothing_to_score(tmp_path: Path) -> None:
     metric = LVISMaskMAP(_tiny_lvis(tmp_path, []), iou_types=("bbox",))
-    with pytest.warns(UserWarning, match="before the ``update`` method"):
-        assert all(float(v) == -1.0 for v in metric.compute().values())  # no image updated
+    with pytest.warns(UserWarning, match="before the ``update`` method"), pytest.raises(NothingScoredError):
+        metric.compute()  # no image updated: no number at all (issue 35)
     empty = {"boxes": torch.zeros(0, 4), "scores": torch.zeros(0), "labels": torch.zeros(0, dtype=torch.int64)}
     metric.update([empty], letterbox_batch([10], [1.0], [(0.0, 0.0)], [(100, 100)], (100, 100)))
     results = metric.compute()

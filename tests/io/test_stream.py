@@ -74,6 +74,8 @@ def _assert_round_trip(index: CocoIndex, records: dict[int, dict], positions: li
         assert np.array_equal(record["labels"], index.labels(i))
         assert np.array_equal(record["annotation_ids"], index.annotation_ids(i))
         assert np.array_equal(record["crowd_annotation_ids"], index.crowd_annotation_ids(i))
+        assert np.array_equal(record["neg_labels"], index.neg_labels(i))
+        assert np.array_equal(record["not_exhaustive_labels"], index.not_exhaustive_labels(i))
         for key, dtype in RECORD_DTYPES.items():
             assert record[key].dtype == dtype, key
         window = window_from_meta_of(index)
@@ -216,6 +218,31 @@ def test_stream_epochs_cover_every_image_once_with_map_style_masks(
             kept += batch.counts.get("kept", 0)
         assert sorted(seen) == sorted(index.image_ids.tolist()), f"epoch {epoch}: not every image exactly once"
         assert kept > 0
+
+
+def test_an_lvis_stream_carries_the_federated_lists(tmp_path: Path) -> None:
+    """LVIS's neg / not-exhaustive lists travel in the records (schema version 2, issue 35): a
+    streamed batch carries the map-style batch's lists, bit for bit."""
+    from _lvis import load_json, write_images, write_v1
+
+    ann = write_v1(tmp_path / "lvis_v1_val_100.json")
+    write_images(load_json(ann), tmp_path / "coco", from_url=True)
+    out = tmp_path / "lvis-stream"
+    meta = _convert(ann, tmp_path / "coco", out, chunk_bytes="2MB")
+    index = CocoIndex.build(ann, tmp_path / "coco", use_cache=False)
+    records = _records(out)
+    _assert_round_trip(index, records, list(range(len(index))))
+    assert sum(len(r["neg_labels"]) for r in records.values()) > 0
+    assert sum(len(r["not_exhaustive_labels"]) for r in records.values()) > 0
+    kwargs: dict = dict(image_size=64, seed=5)
+    dataset, reference = make_dataset(window_from_meta(meta), **kwargs), make_dataset(index, **kwargs)
+    stream = StreamOptions(str(out), cache_dir=str(tmp_path / "cache"))
+    loader = stream_train_loader(stream, dataset, DetectionCollate(), batch_size=8, num_workers=0)
+    for batch, _ in zip(loader, range(3)):
+        expected = _map_style_batch(index, reference, 0, batch.image_ids.tolist())
+        for name in ("neg_labels", "neg_labels_per_image", "not_exhaustive_labels", "not_exhaustive_labels_per_image",
+                     "labels", "masks"):
+            assert torch.equal(getattr(batch, name), getattr(expected, name)), name
 
 
 def test_convert_command_line(demo_dir: Path, tmp_path: Path) -> None:

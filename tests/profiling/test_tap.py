@@ -20,6 +20,12 @@ class Listener:
     def on_fetch_end(self) -> None:
         self.calls.append(f"{self.name} end")
 
+    def on_device_work_start(self) -> None:
+        self.calls.append(f"{self.name} device start")
+
+    def on_device_work_end(self) -> None:
+        self.calls.append(f"{self.name} device end")
+
 
 def test_tap_forwards_and_calls_listeners_in_order() -> None:
     profiler = SimpleProfiler()
@@ -45,6 +51,21 @@ def test_tap_forwards_and_calls_listeners_in_order() -> None:
     detach(profiler, second)  # the last one out restores the class's methods
     assert not {"start", "stop", "_step_time_fetch_tap"} & set(vars(profiler))
     detach(profiler, second)  # already gone: nothing to do
+
+
+def test_tap_sees_on_after_batch_transfer_of_the_datamodule_or_the_model() -> None:
+    profiler = SimpleProfiler()
+    calls: list[str] = []
+    listener = Listener("a", calls)
+    attach(profiler, listener)
+    for action in ("[LightningDataModule]COCOSegDataModule.on_after_batch_transfer",
+                   "[LightningModule]YolactLite.on_after_batch_transfer"):
+        with profiler.profile(action):
+            calls.append("hook")
+    with profiler.profile("[LightningModule]YolactLite.transfer_batch_to_device"):  # the copy: not device work
+        calls.append("copy")
+    assert calls == ["a device start", "hook", "a device end"] * 2 + ["copy"]
+    detach(profiler, listener)
 
 
 def test_tap_restores_methods_a_user_set_on_the_instance() -> None:

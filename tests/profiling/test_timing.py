@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import pytest
 
+from seg_datamodule.profiling.accumulator import PHASES
 from seg_datamodule.profiling.timing import PhaseTimer, attribute, device_split, split_record
 
 
@@ -19,7 +20,8 @@ class FakeClock:
 def test_phase_timer_exclusive_nesting_sums_to_step() -> None:
     clock = FakeClock()
     timer = PhaseTimer(clock=clock)
-    fetch, to_device, forward, backward, optimizer = range(5)
+    fetch, to_device, forward, backward, optimizer = (
+        PHASES.index(p) for p in ("train_dataloader_next", "batch_to_device", "forward", "backward", "optimizer_step"))
 
     def at(ms: float) -> PhaseTimer:
         clock.now = ms / 1e3
@@ -45,9 +47,8 @@ def test_phase_timer_exclusive_nesting_sums_to_step() -> None:
     assert record is not None and not timer.is_open and timer.close() is None
     step_ms, phase_ms, device_ms, busy_ms = split_record(record)
     assert step_ms == pytest.approx(20.0)
-    expected = {
-        "train_dataloader_next": 5.0, "batch_to_device": 1.0, "forward": 5.0, "backward": 2.0, "optimizer_step": 3.0
-    }
+    expected = {"train_dataloader_next": 5.0, "batch_to_device": 1.0, "device_work": 0.0, "forward": 5.0,
+                "backward": 2.0, "optimizer_step": 3.0}
     assert phase_ms == pytest.approx(expected)
     assert device_ms is None and busy_ms is None
     other = step_ms - sum(phase_ms.values())
@@ -75,19 +76,23 @@ def test_phase_timer_exit_closes_nested_and_discard() -> None:
 
 def test_attribute_maps_none_to_other() -> None:
     # intervals of 1, 2 and 3 s after boundaries running none, fetch and optimizer_step
-    out = attribute([0.0, 1.0, 3.0, 6.0], [-1, 0, 4, -1], scale=1.0)
-    assert out == [2.0, 0.0, 0.0, 0.0, 3.0, 1.0]
+    optimizer = PHASES.index("optimizer_step")
+    out = attribute([0.0, 1.0, 3.0, 6.0], [-1, 0, optimizer, -1], scale=1.0)
+    assert out == [2.0, 0.0, 0.0, 0.0, 0.0, 3.0, 1.0]
 
 
 # ---------------------------------------------------------------------------- device split
 
 
+FORWARD, OTHER = PHASES.index("forward"), PHASES.index("other")
+
+
 def test_device_split_busy_lower_bound() -> None:
-    active = [-1, 2, -1]
+    active = [-1, FORWARD, -1]
     # Starved device: each marker runs the moment it is enqueued -> nothing provably busy.
     per_phase, span, busy = device_split([5.0, 20.0], 1.0, [1.0, 1.005, 1.025], active)
     assert span == pytest.approx(25.0) and busy == pytest.approx(0.0)
-    assert per_phase[2] == pytest.approx(20.0) and per_phase[5] == pytest.approx(5.0)
+    assert per_phase[FORWARD] == pytest.approx(20.0) and per_phase[OTHER] == pytest.approx(5.0)
     # Device behind: the host enqueued the forward's work in 2 ms, the device ran it for 20 ms
     # starting when it reached the marker -> busy from 1.005 s (end of enqueue is earlier) to 1.025 s.
     _, _, busy = device_split([5.0, 20.0], 1.0, [0.990, 0.992, 0.994], active)
@@ -136,9 +141,9 @@ def test_timer_with_device_marks_reports_device_split() -> None:
     timer = PhaseTimer(clock=clock, marks=marks)
     timer.open()
     clock.now = 0.002
-    timer.enter(2)
+    timer.enter(FORWARD)
     clock.now = 0.012
-    timer.exit(2)
+    timer.exit(FORWARD)
     clock.now = 0.015
     record = timer.close()
     assert record is not None and record.ready() and len(record.events) == 4

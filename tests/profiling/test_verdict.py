@@ -35,7 +35,7 @@ pytestmark = pytest.mark.filterwarnings(
 
 def _summary(step: float, **means: float) -> dict[str, dict[str, float]]:
     """A summary whose every step is ``step`` ms, the named phases as given, ``other`` the rest."""
-    phases = {p: means.get(p, 0.0) for p in PHASES[:5]}
+    phases = {p: means.get(p, 0.0) for p in PHASES[:-2]}  # the timed phases
     phases["other"] = step - sum(phases.values())
     out = {p: {"median_ms": v, "mean_ms": v, "p90_ms": v, "total_s": v / 100, "share": v / step}
            for p, v in phases.items()}
@@ -96,6 +96,26 @@ def test_thresholds_and_order_by_wall_share() -> None:
     assert judge_step_time(optimizer)["key"] == "compute_bound"
     assert judge_step_time({}) is None
     assert verdict["thresholds"] == THRESHOLDS
+
+
+def test_device_work_is_not_a_transfer_and_a_cpu_run_is_not_told_to_pin_by_hand() -> None:
+    # 30 ms of on_after_batch_transfer (the device HSV jitter) in a 100 ms step on a CPU run: it is
+    # named as work after the transfer, and nothing says pin memory (issue 35).
+    jitter = _summary(100.0, batch_to_device=1.0, device_work=30.0, forward=60.0)
+    verdict = judge_step_time(jitter, loader={"pin_memory": False, "device": "cpu"})
+    assert verdict["key"] == "device_work" and verdict["also"] == []
+    assert verdict["figures"]["device_work_share"] == pytest.approx(0.3) and verdict["figures"]["device"] == "cpu"
+    assert "hsv_on_device: false" in verdict["sentence"] and "pin" not in verdict["sentence"]
+    on_gpu = judge_step_time(jitter, loader={"pin_memory": True, "device": "cuda"})
+    assert on_gpu["key"] == "device_work" and "part of the step's compute" in on_gpu["sentence"]
+    # A slow transfer hook on a CPU run: the transfer rule fires, but there is no copy to pin for.
+    copy = _summary(100.0, batch_to_device=30.0, forward=60.0)
+    on_cpu = judge_step_time(copy, loader={"pin_memory": False, "device": "cpu"})
+    assert on_cpu["key"] == "transfer_bound" and "pin" not in on_cpu["sentence"]
+    assert "nothing is copied to a device" in on_cpu["sentence"]
+    assert "pin_memory=True" in judge_step_time(copy, loader={"pin_memory": False, "device": "cuda"})["sentence"]
+    below = _summary(100.0, device_work=9.0, forward=60.0)
+    assert judge_step_time(below, loader={"device": "cpu"})["key"] == "compute_bound"
 
 
 # ---------------------------------------------------------------------------- injected costs
@@ -263,7 +283,7 @@ def test_a_busy_thread_beside_the_optimiser_makes_it_starved(tmp_path: Path) -> 
 
 
 @pytest.mark.slow
-def test_a_slow_transfer_hook_asks_for_pinned_memory(tmp_path: Path) -> None:
+def test_a_slow_transfer_hook_is_the_transfer_but_a_cpu_run_is_not_told_to_pin(tmp_path: Path) -> None:
     model = SlowTransferModel(transfer_ms=40.0)
     profiler, report, printed = _fit(tmp_path, model, item_ms=0.0, isolated=0)
     verdict = _check_figures_are_the_tables(profiler, report, printed)
@@ -272,7 +292,57 @@ def test_a_slow_transfer_hook_asks_for_pinned_memory(tmp_path: Path) -> None:
     assert verdict["figures"]["batch_to_device_share"] == transfer["share"] >= THRESHOLDS["transfer_share"]
     assert verdict["figures"]["batch_to_device_median_ms"] == transfer["median_ms"]
     assert transfer["median_ms"] >= min(model.transfer_costs_ms)  # it holds the injected sleep
-    assert verdict["figures"]["pin_memory"] is False and "pin_memory=True" in verdict["sentence"]
+    assert verdict["figures"]["pin_memory"] is False and verdict["figures"]["device"] == "cpu"
+    assert "pin" not in verdict["sentence"] and "nothing is copied to a device" in verdict["sentence"]
+
+
+class JitterModel(L.LightningModule):
+    """A step of almost nothing, so the DataModule's device jitter is a large share of it."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.w = torch.nn.Parameter(torch.ones(1))
+
+    def training_step(self, batch: Any, batch_idx: int) -> torch.Tensor:
+        return (self.w * batch.images[:, :, :8, :8].float().mean() * 1e-3).sum()
+
+    def validation_step(self, batch: Any, batch_idx: int) -> None:  # none runs (limit_val_batches=0)
+        pass
+
+    def configure_optimizers(self) -> torch.optim.Optimizer:
+        return torch.optim.SGD(self.parameters(), lr=0.0)
+
+
+@pytest.mark.slow
+def test_the_device_jitter_on_a_cpu_run_is_device_work_not_a_transfer(demo_dir: Path, tmp_path: Path) -> None:
+    """A real fit of the DataModule with hsv_on_device on the CPU (configs/coco.yaml's setting, issue 35):
+    the jitter lands in device_work, not batch_to_device, and no finding tells the run to pin memory."""
+    from seg_datamodule import COCOSegDataModule
+    from seg_datamodule.transforms.hsv import hsv_jitter_batch_
+
+    dm = COCOSegDataModule(demo_dir=str(demo_dir), cache_dir=str(tmp_path / "cache"), image_size=320, batch_size=8,
+                           num_workers=0, mosaic=0.0, hsv=(0.015, 0.7, 0.4), hsv_on_device=True)
+    profiler = StepTimeProfiler(warmup_steps=2, save_plot=False)
+    model = JitterModel()
+    trainer = L.Trainer(accelerator="cpu", devices=1, max_steps=8, callbacks=[profiler], logger=False,
+                        enable_progress_bar=False, enable_model_summary=False, enable_checkpointing=False,
+                        limit_val_batches=0, num_sanity_val_steps=0, default_root_dir=tmp_path)
+    trainer.fit(model, datamodule=dm)
+    summary = profiler.summary()
+    work, transfer = summary["device_work"], summary["batch_to_device"]
+    # The phase holds the kernel (its cost alone on a batch of the same size), the transfer does not.
+    alone_ms = []
+    for _ in range(3):
+        images, start = torch.randint(0, 256, (8, 3, 320, 320), dtype=torch.uint8), time.perf_counter()
+        hsv_jitter_batch_(images, torch.full((8, 3), 0.3, dtype=torch.float64))
+        alone_ms.append((time.perf_counter() - start) * 1e3)
+    assert work["median_ms"] >= 0.5 * min(alone_ms) > 0
+    assert transfer["median_ms"] < work["median_ms"]
+    verdict = json.loads((tmp_path / "step_time.json").read_text())["verdict"]
+    findings = [verdict, *verdict["also"]]
+    assert not any("pin" in f["sentence"] for f in findings), findings
+    assert ("device_work" in [f["key"] for f in findings]) == (work["share"] >= THRESHOLDS["device_work_share"])
+    assert verdict["key"] != "transfer_bound"
 
 
 @pytest.mark.slow

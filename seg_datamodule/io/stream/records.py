@@ -8,7 +8,7 @@ back as garbage), so :func:`record_from_index` casts every array to
 
 :class:`RecordWindow` is an :class:`~seg_datamodule.data.loading.ImageIndex` over the records of
 the batch being built: it knows every image's id and size (from the metadata beside the chunks)
-and the annotations and pixels of the bound records only, so
+and the annotations, LVIS lists and pixels of the bound records only, so
 :class:`~seg_datamodule.data.dataset.SegDataset` builds a streamed batch with exactly the code,
 randomness and rasteriser of the map-style path. Nothing here imports LitData.
 """
@@ -63,6 +63,7 @@ def record_from_index(index: Any, i: int, image: bytes) -> dict[str, Any]:
         "instance_offsets": polygons.instance_offsets, "labels": index.labels(i),
         "annotation_ids": index.annotation_ids(i), "crowd_annotation_ids": index.crowd_annotation_ids(i),
         "crowd_rle": crowd_rle(index.crowd_mask(i)),
+        "neg_labels": index.neg_labels(i), "not_exhaustive_labels": index.not_exhaustive_labels(i),
     }
     # Built in the schema's order: LitData writes the fields in dict order, and the reader's check
     # (schema.check_index) accepts exactly that order.
@@ -193,6 +194,14 @@ class RecordWindow:
 
     def annotation_ids(self, i: int) -> np.ndarray:
         return self._record(i)["annotation_ids"].copy()
+
+    def neg_labels(self, i: int) -> np.ndarray:
+        """Sorted labels verified absent from the image (LVIS ``neg_category_ids``; empty for COCO)."""
+        return self._record(i)["neg_labels"].copy()
+
+    def not_exhaustive_labels(self, i: int) -> np.ndarray:
+        """Sorted labels maybe not all annotated in the image (LVIS ``not_exhaustive_category_ids``)."""
+        return self._record(i)["not_exhaustive_labels"].copy()
 
     def crowd_mask(self, i: int) -> np.ndarray | None:
         record = self._record(i)

@@ -29,8 +29,8 @@ __all__ = [
 ]
 
 #: Version of the record schema and of the metadata; readers refuse another. Bump it whenever
-#: :data:`RECORD_SCHEMA` or the metadata's fields change.
-SCHEMA_VERSION = 1
+#: :data:`RECORD_SCHEMA` or the metadata's fields change. 2: the LVIS lists (issue 35).
+SCHEMA_VERSION = 2
 #: Name of the metadata JSON written beside the chunks.
 META_FILE = "seg_datamodule_stream.json"
 #: LitData's index of the chunks (its ``_INDEX_FILENAME``).
@@ -42,7 +42,9 @@ INDEX_FILE = "index.json"
 #: seeds its augmentation); ``vertices`` is ``(x0, y0, x1, y1, ...)`` in original pixels;
 #: ``ring_offsets`` index vertices (not coordinates), ``instance_offsets`` index rings, as in
 #: :class:`~seg_datamodule.structures.Polygons`; ``crowd_rle`` is the compressed COCO RLE
-#: (pycocotools ``counts``) of the union of the image's crowd regions, empty when it has none.
+#: (pycocotools ``counts``) of the union of the image's crowd regions, empty when it has none;
+#: ``neg_labels`` / ``not_exhaustive_labels`` are LVIS's federated lists as sorted labels
+#: (``CocoIndex.neg_labels``), empty for a COCO file.
 RECORD_SCHEMA: tuple[tuple[str, str | np.dtype], ...] = (
     ("index", "int"),
     ("image_id", "int"),
@@ -56,6 +58,8 @@ RECORD_SCHEMA: tuple[tuple[str, str | np.dtype], ...] = (
     ("annotation_ids", np.dtype(np.int64)),
     ("crowd_annotation_ids", np.dtype(np.int64)),
     ("crowd_rle", np.dtype(np.uint8)),
+    ("neg_labels", np.dtype(np.int64)),
+    ("not_exhaustive_labels", np.dtype(np.int64)),
 )
 #: The 1-D array fields and their forced dtypes (LitData fixes a dtype from the first record).
 RECORD_DTYPES: dict[str, np.dtype] = {k: v for k, v in RECORD_SCHEMA if isinstance(v, np.dtype)}
@@ -267,8 +271,11 @@ def check_meta(meta: Any, where: str) -> dict[str, Any]:
     if meta.get("format") != "seg_datamodule.stream":
         raise _fail(where, "format", f"must be 'seg_datamodule.stream', got {meta.get('format')!r}")
     if meta.get("version") != SCHEMA_VERSION or not _is_int(meta.get("version")):
+        older = _is_int(meta.get("version")) and meta["version"] < SCHEMA_VERSION
+        why = " (version 2 added LVIS's neg / not-exhaustive category lists to every record)" if older else ""
         raise _fail(where, "version", f"the chunks were written by schema version {meta.get('version')!r}; this "
-                                      f"package reads version {SCHEMA_VERSION} (convert them again with it)")
+                                      f"package reads version {SCHEMA_VERSION}{why}: convert them again with "
+                                      "seg-datamodule convert")
     types: dict[str, type | tuple[type, ...]] = {
         "litdata_version": str, "ann_file": str, "images_root": str, "options": dict, "num_records": int,
         "num_instances": int, "category_ids": list, "class_names": list, "skip_counts": dict,

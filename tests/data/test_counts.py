@@ -1,0 +1,103 @@
+"""Exact counts (issue 35): evaluation counts are the batches the loop consumed, for any
+``num_workers``; the report tells what augmentation cropped out from what was lost, per recipe.
+
+The reference is the batches themselves: each carries its own counts, recorded as the loop takes it.
+"""
+
+from __future__ import annotations
+
+import collections
+from pathlib import Path
+from typing import Any
+
+import lightning as L
+import pytest
+
+from seg_datamodule import COCOSegDataModule
+from seg_datamodule.data.accounting import ConsumedCounts, format_report
+from seg_datamodule.data.dataset import COUNT_KEYS
+from seg_datamodule.models import YolactLite
+
+
+class _Consumed(L.Callback):
+    """The counts of every evaluation batch the loops ran, per loop run."""
+
+    def __init__(self) -> None:
+        self.runs: list[tuple[str, collections.Counter]] = []
+
+    def _add(self, trainer: L.Trainer, batch: Any, batch_idx: int, name: str) -> None:
+        if batch_idx == 0:
+            self.runs.append((name, collections.Counter()))
+        self.runs[-1][1].update(batch.counts)
+
+    def on_validation_batch_end(self, trainer, pl_module, outputs, batch, batch_idx, dataloader_idx=0) -> None:
+        self._add(trainer, batch, batch_idx, "sanity" if trainer.sanity_checking else "val")
+
+    def on_test_batch_end(self, trainer, pl_module, outputs, batch, batch_idx, dataloader_idx=0) -> None:
+        self._add(trainer, batch, batch_idx, "test")
+
+
+@pytest.mark.parametrize("workers", [0, pytest.param(2, marks=pytest.mark.slow)])
+def test_evaluation_counts_are_the_consumed_batches(demo_dir: Path, tmp_path: Path, workers: int) -> None:
+    demo = demo_dir / "annotations" / "instances_val2017.json"
+    dm = COCOSegDataModule(demo_dir=str(demo_dir), image_size=96, batch_size=4, val_batch_size=3,
+                           num_workers=workers, persistent_workers=False, cache_dir=str(tmp_path / "cache"))
+    consumed = _Consumed()
+    trainer = L.Trainer(accelerator="cpu", max_epochs=1, limit_train_batches=1, limit_val_batches=2,
+                        limit_test_batches=2, num_sanity_val_steps=1, logger=False, enable_progress_bar=False,
+                        enable_model_summary=False, enable_checkpointing=False, callbacks=[consumed])
+    model = YolactLite(num_classes=dm.num_classes, width=4, num_prototypes=4)
+    trainer.fit(model, datamodule=dm)
+    (sanity, first), (val, second) = consumed.runs
+    assert sanity == "sanity" and val == "val" and first["samples"] == 3 and second["samples"] == 6
+    # The last validation run's two batches, not the sanity check's nor what workers built ahead.
+    assert dm.skip_counts["val"] == {key: second.get(key, 0) for key in COUNT_KEYS}
+    assert dm.skip_counts["val"]["kept"] > 0
+
+    dm.test_ann, dm.test_images = str(demo), str(demo_dir / "val2017")
+    trainer.test(model, datamodule=dm, verbose=False)
+    name, tested = consumed.runs[-1]
+    assert name == "test" and dm.skip_counts["test"] == {key: tested.get(key, 0) for key in COUNT_KEYS}
+
+
+def test_consumed_counts_start_afresh_per_run() -> None:
+    counts = ConsumedCounts()
+    counts.add("val", "sanity", {"kept": 5})
+    counts.add("val", ("fit", 10, 0), {"kept": 2})
+    counts.add("val", ("fit", 10, 0), {"kept": 3, "image_missing": 1})
+    counts.add("test", ("test", 10, 0), {"kept": 7})
+    assert counts.counts("val") == {"kept": 5, "image_missing": 1} and counts.counts("test") == {"kept": 7}
+    counts.reset("val")
+    assert counts.counts("val") == {} and counts.counts("other") == {}
+
+
+def test_the_report_tells_crops_from_losses_per_recipe(demo_dir: Path, tmp_path: Path) -> None:
+    lines = {}
+    for recipe in ("mosaic", "lsj"):
+        dm = COCOSegDataModule(demo_dir=str(demo_dir), image_size=96, batch_size=8, num_workers=0, recipe=recipe,
+                               cache_dir=str(tmp_path / "cache"))
+        dm.setup("fit")
+        for _, _batch in zip(range(3), dm.train_dataloader()):
+            pass
+        lines[recipe] = dm.report()
+    mosaic, lsj = lines["mosaic"], lines["lsj"]
+    # The crop is the augmentation working: named as such, apart from what was lost.
+    assert "cropped out by the mosaic / affine crop:" in mosaic and "outside the canvas" in mosaic
+    assert "; nothing lost" in mosaic.splitlines()[-2] and "dropped by augmentation or loading" not in mosaic
+    assert "recipe='mosaic', mosaic_partners='batch'" in mosaic
+    assert "cropped out by the LSJ crop:" in lsj and "mosaic_partners" not in lsj and "recipe='lsj'" in lsj
+
+
+def test_format_report_by_hand() -> None:
+    report = format_report({
+        "train_index": {"polygon_too_few_points": 2},
+        "train": {"kept": 10, "outside": 6, "clipped": 1, "degenerate": 1, "bad_image": 3, "image_missing": 1,
+                  "pasted": 2},
+        "val": {"kept": 4},
+    }, recipe="lsj")
+    assert report.splitlines() == [
+        "train_index: skipped 2 annotations (polygon_too_few_points 2)",
+        "train: 10 annotations delivered as targets (2 pasted); cropped out by the LSJ crop: 7 (outside the canvas 6, "
+        "clipped below min_area_ratio 1); lost 1 image (image_missing 1) and 4 annotations (bad_image 3, degenerate 1)",
+        "val: 4 annotations delivered as targets; nothing lost",
+    ]
