@@ -130,7 +130,7 @@ class DataSources:
             return getattr(self, attribute)
         # Held-out splits keep their negatives: dropping them would bias the evaluation.
         extra = {} if split == "train" else {"drop_empty": False}
-        if self.dataset is not None:
+        if self.dataset is not None and split != "predict":
             index = build_yolo_index(self.dataset, getattr(self, f"{split}_split"), self.index_options, **extra)
         else:
             index = CocoIndex.build(ann, getattr(self, f"{split}_images"), self.index_options, **extra)
@@ -142,9 +142,9 @@ class DataSources:
 
     def _named(self, split: str) -> str | None:
         """What names ``split``: its COCO JSON, or ``"<data.yaml> [<split name>]"``; None when not named."""
-        if self.dataset is None:
+        if self.dataset is None or split == "predict":  # predict_ann: a COCO JSON's images, either way
             return getattr(self, f"{split}_ann")
-        name = None if split == "predict" else getattr(self, f"{split}_split")
+        name = getattr(self, f"{split}_split")
         return None if name is None else f"{self.dataset} [{name}]"
 
     def _stream(self) -> dict[str, Any]:
