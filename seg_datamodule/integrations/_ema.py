@@ -26,7 +26,15 @@ from torch import Tensor
 
 from seg_datamodule.integrations._weight_averaging import WeightAveraging
 
-__all__ = ["UltralyticsEMA", "ema_decay", "ultralytics_ema_avg_fn"]
+__all__ = ["UltralyticsEMA", "check_ema_args", "ema_decay", "ultralytics_ema_avg_fn"]
+
+
+def check_ema_args(decay: float, tau: float) -> None:
+    """Raise ``ValueError`` unless ``0 <= decay < 1`` and ``tau`` is a finite number > 0."""
+    if isinstance(decay, bool) or not isinstance(decay, (int, float)) or not 0 <= decay < 1:
+        raise ValueError(f"ema decay must be in [0, 1), got {decay!r}")
+    if isinstance(tau, bool) or not isinstance(tau, (int, float)) or not (math.isfinite(tau) and tau > 0):
+        raise ValueError(f"ema tau must be a finite number > 0, got {tau!r}")
 
 
 def ema_decay(updates: int, decay: float = 0.9999, tau: float = 2000.0) -> float:
@@ -69,10 +77,7 @@ class UltralyticsEMA(WeightAveraging):
     """
 
     def __init__(self, decay: float = 0.9999, tau: float = 2000.0, device: torch.device | str | None = None) -> None:
-        if isinstance(decay, bool) or not isinstance(decay, (int, float)) or not 0 <= decay < 1:
-            raise ValueError(f"ema decay must be in [0, 1), got {decay!r}")
-        if isinstance(tau, bool) or not isinstance(tau, (int, float)) or not (math.isfinite(tau) and tau > 0):
-            raise ValueError(f"ema tau must be a finite number > 0, got {tau!r}")
+        check_ema_args(decay, tau)
         super().__init__(device=device, use_buffers=True, multi_avg_fn=ultralytics_ema_avg_fn(decay, tau))
         self.decay, self.tau = float(decay), float(tau)
 
@@ -92,6 +97,12 @@ class UltralyticsEMA(WeightAveraging):
                            "average starts from the weights after the first step instead of before it.")
             return
         average.update_parameters(pl_module)  # n_averaged 0 -> 1: a plain copy of the starting weights
+
+    def on_load_checkpoint(self, trainer: L.Trainer, pl_module: L.LightningModule, checkpoint: dict[str, Any]) -> None:
+        """Restore the average when fitting; validating, testing or predicting a checkpoint needs nothing
+        (its ``state_dict`` is the average already), so nothing is said then either."""
+        if getattr(self, "_average_model", None) is not None:
+            super().on_load_checkpoint(trainer, pl_module, checkpoint)
 
     @property
     def updates(self) -> int:

@@ -163,10 +163,15 @@ def read_yolo_weights(path: str) -> tuple[dict[str, Tensor], str]:
     Raises:
         WeightsFileError: see :func:`read_state_dict` and :func:`read_ultralytics_weights`.
     """
+    if not os.path.isfile(path):
+        raise WeightsFileError(
+            f"weights file {path!r} does not exist (nothing is downloaded at run time; get a released Ultralytics "
+            f"checkpoint once with: python -c \"from ultralytics.utils.downloads import attempt_download_asset; "
+            f"attempt_download_asset('{os.path.basename(path)}')\", or set weights: null to train from scratch)"
+        )
     try:
         return read_state_dict(path), path
     except WeightsFileError:
-        if not os.path.isfile(path):
-            raise
+        pass  # a pickled model, not a plain state_dict
     state, described = read_ultralytics_weights(path)
     return state, f"{path} ({described})"

@@ -29,7 +29,7 @@ from torch import Tensor
 
 from seg_datamodule.evaluation import COCOMaskMAP
 from seg_datamodule.integrations._coco import log_coco_results, make_coco_metric
-from seg_datamodule.integrations._ema import UltralyticsEMA
+from seg_datamodule.integrations._ema import UltralyticsEMA, check_ema_args
 from seg_datamodule.integrations._optim import apply_nominal_batch, check_optim_args, configure_from_hparams
 from seg_datamodule.integrations._ultralytics_checkpoint import read_yolo_weights
 from seg_datamodule.integrations._weights import Transfer, load_matching
@@ -209,7 +209,7 @@ class YOLOSegModule(L.LightningModule):
         check_optim_args(optimizer, lr, momentum, weight_decay, warmup_steps)
         if not isinstance(ema, bool):
             raise ValueError(f"ema must be a bool, got {ema!r}")
-        UltralyticsEMA(ema_decay, ema_tau)  # checks both
+        check_ema_args(ema_decay, ema_tau)
         if nominal_batch_size is not None and (isinstance(nominal_batch_size, bool)
                                                or not isinstance(nominal_batch_size, int) or nominal_batch_size < 1):
             raise ValueError(f"nominal_batch_size must be a positive int or None, got {nominal_batch_size!r}")

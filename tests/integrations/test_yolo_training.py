@@ -112,6 +112,11 @@ def test_the_ema_is_ultralytics_model_ema(demo_dir, tmp_path, ema_class) -> None
     assert len(moved) > 100
 
 
+class _Validated(L.Callback):
+    def on_validation_batch_start(self, trainer, pl_module, batch, batch_idx, dataloader_idx=0) -> None:
+        self.state = copy.deepcopy(pl_module.model.state_dict())
+
+
 @pytest.mark.slow
 def test_the_checkpoint_holds_the_ema_and_resumes_exactly(demo_dir, tmp_path, ema_class) -> None:
     def run(max_steps: int, ckpt_path=None) -> tuple[YOLOSegModule, _ReferenceEMA, UltralyticsEMA]:
@@ -119,8 +124,7 @@ def test_the_checkpoint_holds_the_ema_and_resumes_exactly(demo_dir, tmp_path, em
         module = YOLOSegModule(num_classes=4, optimizer="SGD", lr=0.05, warmup_steps=0, cosine_schedule=False,
                                ema=False, nominal_batch_size=None, coco_eval=False)  # one schedule for any max_steps
         reference, ema = _ReferenceEMA(), ema_class(decay=DECAY, tau=TAU)
-        saver = L.pytorch.callbacks.ModelCheckpoint(dirpath=tmp_path / ("resumed" if ckpt_path else "run4"),
-                                                    filename="{step}",
+        saver = L.pytorch.callbacks.ModelCheckpoint(dirpath=tmp_path / "run4", filename="{step}",
                                                     every_n_train_steps=2, save_top_k=-1)
         trainer = _trainer(tmp_path, [reference, ema, saver], max_steps=max_steps, limit_val_batches=0,
                            enable_checkpointing=True)
@@ -134,6 +138,12 @@ def test_the_checkpoint_holds_the_ema_and_resumes_exactly(demo_dir, tmp_path, em
     # The checkpoint's weights are the EMA after 2 steps: what load_from_checkpoint restores.
     restored = YOLOSegModule.load_from_checkpoint(path, map_location="cpu")
     _assert_same_state(restored.model.state_dict(), whole_reference.history[2], "load_from_checkpoint")
+    # Validating it scores the EMA, and nothing warns (the module's own EMA callback restores nothing then).
+    validated = _Validated()
+    saver = L.pytorch.callbacks.ModelCheckpoint(dirpath=path.parent, every_n_train_steps=2, save_top_k=-1)  # as saved
+    _trainer(tmp_path, [validated, saver], limit_val_batches=1, enable_checkpointing=True).validate(
+        YOLOSegModule(num_classes=4, coco_eval=False), datamodule=_datamodule(demo_dir), ckpt_path=path)
+    _assert_same_state(validated.state, whole_reference.history[2], "validate(ckpt_path=...)")
     # Resumed from step 2: the same trained weights and the same average as the run never stopped.
     resumed, resumed_reference, resumed_ema = run(4, ckpt_path=path)
     assert resumed_ema.updates == whole_ema.updates == 4
@@ -203,7 +213,7 @@ def test_accumulated_gradients_are_the_sum_of_the_batches_losses(demo_dir, tmp_p
             torch.testing.assert_close(capture.grads[name], param.grad, rtol=1e-4, atol=1e-6, msg=name)
 
 
-def test_the_keys_turn_both_off_and_are_checked(demo_dir, tmp_path) -> None:
+def test_the_keys_turn_both_off_and_are_checked() -> None:
     assert [type(c) for c in YOLOSegModule(num_classes=4).configure_callbacks()] == [UltralyticsEMA]
     module = YOLOSegModule(num_classes=4, ema=False, nominal_batch_size=None)
     assert module.configure_callbacks() == []
