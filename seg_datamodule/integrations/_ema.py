@@ -42,7 +42,8 @@ def ema_decay(updates: int, decay: float = 0.9999, tau: float = 2000.0) -> float
     return decay * (1.0 - math.exp(-updates / tau))
 
 
-def ultralytics_ema_avg_fn(decay: float = 0.9999, tau: float = 2000.0) -> Callable[[list[Tensor], list[Tensor], Any], None]:
+def ultralytics_ema_avg_fn(decay: float = 0.9999,
+                           tau: float = 2000.0) -> Callable[[list[Tensor], list[Tensor], Any], None]:
     """An ``AveragedModel`` ``multi_avg_fn`` doing ``ModelEMA.update``'s arithmetic.
 
     ``AveragedModel`` calls it with its ``n_averaged``, which :class:`UltralyticsEMA` makes count

@@ -86,7 +86,8 @@ def resolve_weights(backbone: str, weights: str | None, weights_backbone: str | 
     model_enum = _enum("weights", weights) if weights is not None else None
     backbone_enum = _enum("weights_backbone", weights_backbone) if weights_backbone is not None else None
     if model_enum is not None and type(model_enum).__name__ not in _COCO:
-        raise ValueError(f"weights must be one of torchvision's Mask R-CNN weights ({', '.join(_COCO)}), got {weights!r}")
+        raise ValueError(f"weights must be one of torchvision's Mask R-CNN weights ({', '.join(_COCO)}), "
+                         f"got {weights!r}")
     if model_enum is not None and backbone_enum is not None:
         raise ValueError("set weights or weights_backbone, not both: the Mask R-CNN weights include the backbone")
     if model_enum is not None and backbone != "resnet50":

@@ -96,8 +96,11 @@ def read_state_dict(path: str, what: str = "weights file") -> dict[str, Tensor]:
     try:
         state = torch.load(path, map_location="cpu", weights_only=True)
     except Exception as err:  # UnpicklingError for pickled objects, RuntimeError for a broken archive
-        raise WeightsFileError(f"{what} {path!r} is not a plain state_dict (read with weights_only=True): {err}") from err
-    if not isinstance(state, Mapping) or not all(isinstance(k, str) and isinstance(v, Tensor) for k, v in state.items()):
+        raise WeightsFileError(
+            f"{what} {path!r} is not a plain state_dict (read with weights_only=True): {err}"
+        ) from err
+    if not isinstance(state, Mapping) or not all(isinstance(k, str) and isinstance(v, Tensor)
+                                                 for k, v in state.items()):
         raise WeightsFileError(f"{what} {path!r} must hold a state_dict (names -> tensors)")
     return dict(state)
 
