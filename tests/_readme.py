@@ -5,7 +5,7 @@ Every ```` ```bash ```` and ```` ```python ```` block of ``README.md`` becomes o
 ``use-it-in-your-own-code-2``). A block that cannot run in a test carries the line
 ``<!-- readme-test: skip (why) -->`` just before its fence and is reported skipped by name.
 
-A step runs as a user would run it, with four kinds of change, all listed here:
+A step runs as a user would run it, with five kinds of change, all listed here:
 
 - **paths**: ``/data/coco/...``, ``annotations/instances_*.json`` and bare ``train2017`` /
   ``val2017`` name a COCO root made of coco-mini (:func:`make_coco_root`: its files, plus a
@@ -20,6 +20,9 @@ A step runs as a user would run it, with four kinds of change, all listed here:
   ``fit`` that resumes (``--ckpt_path``) runs one epoch more than the run that wrote the
   checkpoint;
 - **help**: a benchmark script runs with ``--help`` (the benchmarks themselves take minutes).
+- **weights**: the pretrained weights the configs start from (``yolo11n-seg.pt``, torchvision's
+  ImageNet ResNet-50) are stand-ins of the same layout with random values, written by
+  ``tests/_pretrained.py`` into the run folder and ``$TORCH_HOME`` (there is no network).
 
 The installation and test commands of the quick start are not run (that would install the
 project or run this suite inside itself); the test checks instead that ``.ci/run`` runs them.

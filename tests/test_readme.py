@@ -27,6 +27,7 @@ import yaml
 from _readme import (
     Step, cli_limits, make_coco_root, make_lvis_root, parse_blocks, steps_from_blocks, substitute_python, substitute_token,
 )
+from _pretrained import write_pretrained_weights
 from _yolo import make_yolo_root
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -67,7 +68,8 @@ class _Runner:
         self.work, self.coco, self.bucket = work, coco, work / "bucket"
         for name in ("configs", "benchmarks"):
             (work / name).symlink_to(ROOT / name)
-        self.env = dict(os.environ, SEG_DATAMODULE_CACHE=str(cache), MPLBACKEND="Agg")
+        self.env = dict(os.environ, SEG_DATAMODULE_CACHE=str(cache), MPLBACKEND="Agg", TORCH_HOME=str(work / "torch"))
+        write_pretrained_weights(CONFIGS, work, work / "torch")  # what the configs start from (no network here)
         self.results: dict[str, Result] = {}
 
     def result(self, name: str) -> Result:
@@ -231,6 +233,7 @@ def test_every_config_runs(config, runner, coco_mini):
     command = _config_command(config)
     work = runner.work / f"config-{config.stem}"
     work.mkdir()
+    write_pretrained_weights([config], work, runner.work / "torch")
     argv = [sys.executable, "-m", "seg_datamodule", command, "--config", str(config),
             *_config_overrides(config, runner.coco), *cli_limits(command, resumes=False)]
     proc = subprocess.run(argv, cwd=work, env=runner.env, capture_output=True, text=True, timeout=TIMEOUT)

@@ -1,4 +1,5 @@
-"""The optimiser and schedule shared by the integration modules: AdamW or SGD, warmup, cosine."""
+"""The optimiser and schedule shared by the integration modules: AdamW or SGD, warmup, cosine,
+and Ultralytics' nominal-batch gradient accumulation."""
 
 from __future__ import annotations
 
@@ -10,7 +11,10 @@ from torch import nn
 
 from seg_datamodule.data.repeat_factors import scheduled_steps
 
-__all__ = ["OPTIMIZERS", "check_optim_args", "configure_from_hparams", "configure_optimizer"]
+__all__ = [
+    "OPTIMIZERS", "apply_nominal_batch", "check_optim_args", "configure_from_hparams", "configure_optimizer",
+    "nominal_batch_accumulation",
+]
 
 OPTIMIZERS = ("AdamW", "SGD")
 
@@ -85,12 +89,74 @@ def configure_optimizer(
     return {"optimizer": opt, "lr_scheduler": {"scheduler": scheduler, "interval": "step"}}
 
 
-def configure_from_hparams(module: Any) -> Any:
+def nominal_batch_accumulation(batch_size: int, nominal_batch_size: int) -> tuple[int, float]:
+    """Ultralytics' gradient accumulation towards a nominal batch (its ``nbs``, 64 by default).
+
+    As ``ultralytics.engine.trainer.BaseTrainer`` computes it: ``accumulate = max(round(nbs /
+    batch_size), 1)`` batches per optimiser step, and the weight decay scaled by ``batch_size *
+    accumulate / nbs`` (so the decay per image seen stays that of the nominal batch).
+
+    Args:
+        batch_size: images per batch over all devices (Ultralytics' ``batch``).
+        nominal_batch_size: the nominal batch ``nbs``.
+
+    Returns:
+        ``(accumulate, weight_decay_scale)``; e.g. ``(4, 1.0)`` for 16 images, ``(3, 1.125)`` for 24,
+        ``(1, 2.0)`` for 128 (Python rounds 0.5 to even, as Ultralytics does).
+
+    Raises:
+        ValueError: a size below 1.
+    """
+    for name, value in (("batch_size", batch_size), ("nominal_batch_size", nominal_batch_size)):
+        if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+            raise ValueError(f"{name} must be a positive int, got {value!r}")
+    accumulate = max(round(nominal_batch_size / batch_size), 1)
+    return accumulate, batch_size * accumulate / nominal_batch_size
+
+
+def configure_from_hparams(module: Any, weight_decay_scale: float = 1.0) -> Any:
     """:func:`configure_optimizer` of ``module.model`` from the module's saved hyperparameters
-    (``optimizer``, ``lr``, ``momentum``, ``weight_decay``, ``warmup_steps``, ``cosine_schedule``),
-    the schedule sized to the run (:func:`~seg_datamodule.data.repeat_factors.scheduled_steps`; unbounded
-    without a Trainer)."""
+    (``optimizer``, ``lr``, ``momentum``, ``weight_decay`` times ``weight_decay_scale``,
+    ``warmup_steps``, ``cosine_schedule``), the schedule sized to the run
+    (:func:`~seg_datamodule.data.repeat_factors.scheduled_steps`; unbounded without a Trainer)."""
     h = module.hparams
     total = scheduled_steps(module._trainer)
-    return configure_optimizer(module.model, h.optimizer, h.lr, h.momentum, h.weight_decay, h.warmup_steps,
-                               total, h.cosine_schedule)
+    return configure_optimizer(module.model, h.optimizer, h.lr, h.momentum, h.weight_decay * weight_decay_scale,
+                               h.warmup_steps, total, h.cosine_schedule)
+
+
+def apply_nominal_batch(trainer: Any, nominal_batch_size: int) -> tuple[float, float]:
+    """Set ``trainer.accumulate_grad_batches`` as Ultralytics accumulates towards its nominal batch.
+
+    The batch is the DataModule's ``batch_size`` (per device) times ``trainer.world_size``, as
+    Ultralytics' ``batch`` counts every device. Lightning divides the loss by the accumulation and
+    DDP averages the gradients over devices; Ultralytics sums both (its DDP loss is multiplied by
+    the world size), so the caller multiplies the loss it returns by the first value returned.
+    Called from ``setup("fit")``, before ``configure_optimizers`` sizes the schedule.
+
+    Args:
+        trainer: the Trainer being set up.
+        nominal_batch_size: Ultralytics' ``nbs``.
+
+    Returns:
+        ``(loss_scale, weight_decay_scale)``: ``accumulate * world_size``, and
+        :func:`nominal_batch_accumulation`'s weight-decay scale.
+
+    Raises:
+        ValueError: the DataModule has no ``batch_size`` (plain DataLoaders), or the Trainer was
+            given another ``accumulate_grad_batches``.
+    """
+    batch_size = getattr(getattr(trainer, "datamodule", None), "batch_size", None)
+    if not isinstance(batch_size, int):
+        raise ValueError("nominal_batch_size needs the batch size: train with a DataModule that has batch_size, "
+                         "or set the model's nominal_batch_size to None (no accumulation)")
+    world_size = int(trainer.world_size)
+    accumulate, decay_scale = nominal_batch_accumulation(batch_size * world_size, nominal_batch_size)
+    if trainer.accumulate_grad_batches not in (1, accumulate):
+        raise ValueError(
+            f"Trainer(accumulate_grad_batches={trainer.accumulate_grad_batches}) conflicts with the model's "
+            f"nominal_batch_size={nominal_batch_size} ({accumulate} batches of {batch_size * world_size}); "
+            "set one of them (the model's to None to use the Trainer's)"
+        )
+    trainer.accumulate_grad_batches = accumulate
+    return float(accumulate * world_size), decay_scale

@@ -9,8 +9,10 @@ pixels it covers (a nearest upsample, cropped to the canvas), so a mask edge is 
 the grid.
 
 ``MaskRCNNModule`` wraps ``torchvision.models.detection.MaskRCNN`` on a ResNet-FPN backbone of
-any name ``resnet_fpn_backbone`` knows, with random weights (nothing is downloaded), logs its five
-losses and scores its real detections with :class:`~seg_datamodule.evaluation.COCOMaskMAP`.
+any name ``resnet_fpn_backbone`` knows, from torchvision's pretrained weights (an ImageNet
+backbone or a COCO model, see :mod:`~seg_datamodule.integrations._mask_rcnn`), a local
+state_dict, or random weights; it logs its five losses and scores its real detections with
+:class:`~seg_datamodule.evaluation.COCOMaskMAP`.
 """
 
 from __future__ import annotations
@@ -19,14 +21,22 @@ from typing import Any, Literal
 
 import lightning as L
 import torch
-from torch import Tensor, nn
+from torch import Tensor
 
 from seg_datamodule.evaluation import COCOMaskMAP
 from seg_datamodule.integrations._coco import log_coco_results, make_coco_metric
+from seg_datamodule.integrations._mask_rcnn import (
+    build_mask_rcnn, build_pretrained_mask_rcnn, load_pretrained, read_pretrained, resolve_weights,
+)
 from seg_datamodule.integrations._optim import check_optim_args, configure_from_hparams
+from seg_datamodule.integrations._weights import Transfer
 from seg_datamodule.structures import DetectionBatch
 
 __all__ = ["MaskRCNNModule", "full_resolution_masks", "to_torchvision"]
+
+#: ``MaskRCNN`` arguments the module or the pretrained architecture sets itself.
+_ARCHITECTURE_KEYS = ("num_classes", "mask_head", "box_head", "rpn_head", "rpn_anchor_generator", "box_predictor",
+                      "mask_predictor")
 
 
 def full_resolution_masks(masks: Tensor, canvas_size: tuple[int, int], stride: int) -> Tensor:
@@ -77,40 +87,29 @@ def to_torchvision(batch: DetectionBatch) -> tuple[list[Tensor], list[dict[str, 
     return images, targets
 
 
-def build_mask_rcnn(
-    num_classes: int, backbone: str, min_size: int, max_size: int, **kwargs: Any
-) -> nn.Module:
-    """A torchvision ``MaskRCNN`` with ``num_classes + 1`` outputs on a random-weight ResNet-FPN.
-
-    Without pretrained weights every backbone stage trains and uses ``BatchNorm2d`` (frozen
-    batch norm suits only pretrained statistics), as ``maskrcnn_resnet50_fpn(weights=None)`` does,
-    and the mask head normalises each of its four convolutions with ``BatchNorm2d`` as
-    ``maskrcnn_resnet50_fpn_v2`` does: without it a random backbone starts the mask logits near
-    +-10 (mask loss ~6.5) and SGD diverges within a few steps.
-
-    Args:
-        num_classes: C, the classes without the background.
-        backbone: a ``torchvision.models.detection.backbone_utils.resnet_fpn_backbone`` name
-            (``"resnet18"``, ``"resnet50"``, ``"resnext50_32x4d"``, ...).
-        min_size, max_size: torchvision's internal resize (``GeneralizedRCNNTransform``).
-        **kwargs: further ``MaskRCNN`` arguments (``box_detections_per_img``, ...).
-    """
-    from torchvision.models.detection import MaskRCNN
-    from torchvision.models.detection.backbone_utils import resnet_fpn_backbone
-    from torchvision.models.detection.mask_rcnn import MaskRCNNHeads
-
-    body = resnet_fpn_backbone(backbone_name=backbone, weights=None, norm_layer=nn.BatchNorm2d, trainable_layers=5)
-    mask_head = MaskRCNNHeads(body.out_channels, [256, 256, 256, 256], 1, norm_layer=nn.BatchNorm2d)
-    return MaskRCNN(body, num_classes=num_classes + 1, min_size=min_size, max_size=max_size, mask_head=mask_head,
-                    **kwargs)
-
-
 class MaskRCNNModule(L.LightningModule):
     """torchvision Mask R-CNN trained on :class:`DetectionBatch` es, scored by COCO mAP.
 
     Args:
         num_classes (int): C, without the background (linked from ``data.num_classes`` by the CLI).
-        backbone (str): a ResNet name for ``resnet_fpn_backbone``; random weights.
+        backbone (str): a ResNet name for ``resnet_fpn_backbone``.
+        weights (str | None): torchvision's COCO weights to start from, by enum name:
+            ``"MaskRCNN_ResNet50_FPN_V2_Weights.DEFAULT"`` (47.4 box AP) or
+            ``"MaskRCNN_ResNet50_FPN_Weights.DEFAULT"`` (37.9), on torchvision's architecture for
+            them (``backbone: resnet50``). Downloaded by ``torch.hub`` into
+            ``$TORCH_HOME/hub/checkpoints`` once and read with ``weights_only=True``. COCO's
+            91-class predictors keep their initialisation for another ``num_classes``
+            (``self.pretrained`` says what was loaded; it is logged).
+        weights_backbone (str | None): torchvision's ImageNet weights of the backbone instead, e.g.
+            ``"ResNet50_Weights.IMAGENET1K_V1"`` (torchvision's COCO recipe), on torchvision's
+            architecture (frozen batch norm in the backbone).
+        weights_file (str | None): a local state_dict of the whole model, read with
+            ``torch.load(weights_only=True)`` instead of any download: torchvision's file for
+            ``weights``, or this module's ``model.state_dict()`` from an earlier run; ``weights``
+            / ``weights_backbone`` then only choose the architecture. With neither, the model
+            starts from random weights (every layer trains, batch norm everywhere).
+        trainable_backbone_layers (int | None): backbone stages that train, 0-5, with
+            torchvision's weights (default 3, as torchvision's).
         min_size, max_size (int): torchvision's internal resize; ``min_size`` equal to the
             DataModule's ``image_size`` keeps the canvas as it is.
         box_score_thresh (float): detections below this score are dropped (torchvision's 0.05).
@@ -130,7 +129,9 @@ class MaskRCNNModule(L.LightningModule):
     training mode only, so validation logs no loss.
 
     Raises:
-        ValueError: a bad argument (an unknown backbone name included).
+        ValueError: a bad argument (an unknown backbone or weights name included), or a weights
+            file that does not fit the model (``WeightsFileError``, which a failed download
+            raises too, naming where to put the file).
     """
 
     def __init__(
@@ -150,6 +151,10 @@ class MaskRCNNModule(L.LightningModule):
         coco_eval: bool = True,
         coco_ann_file: str | None = None,
         mask_rcnn_kwargs: dict[str, Any] | None = None,
+        weights: str | None = None,
+        weights_backbone: str | None = None,
+        weights_file: str | None = None,
+        trainable_backbone_layers: int | None = None,
     ) -> None:
         super().__init__()
         for name, value in (("num_classes", num_classes), ("min_size", min_size), ("max_size", max_size),
@@ -163,13 +168,22 @@ class MaskRCNNModule(L.LightningModule):
 
         if backbone not in resnet.__all__ or not backbone.startswith(("resnet", "resnext", "wide_resnet")):
             raise ValueError(f"backbone must be a torchvision ResNet name such as 'resnet50', got {backbone!r}")
+        choice = resolve_weights(backbone, weights, weights_backbone, weights_file, trainable_backbone_layers)
+        extra = dict(mask_rcnn_kwargs or {})
+        if set(extra) & set(_ARCHITECTURE_KEYS):
+            raise ValueError(f"mask_rcnn_kwargs must not set {', '.join(_ARCHITECTURE_KEYS)} (the architecture does)")
         self.save_hyperparameters()
         self.num_classes = num_classes
-        extra = dict(mask_rcnn_kwargs or {})
-        if "num_classes" in extra or "mask_head" in extra:
-            raise ValueError("mask_rcnn_kwargs must not set num_classes or mask_head (the module sets both)")
-        self.model = build_mask_rcnn(num_classes, backbone, min_size, max_size, box_score_thresh=box_score_thresh,
-                                     box_detections_per_img=box_detections_per_img, **extra)
+        pretrained = read_pretrained(choice)  # before building: a failed download fails fast
+        extra.update(box_score_thresh=box_score_thresh, box_detections_per_img=box_detections_per_img)
+        if choice.architecture == "scratch":
+            self.model = build_mask_rcnn(num_classes, backbone, min_size, max_size, **extra)
+        else:
+            self.model = build_pretrained_mask_rcnn(num_classes, backbone, choice, min_size=min_size,
+                                                    max_size=max_size, **extra)
+        self.pretrained: Transfer | None = None
+        if pretrained is not None:
+            self.pretrained = load_pretrained(self.model, choice, *pretrained)
         self.coco_metric: COCOMaskMAP | None = None
 
     def compute_losses(self, batch: DetectionBatch) -> tuple[Tensor, dict[str, Tensor]]:

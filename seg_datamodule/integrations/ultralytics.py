@@ -7,7 +7,10 @@ segmentation model from its YAML, trains it with the model's own criterion
 (``SegmentationModel.init_criterion()``: ``v8SegmentationLoss`` for YOLOv8/YOLO11-seg) and
 validates with Ultralytics' own NMS (``ultralytics.utils.nms.non_max_suppression``) and mask
 decoding (``ultralytics.utils.ops.process_mask``), scored by
-:class:`~seg_datamodule.evaluation.COCOMaskMAP`.
+:class:`~seg_datamodule.evaluation.COCOMaskMAP`. It trains as Ultralytics' trainer does where
+that matters for accuracy: it starts from a checkpoint's weights, validates and checkpoints an
+EMA of the weights (:class:`~seg_datamodule.integrations.UltralyticsEMA`) and accumulates
+gradients towards a nominal batch of 64 images.
 
 Ultralytics is AGPL-3.0 and optional: ``pip install "seg-datamodule[ultralytics]"``. This module
 imports without it; ``YOLOSegModule`` raises an ``ImportError`` naming that extra. Before the
@@ -26,7 +29,10 @@ from torch import Tensor
 
 from seg_datamodule.evaluation import COCOMaskMAP
 from seg_datamodule.integrations._coco import log_coco_results, make_coco_metric
-from seg_datamodule.integrations._optim import check_optim_args, configure_from_hparams
+from seg_datamodule.integrations._ema import UltralyticsEMA, check_ema_args
+from seg_datamodule.integrations._optim import apply_nominal_batch, check_optim_args, configure_from_hparams
+from seg_datamodule.integrations._ultralytics_checkpoint import read_yolo_weights
+from seg_datamodule.integrations._weights import Transfer, load_matching
 from seg_datamodule.structures import DetectionBatch
 
 __all__ = ["YOLOSegModule", "import_ultralytics", "semantic_masks", "to_ultralytics_batch"]
@@ -127,10 +133,22 @@ class YOLOSegModule(L.LightningModule):
         num_classes (int): C (linked from ``data.num_classes`` by the CLI).
         model (str): an Ultralytics model YAML, by name (``"yolo11n-seg.yaml"``, ``"yolov8s-seg.yaml"``,
             shipped inside ultralytics) or path; the model is built from it with random weights.
-        weights (str | None): a ``state_dict`` file of that model to start from, read with
-            ``torch.load(weights_only=True)`` (nothing in it is executed). Ultralytics' ``.pt``
-            files are pickled models and are refused; convert a trusted one once with
-            ``torch.save(YOLO("x.pt").model.float().state_dict(), "x_state.pt")``.
+        weights (str | None): the weights to start from: an Ultralytics checkpoint of that model
+            (``yolo11n-seg.pt``, a run's ``best.pt``; its EMA if it has one, as Ultralytics loads
+            it) or a ``state_dict`` file (``torch.load(weights_only=True)``). A checkpoint is a
+            pickled model, but it is parsed without importing or calling anything it names (see
+            :mod:`~seg_datamodule.integrations._ultralytics_checkpoint`). Tensors of another shape
+            (the class branch of an 80-class checkpoint) keep this model's initialisation and
+            are logged, as Ultralytics' ``intersect_dicts`` transfers; ``self.pretrained`` holds
+            the :class:`~seg_datamodule.integrations._weights.Transfer`. ``None``: random weights.
+        ema (bool): validate, checkpoint and end training with Ultralytics' EMA of the weights
+            (:class:`~seg_datamodule.integrations.UltralyticsEMA`, added by ``configure_callbacks``).
+        ema_decay, ema_tau (float): its decay ramp ``ema_decay * (1 - exp(-updates / ema_tau))``.
+        nominal_batch_size (int | None): Ultralytics' ``nbs``: accumulate ``max(round(nbs / batch),
+            1)`` batches per optimiser step (``batch`` = the DataModule's ``batch_size`` times the
+            devices; it sets ``trainer.accumulate_grad_batches``), sum their gradients as
+            Ultralytics does and scale the weight decay by ``batch * accumulate / nbs``. ``None``:
+            one step per batch (or the Trainer's own ``accumulate_grad_batches``).
         box, cls, dfl (float): Ultralytics' loss gains (``box`` also weighs the mask loss).
         optimizer (str): ``"AdamW"`` or ``"SGD"`` (see
             :func:`~seg_datamodule.integrations._optim.configure_optimizer`).
@@ -148,8 +166,9 @@ class YOLOSegModule(L.LightningModule):
 
     Raises:
         ImportError: Ultralytics is not installed (the message names the extra).
-        ValueError: a bad argument, a weights file that does not fit the model, or (at the first
-            batch) a canvas that is not a multiple of the model's stride.
+        ValueError: a bad argument, a weights file that does not fit the model (``WeightsFileError``),
+            at ``setup`` a ``nominal_batch_size`` without a DataModule's ``batch_size``, or (at
+            the first batch) a canvas that is not a multiple of the model's stride.
     """
 
     def __init__(
@@ -171,6 +190,10 @@ class YOLOSegModule(L.LightningModule):
         max_det: int = 300,
         coco_eval: bool = True,
         coco_ann_file: str | None = None,
+        ema: bool = True,
+        ema_decay: float = 0.9999,
+        ema_tau: float = 2000.0,
+        nominal_batch_size: int | None = 64,
     ) -> None:
         super().__init__()
         if isinstance(num_classes, bool) or not isinstance(num_classes, int) or num_classes < 1:
@@ -184,6 +207,12 @@ class YOLOSegModule(L.LightningModule):
         if isinstance(max_det, bool) or not isinstance(max_det, int) or max_det < 1:
             raise ValueError(f"max_det must be a positive int, got {max_det!r}")
         check_optim_args(optimizer, lr, momentum, weight_decay, warmup_steps)
+        if not isinstance(ema, bool):
+            raise ValueError(f"ema must be a bool, got {ema!r}")
+        check_ema_args(ema_decay, ema_tau)
+        if nominal_batch_size is not None and (isinstance(nominal_batch_size, bool)
+                                               or not isinstance(nominal_batch_size, int) or nominal_batch_size < 1):
+            raise ValueError(f"nominal_batch_size must be a positive int or None, got {nominal_batch_size!r}")
         import_ultralytics()
         from ultralytics.cfg import get_cfg
         from ultralytics.nn.tasks import SegmentationModel
@@ -193,8 +222,10 @@ class YOLOSegModule(L.LightningModule):
         self.model = SegmentationModel(model, ch=3, nc=num_classes, verbose=False)
         # The hyperparameters Ultralytics' criterion reads (box/cls/dfl gains, overlap_mask, epochs).
         self.model.args = get_cfg(overrides={"box": box, "cls": cls, "dfl": dfl, "overlap_mask": False})
+        self.pretrained: Transfer | None = None
         if weights is not None:
-            _load_state(self.model, weights)
+            self.pretrained = load_matching(self.model, *read_yolo_weights(weights))
+        self._loss_scale, self._weight_decay_scale = 1.0, 1.0  # set by setup("fit") for nominal_batch_size
         self._criterion: Any = None
         self._criterion_device: torch.device | None = None
         self.coco_metric: COCOMaskMAP | None = None
@@ -245,12 +276,16 @@ class YOLOSegModule(L.LightningModule):
         return loss.sum(), {k: v for k, v in items.items() if k != "sem_loss" or semantic}, outputs
 
     def training_step(self, batch: DetectionBatch, batch_idx: int) -> Tensor:
-        """Ultralytics' loss; logs ``train/loss`` and each term."""
+        """Ultralytics' loss; logs ``train/loss`` (per batch) and each term.
+
+        Returns the loss times the accumulation and the devices when ``nominal_batch_size`` is
+        set, so that after Lightning's division by both the gradients are Ultralytics' sums.
+        """
         loss, items, _ = self.compute_losses(batch)
         self.log("train/loss", loss, prog_bar=True, batch_size=len(batch))
         for name, value in items.items():
             self.log(f"train/{name}", value, batch_size=len(batch))
-        return loss
+        return loss * self._loss_scale if self._loss_scale != 1.0 else loss
 
     def on_train_epoch_end(self) -> None:
         """Advance an end-to-end criterion's one-to-many / one-to-one schedule (YOLO26), per epoch."""
@@ -259,8 +294,15 @@ class YOLOSegModule(L.LightningModule):
 
     # ------------------------------------------------------------------------------ validation
 
+    def configure_callbacks(self) -> list[L.Callback]:
+        """:class:`~seg_datamodule.integrations.UltralyticsEMA` when ``ema`` (it replaces one the Trainer has)."""
+        return [UltralyticsEMA(self.hparams.ema_decay, self.hparams.ema_tau)] if self.hparams.ema else []
+
     def setup(self, stage: str) -> None:
-        """Make the COCO metric (the DataModule's ``val_ann`` is resolved by now)."""
+        """Set the nominal-batch accumulation when fitting; make the COCO metric (``val_ann`` is known by now)."""
+        if stage == "fit" and self.hparams.nominal_batch_size is not None:
+            self._loss_scale, self._weight_decay_scale = apply_nominal_batch(self.trainer,
+                                                                             self.hparams.nominal_batch_size)
         max_epochs = self._trainer.max_epochs if self._trainer is not None else None
         if max_epochs is not None and max_epochs > 0:  # the one-to-one loss schedule of YOLO26 reads it
             self.model.args.epochs = int(max_epochs)
@@ -315,24 +357,6 @@ class YOLOSegModule(L.LightningModule):
         log_coco_results(self, self.coco_metric, "YOLO detections after NMS")
 
     def configure_optimizers(self) -> Any:
-        """AdamW or SGD (no decay on norms and biases), linear warmup, per-step cosine."""
-        return configure_from_hparams(self)
+        """AdamW or SGD (no decay on norms and biases, the rest scaled for the nominal batch), warmup, cosine."""
+        return configure_from_hparams(self, self._weight_decay_scale)
 
-
-def _load_state(model: torch.nn.Module, path: str) -> None:
-    """Load a ``state_dict`` file into ``model`` without unpickling objects (``weights_only=True``)."""
-    if not os.path.isfile(path):
-        raise ValueError(f"weights file {path!r} does not exist")
-    try:
-        state = torch.load(path, map_location="cpu", weights_only=True)
-    except Exception as err:  # torch raises UnpicklingError (and others) for pickled objects
-        raise ValueError(
-            f"weights file {path!r} is not a plain state_dict (an Ultralytics .pt file is a pickled "
-            f"model; convert a trusted one with torch.save(YOLO(path).model.float().state_dict(), out)): {err}"
-        ) from err
-    if not isinstance(state, dict) or not all(isinstance(v, Tensor) for v in state.values()):
-        raise ValueError(f"weights file {path!r} must hold a state_dict (names -> tensors)")
-    try:
-        model.load_state_dict(state)
-    except RuntimeError as err:
-        raise ValueError(f"weights file {path!r} does not fit the model: {err}") from err
