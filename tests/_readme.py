@@ -42,10 +42,12 @@ __all__ = [
 
 #: Appended to every ``fit`` / ``validate`` / ``test`` command: small, but every stage runs
 #: (training past the profiler's warm-up, validation with COCO AP, the checkpoint at the end).
+#: Logging every step: the YOLO configs accumulate 64 / 4 = 16 batches per optimiser step (their
+#: nominal batch), so these 8 batches make one step, and Lightning logs on optimiser steps.
 CLI_LIMITS = [
     "--trainer.limit_train_batches", "8", "--trainer.limit_val_batches", "2",
     "--trainer.check_val_every_n_epoch", "1", "--trainer.num_sanity_val_steps", "0",
-    "--trainer.log_every_n_steps", "2", "--data.batch_size", "4", "--data.image_size", "256",
+    "--trainer.log_every_n_steps", "1", "--data.batch_size", "4", "--data.image_size", "256",
     "--data.num_workers", "2",
 ]
 #: The evaluation-only limits (``validate``, ``test``, ``predict``): two small batches.
