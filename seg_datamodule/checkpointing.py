@@ -48,9 +48,11 @@ class InterruptCheckpoint(Callback):
 
     def __init__(self, dirpath: str | None = None, filename: str = "interrupted") -> None:
         super().__init__()
+        if dirpath is not None and not isinstance(dirpath, (str, os.PathLike)):
+            raise TypeError(f"dirpath must be a folder path or None, got {dirpath!r}")
         if not isinstance(filename, str) or not filename or os.sep in filename:
             raise ValueError(f"filename must be a non-empty file name without a folder, got {filename!r}")
-        self.dirpath = dirpath  # resolved at the first save
+        self.dirpath = None if dirpath is None else os.fspath(dirpath)  # None: resolved when training starts
         self.filename = filename
         self.saved: str | None = None
 

@@ -19,7 +19,7 @@ import difflib
 import os
 import re
 import sys
-from typing import NoReturn
+from typing import Any, NoReturn
 
 from lightning.pytorch.cli import LightningArgumentParser
 
@@ -82,9 +82,11 @@ def _parser_keys(parser: argparse.ArgumentParser) -> set[str]:
 class OneLineParser(LightningArgumentParser):
     """LightningCLI's parser, printing a parse error as one line (with the closest key) and exiting 2."""
 
-    def error(self, message: str, ex: Exception | None = None) -> NoReturn:  # type: ignore[override]
+    def error(self, message: str, *args: Any, **kwargs: Any) -> NoReturn:  # type: ignore[override]
+        # ``ex`` (the exception, which knows the subcommand's parser) is jsonargparse's second argument.
         if traceback_requested() or not getattr(self, "exit_on_error", True):
-            super().error(message, ex)
+            super().error(message, *args, **kwargs)
+        ex = args[0] if args else kwargs.get("ex")
         prog = self.prog.replace(" [options]", "")
         key = close_key(message, _parser_keys(self) | _parser_keys(getattr(ex, "subcommand_parser", None) or self))
         hint = f" (did you mean '{key}'?)" if key else ""

@@ -95,6 +95,8 @@ def test_arguments_are_checked() -> None:
         InterruptCheckpoint(filename="")
     with pytest.raises(ValueError, match="filename must be a non-empty file name"):
         InterruptCheckpoint(filename="a/b")
+    with pytest.raises(TypeError, match="dirpath must be a folder path or None, got 3"):
+        InterruptCheckpoint(dirpath=3)  # type: ignore[arg-type]
     assert InterruptCheckpoint().ckpt_path is None and InterruptCheckpoint("x").ckpt_path == os.path.join("x", "interrupted.ckpt")
 
 
