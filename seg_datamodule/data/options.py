@@ -18,6 +18,7 @@ from dataclasses import dataclass, field, replace
 from typing import Any, Literal
 
 import albumentations as A
+from lightning.fabric.utilities.data import suggested_max_num_workers
 
 from seg_datamodule.ops.checks import check_bool, check_choice, check_int, check_number
 from seg_datamodule.transforms.augment import MosaicAffine
@@ -88,8 +89,8 @@ class AugmentOptions:
         return "lsj" if isinstance(self.geometry, LargeScaleJitter) else "mosaic"
 
 
-#: ``num_workers: auto`` never starts more workers than this per rank (Ultralytics' default too):
-#: beyond it a worker adds memory (about 0.3-0.4 GiB of PSS each) faster than throughput.
+#: ``num_workers: auto`` never starts more workers than this per rank (Ultralytics' cap too): each
+#: worker holds a few hundred MiB; ``seg-datamodule loader-bench`` measures how many a run needs.
 MAX_AUTO_WORKERS = 8
 
 
@@ -103,8 +104,6 @@ def auto_num_workers(local_ranks: int) -> int:
     Args:
         local_ranks: processes on this node (the Trainer's ``num_devices``).
     """
-    from lightning.fabric.utilities.data import suggested_max_num_workers
-
     return min(MAX_AUTO_WORKERS, suggested_max_num_workers(max(1, int(local_ranks))))
 
 
