@@ -50,6 +50,7 @@ from seg_datamodule.data.repeat_factors import describe_repeat_factors, image_re
 from seg_datamodule.data.resume import ResumableDataLoader
 from seg_datamodule.data.splits import check_pair
 from seg_datamodule.io.coco import CocoIndex, IndexOptions
+from seg_datamodule.io.input_paths import check_input_path
 from seg_datamodule.ops.checks import check_choice, check_int, check_number
 from seg_datamodule.transforms.albu import load_transforms
 from seg_datamodule.transforms.augment import MosaicAffine
@@ -66,6 +67,10 @@ log = logging.getLogger(__name__)
 
 class COCOSegDataModule(DataSources, LoaderHooks, CountsHooks, LightningDataModule):
     """Instance-segmentation batches from COCO-format data, masks rasterised in the workers.
+
+    Every annotation file and image folder given is checked here: one that does not exist (or is
+    a folder where a file belongs) raises :class:`~seg_datamodule.io.input_paths.InputPathError`
+    naming the argument.
 
     Args:
         train_ann: COCO instances JSON for training; when no split at all is named (no
@@ -91,7 +96,9 @@ class COCOSegDataModule(DataSources, LoaderHooks, CountsHooks, LightningDataModu
         mask_stride: stride of the mask grid (4 for YOLACT's ProtoNet).
         batch_size: training images per batch (per rank).
         val_batch_size: validation, test and predict images per batch; ``None`` uses ``batch_size``.
-        num_workers: DataLoader worker processes (masks are rasterised there).
+        num_workers: DataLoader worker processes (masks are rasterised there); ``"auto"``
+            (default): the cores this process may run on, shared by the ranks of its node, less
+            one for training, at most 8 (:func:`~seg_datamodule.data.options.auto_num_workers`).
         mosaic: probability of a 4-image mosaic per training sample.
         close_mosaic: turn mosaic off for the last N epochs (needs ``trainer.max_epochs``).
         degrees: random rotation range in degrees.
@@ -189,7 +196,7 @@ class COCOSegDataModule(DataSources, LoaderHooks, CountsHooks, LightningDataModu
         mask_stride: int = 4,
         batch_size: int = 16,
         val_batch_size: int | None = None,
-        num_workers: int = 4,
+        num_workers: int | Literal["auto"] = "auto",
         mosaic: float = 1.0,
         close_mosaic: int = 0,
         mosaic_partners: Literal["batch", "uniform"] = "batch",
@@ -249,6 +256,12 @@ class COCOSegDataModule(DataSources, LoaderHooks, CountsHooks, LightningDataModu
             raise ValueError("predict_ann needs predict_images, the folder its file_name values are in")
         if stream_storage_options is not None and not isinstance(stream_storage_options, dict):
             raise TypeError(f"stream_storage_options must be a dict, got {type(stream_storage_options).__name__}")
+        # Paths now, not at setup: LightningCLI builds the DataModule before the model (issue 40).
+        for name, path, kind in (("train_ann", train_ann, "file"), ("train_images", train_images, "folder"),
+                                 ("val_ann", val_ann, "file"), ("val_images", val_images, "folder"),
+                                 ("test_ann", test_ann, "file"), ("test_images", test_images, "folder"),
+                                 ("predict_ann", predict_ann, "file"), ("predict_images", predict_images, "folder")):
+            check_input_path(name, path, kind)
         # Storage options may hold credentials: kept out of checkpoints' hyperparameters.
         self.save_hyperparameters(ignore=["transforms", "stream_storage_options"])
         self.train_ann, self.train_images = train_ann, train_images
@@ -307,8 +320,9 @@ class COCOSegDataModule(DataSources, LoaderHooks, CountsHooks, LightningDataModu
 
     @property
     def num_workers(self) -> int:
-        """DataLoader worker processes."""
-        return self.loader_options.num_workers
+        """DataLoader worker processes per loader (``"auto"`` resolved for this node's ranks)."""
+        local_ranks = 1 if self.trainer is None else max(1, int(self.trainer.num_devices))
+        return int(self.loader_options.for_node(local_ranks).num_workers)
 
     @property
     def mask_stride(self) -> int:
