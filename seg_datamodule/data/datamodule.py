@@ -23,10 +23,9 @@ naming only ``val_ann`` / ``val_images`` validates a checkpoint; the categories 
 first split named, or the checkpoint (:mod:`~seg_datamodule.data.module_sources`). Before any
 worker starts, setup stops a split with no image to use and warns when many are missing.
 
-When no split at all is named the module uses the embedded demo dataset, generated on first use
-(see :mod:`~seg_datamodule.demo.data`). With ``train_stream`` training streams LitData chunks
-written by ``seg-datamodule convert`` (:mod:`~seg_datamodule.io.stream`) through the same dataset
-and collate.
+When no split at all is named the module uses the embedded demo dataset (:mod:`~seg_datamodule.demo.data`).
+With ``train_stream`` training streams LitData chunks written by ``seg-datamodule convert``
+(:mod:`~seg_datamodule.io.stream`) through the same dataset and collate.
 """
 
 from __future__ import annotations
@@ -68,9 +67,8 @@ log = logging.getLogger(__name__)
 class COCOSegDataModule(DataSources, LoaderHooks, CountsHooks, LightningDataModule):
     """Instance-segmentation batches from COCO-format data, masks rasterised in the workers.
 
-    Every annotation file and image folder given is checked here: one that does not exist (or is
-    a folder where a file belongs) raises :class:`~seg_datamodule.io.input_paths.InputPathError`
-    naming the argument.
+    Every file and folder given is checked here: a missing one (or a folder where a file belongs)
+    raises :class:`~seg_datamodule.io.input_paths.InputPathError` naming the argument.
 
     Args:
         train_ann: COCO instances JSON for training; when no split at all is named (no
@@ -257,11 +255,10 @@ class COCOSegDataModule(DataSources, LoaderHooks, CountsHooks, LightningDataModu
         if stream_storage_options is not None and not isinstance(stream_storage_options, dict):
             raise TypeError(f"stream_storage_options must be a dict, got {type(stream_storage_options).__name__}")
         # Paths now, not at setup: LightningCLI builds the DataModule before the model (issue 40).
-        for name, path, kind in (("train_ann", train_ann, "file"), ("train_images", train_images, "folder"),
-                                 ("val_ann", val_ann, "file"), ("val_images", val_images, "folder"),
-                                 ("test_ann", test_ann, "file"), ("test_images", test_images, "folder"),
-                                 ("predict_ann", predict_ann, "file"), ("predict_images", predict_images, "folder")):
-            check_input_path(name, path, kind)
+        for split, ann, images in (("train", train_ann, train_images), ("val", val_ann, val_images),
+                                   ("test", test_ann, test_images), ("predict", predict_ann, predict_images)):
+            check_input_path(f"{split}_ann", ann, "file")
+            check_input_path(f"{split}_images", images, "folder")
         # Storage options may hold credentials: kept out of checkpoints' hyperparameters.
         self.save_hyperparameters(ignore=["transforms", "stream_storage_options"])
         self.train_ann, self.train_images = train_ann, train_images

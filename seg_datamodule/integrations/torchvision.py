@@ -216,7 +216,7 @@ class MaskRCNNModule(L.LightningModule):
 
     def _fit_sizes_to_canvas(self) -> None:
         """``min_size`` / ``max_size`` left unset become the canvas side, so nothing is resized."""
-        image_size = getattr(getattr(self.trainer, "datamodule", None), "image_size", None)
+        image_size = getattr(getattr(self._trainer, "datamodule", None), "image_size", None)
         if not isinstance(image_size, int):
             return
         transform = self.model.transform
