@@ -15,6 +15,7 @@ from seg_datamodule.data.dataset import SegDataset
 from seg_datamodule.data.datamodule import COCOSegDataModule
 from seg_datamodule.profiling import StepTimeAccumulator, StepTimeProfiler, plot_step_split
 from seg_datamodule.evaluation import COCOMaskMAP, COCOResultsWriter
+from seg_datamodule.checkpointing import InterruptCheckpoint
 
 __all__ = [
     "BadAnnotationError",
@@ -26,6 +27,7 @@ __all__ = [
     "DetectionBatch",
     "DetectionCollate",
     "EpochShardSampler",
+    "InterruptCheckpoint",
     "Polygons",
     "Sample",
     "SegDataset",

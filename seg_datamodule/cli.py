@@ -9,15 +9,22 @@ through :class:`~seg_datamodule.evaluation.writer.COCOResultsWriter`.
 
 ``seg-datamodule loader-bench --config CONFIG [--workers 0,1,2] [--batches N] [--target-img-s R]
 [--data.KEY VALUE ...]`` runs only the train loader of the same YAML as ``fit`` at each
-``num_workers`` (:mod:`~seg_datamodule.data.probe`), printing a table and writing a CSV and a PNG.
-The DataModule is built by this LightningCLI from the config (``run=False``), as ``fit`` builds
-it, but no Trainer is.
+``num_workers`` (:mod:`~seg_datamodule.data.probe`), printing a table and writing a CSV and a PNG
+into a new ``runs/loader-bench/version_<N>/``. The DataModule is built by this LightningCLI from
+the config (``run=False``), as ``fit`` builds it, but no Trainer is; it runs without the image
+cache (which holds a whole small dataset) unless ``--image-cache`` asks for it, and says which.
 
 The DataModule is fixed (:class:`~seg_datamodule.data.datamodule.COCOSegDataModule`); the model is
 any ``LightningModule`` chosen by ``class_path``. ``data.num_classes`` (read from the annotation
 file of the first split named) is linked into ``model.init_args.num_classes``, so a config never
 repeats it; a DataModule whose only split is a folder to predict takes the categories the
 ``--ckpt_path`` checkpoint was trained on.
+
+A user's mistake is one line and exit code 2 (:mod:`~seg_datamodule.cli_errors`: a parse error
+with the closest key, any :class:`~seg_datamodule.errors.UserInputError`, one from a DataLoader
+worker included; ``SEG_DATAMODULE_TRACEBACK=1`` for the traceback). A run writes its
+``config.yaml`` only into its logger's folder, leaves ``trainer.precision`` unset to the one that
+fits the accelerator and prints no Lightning tips (:mod:`~seg_datamodule.cli_defaults`).
 """
 
 from __future__ import annotations
@@ -28,18 +35,33 @@ import sys
 from collections.abc import Sequence
 from dataclasses import replace
 from pathlib import Path
+from typing import Any
 
 import torch
 from lightning.pytorch import LightningModule
 from lightning.pytorch.cli import ArgsType, LightningCLI
 
+from seg_datamodule.cli_defaults import RunFolderConfig, default_precision, quiet_console
+from seg_datamodule.cli_errors import OneLineParser, user_error_message
 from seg_datamodule.data.datamodule import COCOSegDataModule
 
 __all__ = ["SegCLI", "datamodule_from_config", "loader_bench_main", "main"]
 
 
 class SegCLI(LightningCLI):
-    """LightningCLI with the DataModule's class count linked into the model."""
+    """LightningCLI with the DataModule's class count linked into the model.
+
+    Parse errors are one line (:class:`~seg_datamodule.cli_errors.OneLineParser`), the config is
+    saved into the run's own folder only (:class:`~seg_datamodule.cli_defaults.RunFolderConfig`),
+    and an unset ``trainer.precision`` fits the accelerator
+    (:func:`~seg_datamodule.cli_defaults.default_precision`).
+    """
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        kwargs.setdefault("parser_class", OneLineParser)
+        kwargs.setdefault("parser_kwargs", {"prog": "seg-datamodule"})  # not __main__.py under python -m
+        kwargs.setdefault("save_config_callback", RunFolderConfig)
+        super().__init__(*args, **kwargs)
 
     def add_arguments_to_parser(self, parser) -> None:  # noqa: ANN001 (jsonargparse parser)
         parser.link_arguments("data", "model.init_args.num_classes", compute_fn=self._num_classes,
@@ -58,29 +80,43 @@ class SegCLI(LightningCLI):
             datamodule.restore_categories(checkpoint.get(type(datamodule).__qualname__) or {})
         return datamodule.num_classes
 
+    def before_instantiate_classes(self) -> None:
+        config = self.config[self.subcommand] if self.subcommand else self.config
+        if "trainer" in config and config.get("trainer.precision") is None:
+            precision = default_precision(config.get("trainer.accelerator") or "auto")
+            if precision is not None:  # saved in config.yaml as what the run used
+                config["trainer.precision"] = precision
+
 
 def main(args: ArgsType = None) -> SegCLI | None:
     """Run the CLI (also the ``seg-datamodule`` console script).
 
+    A user's mistake (:func:`~seg_datamodule.cli_errors.user_error_message`) is printed as one
+    line on stderr and exits with code 2; anything else keeps its traceback.
+
     Args:
         args: command-line arguments; ``None`` reads ``sys.argv``.
     """
+    quiet_console()
     argv = sys.argv[1:] if args is None else args
-    if isinstance(argv, (list, tuple)) and argv[:1] == ["convert"]:
-        from seg_datamodule.io.stream.cli import convert_main
+    words = list(argv) if isinstance(argv, (list, tuple)) else []
+    prog = " ".join(["seg-datamodule", *[str(w) for w in words[:1] if not str(w).startswith("-")]])
+    try:
+        if words[:1] == ["convert"]:
+            from seg_datamodule.io.stream.cli import convert_main
 
-        convert_main(list(argv[1:]))
-        return None
-    if isinstance(argv, (list, tuple)) and argv[:1] == ["loader-bench"]:
-        loader_bench_main(list(argv[1:]))
-        return None
-    return SegCLI(
-        LightningModule,
-        COCOSegDataModule,
-        subclass_mode_model=True,
-        save_config_kwargs={"overwrite": True},
-        args=args,
-    )
+            convert_main(words[1:])
+            return None
+        if words[:1] == ["loader-bench"]:
+            loader_bench_main(words[1:])
+            return None
+        return SegCLI(LightningModule, COCOSegDataModule, subclass_mode_model=True, args=args)
+    except Exception as exc:
+        message = user_error_message(prog, exc)
+        if message is None:
+            raise
+        sys.stderr.write(message + "\n")
+        raise SystemExit(2) from None
 
 
 class _DataOnlyCLI(SegCLI):
@@ -131,9 +167,22 @@ def _loader_bench_parser() -> argparse.ArgumentParser:
     parser.add_argument("--target-img-s", type=float, default=None,
                         help="say how many workers reach this many images per second")
     parser.add_argument("--out", default="runs/loader-bench",
-                        help="folder of loader_bench.csv and loader_bench.png (default runs/loader-bench)")
+                        help="each run writes loader_bench.csv and loader_bench.png into a new version_<N> folder "
+                             "in this one (default runs/loader-bench)")
     parser.add_argument("--no-memory", action="store_true", help="do not sample PSS after every batch")
+    parser.add_argument("--image-cache", action="store_true",
+                        help="measure with the config's image cache (data.cache_images: on a dataset of up to 512 "
+                             "images the default caches every image, which no dataset of COCO's size can); by "
+                             "default the loader runs without one")
     return parser
+
+
+def _new_run_folder(parent: Path) -> Path:
+    """``parent/version_<N>`` with N one past the highest there (CSVLogger's rule), created."""
+    taken = [int(p.name[8:]) for p in parent.glob("version_*") if p.name[8:].isdigit()] if parent.is_dir() else []
+    folder = parent / f"version_{max(taken, default=-1) + 1}"
+    folder.mkdir(parents=True, exist_ok=False)
+    return folder
 
 
 def _worker_counts(text: str | None, cores: int) -> list[int]:
@@ -176,7 +225,9 @@ def loader_bench_main(argv: Sequence[str] | None = None) -> list:
         raise SystemExit("seg-datamodule loader-bench: give --config, the YAML you pass to fit")
     cores = available_cores()
     counts = _worker_counts(args.workers, cores)
-    datamodule = datamodule_from_config(cli_args)
+    # A small dataset fits in the image cache and would measure cache hits, not decodes (issue 40).
+    asked = args.image_cache or any(a.split("=")[0] == "--data.cache_images" for a in cli_args)
+    datamodule = datamodule_from_config(cli_args if asked else [*cli_args, "--data.cache_images", "0"])
 
     def make_loader(workers: int):  # noqa: ANN202 (a DataLoader of the module's own kind)
         datamodule.loader_options = replace(datamodule.loader_options, num_workers=workers)  # the one setting the probe varies
@@ -184,13 +235,17 @@ def loader_bench_main(argv: Sequence[str] | None = None) -> list:
             datamodule.train_dataset.on_worker_start()
         return datamodule.train_dataloader()
 
+    cached = 0 if datamodule.train_dataset is None else datamodule.train_dataset.cache_images
     print(f"train loader alone: batch {datamodule.batch_size}, image_size {datamodule.image_size},"
           f" {args.batches} batches after {args.warmup} warm-up per worker count, {cores} cores", flush=True)
+    print(f"image cache: up to {cached} decoded images per worker (data.cache_images), so repeated images are not "
+          "decoded again" if cached else "image cache: off, every image decoded as on a dataset too large to cache "
+          "(--image-cache measures with the config's data.cache_images)", flush=True)
     rows = probe_loader(make_loader, counts, args.batches, args.warmup, sample_memory=not args.no_memory)
     print(_format_rows(rows))
     if args.target_img_s is not None:
         print(workers_for_target(rows, args.target_img_s, cores)[1])
-    out = Path(args.out)
+    out = _new_run_folder(Path(args.out))
     csv_path = write_csv(rows, out / "loader_bench.csv")
     png_path = out / "loader_bench.png"
     plot_probe(rows, args.target_img_s, title=f"train loader: batch {datamodule.batch_size}, "

@@ -19,7 +19,10 @@ A step runs as a user would run it, with five kinds of change, all listed here:
   (a few small steps on two workers), Python blocks the same limits through :data:`PY_LIMITS`; a
   ``fit`` that resumes (``--ckpt_path``) runs one epoch more than the run that wrote the
   checkpoint;
-- **help**: a benchmark script runs with ``--help`` (the benchmarks themselves take minutes).
+- **help**: a benchmark script runs with ``--help`` (the benchmarks themselves take minutes);
+- **warnings**: a command that runs a shipped config (``--config configs/...``) runs with every
+  warning a user would see as an error (:data:`WARNINGS_AS_ERRORS`), so the shipped configs stay
+  quiet;
 - **weights**: the pretrained weights the configs start from (``yolo11n-seg.pt``, torchvision's
   ImageNet ResNet-50) are stand-ins of the same layout with random values, written by
   ``tests/_pretrained.py`` into the run folder and ``$TORCH_HOME`` (there is no network).
@@ -36,7 +39,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 __all__ = [
-    "CLI_LIMITS", "PY_LIMITS", "Block", "Step", "cli_limits", "make_coco_root", "make_lvis_root", "parse_blocks",
+    "CLI_LIMITS", "PY_LIMITS", "WARNINGS_AS_ERRORS", "warning_flags", "Block", "Step", "cli_limits", "make_coco_root", "make_lvis_root", "parse_blocks",
     "steps_from_blocks", "substitute_python", "substitute_token",
 ]
 
@@ -60,6 +63,17 @@ PY_LIMITS = [
     (r"\b(val_)?batch_size=\d+", r"\1batch_size=4"),
     (r"\bnum_workers=\d+", "num_workers=2"),
 ]
+
+
+#: Python's ``-W`` options that make every warning a user sees an error: Python's default filters
+#: hide these four categories (outside ``__main__``), every other warning is printed.
+WARNINGS_AS_ERRORS = ["-W", "error", "-W", "ignore::DeprecationWarning", "-W", "ignore::PendingDeprecationWarning",
+                      "-W", "ignore::ImportWarning", "-W", "ignore::ResourceWarning"]
+
+
+def warning_flags(config: str | None) -> list[str]:
+    """:data:`WARNINGS_AS_ERRORS` for a command that runs a shipped config (``configs/...``), else none."""
+    return WARNINGS_AS_ERRORS if config is not None and Path(config).parent.name == "configs" else []
 
 
 def cli_limits(subcommand: str | None, resumes: bool) -> list[str]:

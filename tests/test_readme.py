@@ -6,7 +6,8 @@ command finds the checkpoint the COCO run wrote); ``tests/_readme.py`` says exac
 substituted (paths, the interpreter, a small step limit). When the README changes, these tests
 follow it: a new block is run, and a command no runner knows fails until it is taught or marked
 ``<!-- readme-test: skip (why) -->``. Then every ``configs/*.yaml`` runs through the real CLI
-with its own model and callbacks (a config the README already ran is not run twice).
+with its own model and callbacks (a config the README already ran is not run twice); every run of
+a shipped config turns each warning a user would see into an error (issue 40).
 """
 
 from __future__ import annotations
@@ -26,6 +27,7 @@ import yaml
 
 from _readme import (
     Step, cli_limits, make_coco_root, make_lvis_root, parse_blocks, steps_from_blocks, substitute_python, substitute_token,
+    WARNINGS_AS_ERRORS, warning_flags,
 )
 from _pretrained import write_pretrained_weights
 from _yolo import make_yolo_root
@@ -104,7 +106,8 @@ class _Runner:
             return Result(step.argv, 0, "", None)  # install / suite: checked against .ci/run
         prog = Path(step.argv[0]).name
         rest = step.argv[3:] if prog.startswith("python") else step.argv[1:]
-        argv = [sys.executable, "-m", "seg_datamodule", *(substitute_token(t, self.coco, self.bucket) for t in rest)]
+        argv = [sys.executable, *warning_flags(step.config), "-m", "seg_datamodule",
+                *(substitute_token(t, self.coco, self.bucket) for t in rest)]
         argv += cli_limits(step.subcommand, resumes="--ckpt_path" in rest)
         proc = self._exec(argv, self.work)
         log_dir = self._newest_log_dir(self.work / "runs") if step.subcommand == "fit" else None
@@ -166,6 +169,14 @@ def test_every_readme_command_has_a_runner():
     assert sum(s.kind == "bench" for s in STEPS) >= 5
 
 
+def test_shipped_configs_run_with_warnings_as_errors():
+    """issue 40: 14-24 warning lines per run of a shipped config; now any warning fails its run."""
+    assert warning_flags("configs/coco.yaml") == WARNINGS_AS_ERRORS == warning_flags(str(CONFIGS[0]))
+    assert warning_flags("runs/coco/version_0/config.yaml") == [] == warning_flags(None)
+    shipped = [s for s in STEPS if s.kind == "cli" and s.config and s.config.startswith("configs/")]
+    assert {Path(s.config).name for s in shipped} >= {"demo.yaml", "coco.yaml", "predict.yaml"}
+
+
 def test_skip_markers_name_a_reason():
     text = "x\n<!-- readme-test: skip (needs an S3 server) -->\n```bash\necho hi\n```\n## S\n```python\nprint(1)\n```\n"
     blocks = parse_blocks(text)
@@ -224,7 +235,7 @@ def _config_overrides(config: Path, coco: Path) -> list[str]:
 @pytest.mark.slow
 @pytest.mark.parametrize("config", CONFIGS, ids=[c.name for c in CONFIGS])
 def test_every_config_runs(config, runner, coco_mini):
-    """Each config through the real CLI for a few steps, with its own model and callbacks."""
+    """Each config through the real CLI for a few steps, with its own model and callbacks, warning of nothing."""
     ran = [s for s in STEPS if s.kind == "cli" and s.config and Path(s.config).name == config.name]
     if ran:  # the README ran this config already: that run must have passed
         result = runner.result(ran[0].name)
@@ -234,7 +245,7 @@ def test_every_config_runs(config, runner, coco_mini):
     work = runner.work / f"config-{config.stem}"
     work.mkdir()
     write_pretrained_weights([config], work, runner.work / "torch")
-    argv = [sys.executable, "-m", "seg_datamodule", command, "--config", str(config),
+    argv = [sys.executable, *warning_flags(str(config)), "-m", "seg_datamodule", command, "--config", str(config),
             *_config_overrides(config, runner.coco), *cli_limits(command, resumes=False)]
     proc = subprocess.run(argv, cwd=work, env=runner.env, capture_output=True, text=True, timeout=TIMEOUT)
     assert proc.returncode == 0, f"{shlex.join(argv)}\n{(proc.stdout + proc.stderr)[-4000:]}"

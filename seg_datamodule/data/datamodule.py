@@ -24,10 +24,9 @@ naming only ``val_ann`` / ``val_images`` validates a checkpoint; the categories 
 first split named, or the checkpoint (:mod:`~seg_datamodule.data.module_sources`). Before any
 worker starts, setup stops a split with no image to use and warns when many are missing.
 
-When no split at all is named the module uses the embedded demo dataset, generated on first use
-(see :mod:`~seg_datamodule.demo.data`). With ``train_stream`` training streams LitData chunks
-written by ``seg-datamodule convert`` (:mod:`~seg_datamodule.io.stream`) through the same dataset
-and collate.
+When no split at all is named the module uses the embedded demo dataset (:mod:`~seg_datamodule.demo.data`).
+With ``train_stream`` training streams LitData chunks written by ``seg-datamodule convert``
+(:mod:`~seg_datamodule.io.stream`) through the same dataset and collate.
 """
 
 from __future__ import annotations
@@ -38,7 +37,6 @@ from typing import Any, Literal
 import albumentations as A
 import numpy as np
 from lightning.pytorch import LightningDataModule
-from lightning.pytorch.utilities import rank_zero_info
 
 from seg_datamodule.data.accounting import ConsumedCounts
 from seg_datamodule.data.dataset import SegDataset
@@ -47,10 +45,11 @@ from seg_datamodule.data.module_loaders import LoaderHooks
 from seg_datamodule.data.module_sources import STAGE_SPLITS, DataSources
 from seg_datamodule.data.options import AugmentOptions, LoaderOptions, StreamOptions
 from seg_datamodule.data.predict import PredictDataset
-from seg_datamodule.data.repeat_factors import describe_repeat_factors, image_repeat_factors
+from seg_datamodule.data.repeat_factors import fit_repeat_factors
 from seg_datamodule.data.resume import ResumableDataLoader
 from seg_datamodule.data.splits import check_dataset_keys, check_pair
 from seg_datamodule.io.coco import CocoIndex, IndexOptions
+from seg_datamodule.io.input_paths import check_input_path
 from seg_datamodule.ops.checks import check_choice, check_int, check_number
 from seg_datamodule.transforms.albu import load_transforms
 from seg_datamodule.transforms.augment import MosaicAffine
@@ -67,6 +66,9 @@ log = logging.getLogger(__name__)
 
 class COCOSegDataModule(DataSources, LoaderHooks, CountsHooks, LightningDataModule):
     """Instance-segmentation batches from COCO-format data, masks rasterised in the workers.
+
+    Every file and folder given is checked here: a missing one (or a folder where a file belongs)
+    raises :class:`~seg_datamodule.io.input_paths.InputPathError` naming the argument.
 
     Args:
         train_ann: COCO instances JSON for training; when no split at all is named (no
@@ -97,7 +99,9 @@ class COCOSegDataModule(DataSources, LoaderHooks, CountsHooks, LightningDataModu
         mask_stride: stride of the mask grid (4 for YOLACT's ProtoNet).
         batch_size: training images per batch (per rank).
         val_batch_size: validation, test and predict images per batch; ``None`` uses ``batch_size``.
-        num_workers: DataLoader worker processes (masks are rasterised there).
+        num_workers: DataLoader worker processes (masks are rasterised there); ``"auto"``
+            (default): the cores this process may run on, shared by the ranks of its node, less
+            one for training, at most 8 (:func:`~seg_datamodule.data.options.auto_num_workers`).
         mosaic: probability of a 4-image mosaic per training sample.
         close_mosaic: turn mosaic off for the last N epochs (needs ``trainer.max_epochs``).
         degrees: random rotation range in degrees.
@@ -199,7 +203,7 @@ class COCOSegDataModule(DataSources, LoaderHooks, CountsHooks, LightningDataModu
         mask_stride: int = 4,
         batch_size: int = 16,
         val_batch_size: int | None = None,
-        num_workers: int = 4,
+        num_workers: int | Literal["auto"] = "auto",
         mosaic: float = 1.0,
         close_mosaic: int = 0,
         mosaic_partners: Literal["batch", "uniform"] = "batch",
@@ -260,6 +264,11 @@ class COCOSegDataModule(DataSources, LoaderHooks, CountsHooks, LightningDataModu
             raise ValueError("predict_ann needs predict_images, the folder its file_name values are in")
         if stream_storage_options is not None and not isinstance(stream_storage_options, dict):
             raise TypeError(f"stream_storage_options must be a dict, got {type(stream_storage_options).__name__}")
+        # Paths now, not at setup: LightningCLI builds the DataModule before the model (issue 40).
+        for split, ann, images in (("train", train_ann, train_images), ("val", val_ann, val_images),
+                                   ("test", test_ann, test_images), ("predict", predict_ann, predict_images)):
+            check_input_path(f"{split}_ann", ann, "file")
+            check_input_path(f"{split}_images", images, "folder")
         # Storage options may hold credentials: kept out of checkpoints' hyperparameters.
         self.save_hyperparameters(ignore=["transforms", "stream_storage_options"])
         self.train_ann, self.train_images = train_ann, train_images
@@ -319,8 +328,9 @@ class COCOSegDataModule(DataSources, LoaderHooks, CountsHooks, LightningDataModu
 
     @property
     def num_workers(self) -> int:
-        """DataLoader worker processes."""
-        return self.loader_options.num_workers
+        """DataLoader worker processes per loader (``"auto"`` resolved for this node's ranks)."""
+        local_ranks = 1 if self.trainer is None else max(1, int(self.trainer.num_devices))
+        return int(self.loader_options.for_node(local_ranks).num_workers)
 
     @property
     def mask_stride(self) -> int:
@@ -358,7 +368,7 @@ class COCOSegDataModule(DataSources, LoaderHooks, CountsHooks, LightningDataModu
         max_epochs = None
         if self.trainer is not None and self.trainer.max_epochs is not None and self.trainer.max_epochs > 0:
             max_epochs = int(self.trainer.max_epochs)
-        if self.train_dataset is None and (self.train_index is not None or self.stream_meta is not None):
+        if self.train_dataset is None:
             index: Any = self.train_index
             cache_images = self.cache_images
             if self.stream_meta is not None:  # a window over each streamed batch; nothing to cache
@@ -369,10 +379,11 @@ class COCOSegDataModule(DataSources, LoaderHooks, CountsHooks, LightningDataModu
                 cache_images = len(index) if len(index) <= AUTO_CACHE_MAX_IMAGES else 0
             self.train_dataset = SegDataset(index, self.augment, train=True, seed=self.seed,
                                             cache_images=cache_images, max_epochs=max_epochs)
-        elif max_epochs is not None and self.train_dataset is not None:  # set up before a Trainer, or a new one
+        elif max_epochs is not None:  # set up before a Trainer was attached, or a new Trainer
             self.train_dataset.set_max_epochs(max_epochs)
-        if self.repeat_factor_threshold is not None:
-            self._setup_repeat_factors("fit")
+        if self.repeat_factor_threshold is not None:  # every epoch's own length (the Trainer reloads)
+            self.repeat_factors = fit_repeat_factors(self.repeat_factors, self.train_index,
+                                                     self.repeat_factor_threshold, self.trainer)
 
     def state_dict(self) -> dict[str, Any]:
         """The train loader's state (:meth:`LoaderHooks.loader_state`) and the categories, for checkpoints."""
@@ -382,19 +393,3 @@ class COCOSegDataModule(DataSources, LoaderHooks, CountsHooks, LightningDataModu
         """Check (or, for a folder to predict, take) the checkpoint's categories; keep the loader's state."""
         self.restore_categories(state_dict)
         self.keep_loader_state(state_dict)
-
-    def _setup_repeat_factors(self, stage: str) -> None:
-        """Per-image repeat factors of the training index; the Trainer must reload the loader."""
-        if self.repeat_factors is None:
-            assert self.train_index is not None and self.repeat_factor_threshold is not None
-            index = self.train_index
-            self.repeat_factors = image_repeat_factors(*index.category_presence(), len(index),
-                                                       index.num_classes, self.repeat_factor_threshold)
-            rank_zero_info(f"seg_datamodule: {describe_repeat_factors(self.repeat_factors, self.repeat_factor_threshold)}")
-        reload = None if self.trainer is None else self.trainer.reload_dataloaders_every_n_epochs
-        if stage == "fit" and reload not in (None, 1):
-            raise ValueError(
-                f"repeat_factor_threshold={self.repeat_factor_threshold} draws a new epoch length every "
-                "epoch, which Lightning reads only when it reloads the train loader: set "
-                f"Trainer(reload_dataloaders_every_n_epochs=1) (got {reload})"
-            )

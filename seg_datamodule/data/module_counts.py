@@ -12,6 +12,7 @@ from typing import Any
 import numpy as np
 from lightning.pytorch.utilities import rank_zero_info
 
+from seg_datamodule.console import print_summary
 from seg_datamodule.data.accounting import ConsumedCounts, format_report
 from seg_datamodule.data.dataset import COUNT_KEYS, DECODE_KEYS, SegDataset
 from seg_datamodule.data.repeat_factors import describe_repeat_factors
@@ -94,4 +95,18 @@ class CountsHooks:
 
     def teardown(self, stage: str) -> None:
         if stage == "fit":
-            rank_zero_info(f"seg_datamodule: where the annotations went (by reason)\n{self.report()}")
+            self._print_report("")
+
+    def on_exception(self, exception: BaseException) -> None:
+        """The end-of-fit report, also when ``fit`` stops on Ctrl-C or an exception (so far)."""
+        trainer = getattr(self, "trainer", None)
+        if trainer is None or trainer.state.fn != "fit" or trainer.global_step == 0:
+            return  # nothing trained: the exception's own line says what happened
+        try:
+            self._print_report(f", until {type(exception).__name__} stopped fit")
+        except Exception as error:  # never hide the exception being handled
+            rank_zero_info(f"seg_datamodule: no report of where the annotations went: {error!r}")
+
+    def _print_report(self, when: str) -> None:
+        print_summary(getattr(self, "trainer", None),
+                      f"seg_datamodule: where the annotations went (by reason){when}\n{self.report()}")

@@ -49,7 +49,7 @@ class LoaderHooks:
 
     def _loader_kwargs(self, dataset: Any = None, batch_size: int = 1, what: str = "the loader") -> dict[str, Any]:
         local_ranks = 1 if self.trainer is None else max(1, int(self.trainer.num_devices))
-        plan = LoaderPlan(self.loader_options, dataset, batch_size, local_ranks, what)
+        plan = LoaderPlan(self.loader_options.for_node(local_ranks), dataset, batch_size, local_ranks, what)
         return loader_kwargs(plan, (self.image_size, self.image_size), self._on_cuda())
 
     def _on_cuda(self) -> bool:
@@ -168,8 +168,13 @@ class LoaderHooks:
         return int(min(self.trainer.num_training_batches, 2**62))
 
     def _trained_batches(self) -> int:
-        """Batches of the current epoch the Trainer has taken (fetched ahead ones not included)."""
-        return int(self.trainer.fit_loop.epoch_loop.batch_progress.current.ready)
+        """Batches of the current epoch the Trainer has trained on (fetched ahead ones not included).
+
+        ``processed``, not ``ready``: the two differ only while a step runs, and a checkpoint
+        saved then (on Ctrl-C or an exception, :class:`~seg_datamodule.checkpointing.InterruptCheckpoint`)
+        makes Lightning train that batch again on resume, so the loader must hand it out again.
+        """
+        return int(self.trainer.fit_loop.epoch_loop.batch_progress.current.processed)
 
     def val_dataloader(self) -> DataLoader | list:
         if self.val_dataset is None and (self.val_ann is not None or (self.dataset and self.val_split)):

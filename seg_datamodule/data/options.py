@@ -14,17 +14,18 @@ options travel as one checked value instead of ``**kwargs`` dicts or tuples read
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any, Literal
 
 import albumentations as A
+from lightning.fabric.utilities.data import suggested_max_num_workers
 
 from seg_datamodule.ops.checks import check_bool, check_choice, check_int, check_number
 from seg_datamodule.transforms.augment import MosaicAffine
 from seg_datamodule.transforms.hsv import HSVJitter
 from seg_datamodule.transforms.lsj import LargeScaleJitter
 
-__all__ = ["AugmentOptions", "LoaderOptions", "StreamOptions"]
+__all__ = ["MAX_AUTO_WORKERS", "AugmentOptions", "LoaderOptions", "StreamOptions", "auto_num_workers"]
 
 
 @dataclass(frozen=True)
@@ -88,29 +89,62 @@ class AugmentOptions:
         return "lsj" if isinstance(self.geometry, LargeScaleJitter) else "mosaic"
 
 
+#: ``num_workers: auto`` never starts more workers than this per rank (Ultralytics' cap too): each
+#: worker holds a few hundred MiB; ``seg-datamodule loader-bench`` measures how many a run needs.
+MAX_AUTO_WORKERS = 8
+
+
+def auto_num_workers(local_ranks: int) -> int:
+    """``num_workers: auto``: the cores this process may use, shared by the ranks of its node.
+
+    Lightning's ``suggested_max_num_workers`` (the affinity mask's cores per rank, less one for the
+    training process; at least 1), capped at :data:`MAX_AUTO_WORKERS`. Neither torch's "suggested
+    max number of worker" warning nor Lightning's "does not have many workers" fires at that count.
+
+    Args:
+        local_ranks: processes on this node (the Trainer's ``num_devices``).
+    """
+    return min(MAX_AUTO_WORKERS, suggested_max_num_workers(max(1, int(local_ranks))))
+
+
 @dataclass(frozen=True)
 class LoaderOptions:
-    """What every DataLoader of the module shares (pinning is decided per run: CUDA only)."""
+    """What every DataLoader of the module shares (pinning is decided per run: CUDA only).
+
+    ``num_workers`` is an int or ``"auto"`` (:func:`auto_num_workers`, resolved per node by
+    :meth:`for_node` when the loaders are made).
+    """
 
     batch_size: int = 16
     val_batch_size: int = 16
-    num_workers: int = 4
+    num_workers: int | Literal["auto"] = "auto"
     mask_stride: int = 4
     pin_memory: bool = True
     persistent_workers: bool = True
     prefetch_factor: int | None = 2
 
     def __post_init__(self) -> None:
-        for name, minimum in (("batch_size", 1), ("val_batch_size", 1), ("num_workers", 0), ("mask_stride", 1)):
+        for name, minimum in (("batch_size", 1), ("val_batch_size", 1), ("mask_stride", 1)):
             check_int(name, getattr(self, name), minimum)
+        if self.num_workers != "auto":
+            try:
+                check_int("num_workers", self.num_workers, 0)
+            except TypeError:
+                raise TypeError(f"num_workers must be an int >= 0 or 'auto', got {self.num_workers!r}") from None
         check_int("prefetch_factor", self.prefetch_factor, 1, allow_none=True)
         check_bool("pin_memory", self.pin_memory)
         check_bool("persistent_workers", self.persistent_workers)
 
+    def for_node(self, local_ranks: int) -> LoaderOptions:
+        """These options with ``num_workers: auto`` resolved for ``local_ranks`` processes on the node."""
+        if self.num_workers != "auto":
+            return self
+        return replace(self, num_workers=auto_num_workers(local_ranks))
+
     @property
     def prefetch(self) -> int | None:
         """The DataLoader's ``prefetch_factor`` (None without workers, where it must be)."""
-        return self.prefetch_factor if self.num_workers > 0 else None
+        return self.prefetch_factor if self.num_workers == "auto" or self.num_workers > 0 else None
 
 
 @dataclass(frozen=True)

@@ -29,8 +29,29 @@ import numpy as np
 
 from seg_datamodule.ops.checks import check_number
 
-__all__ = ["category_frequencies", "describe_repeat_factors", "draw_repeats", "image_repeat_factors",
-           "repeat_factor_summary", "scheduled_steps"]
+__all__ = ["category_frequencies", "describe_repeat_factors", "draw_repeats", "fit_repeat_factors",
+           "image_repeat_factors", "repeat_factor_summary", "scheduled_steps"]
+
+
+def fit_repeat_factors(factors: np.ndarray | None, index: Any, threshold: float, trainer: Any) -> np.ndarray:
+    """The training index's repeat factors for ``fit`` (``factors`` when computed before, else computed and
+    described once); the Trainer must reload the train loader every epoch.
+
+    Raises:
+        ValueError: ``trainer.reload_dataloaders_every_n_epochs`` is not 1.
+    """
+    from lightning.pytorch.utilities import rank_zero_info
+
+    if factors is None:
+        factors = image_repeat_factors(*index.category_presence(), len(index), index.num_classes, threshold)
+        rank_zero_info(f"seg_datamodule: {describe_repeat_factors(factors, threshold)}")
+    reload = None if trainer is None else trainer.reload_dataloaders_every_n_epochs
+    if reload not in (None, 1):
+        raise ValueError(
+            f"repeat_factor_threshold={threshold} draws a new epoch length every epoch, which Lightning reads "
+            f"only when it reloads the train loader: set Trainer(reload_dataloaders_every_n_epochs=1) (got {reload})"
+        )
+    return factors
 
 
 def scheduled_steps(trainer: Any) -> int | float:

@@ -7,9 +7,9 @@ a train loader that has ``state_dict`` / ``load_state_dict`` in every checkpoint
 before the loader's first ``iter()`` (``FitLoop.setup_data``); the sampler then starts the epoch
 at the first batch not yet trained on, in O(1): no skipped batch is decoded or augmented.
 
-"Consumed" is what the Trainer says it took (``batch_progress.current.ready``), not what this
-loader handed out: Lightning fetches a batch ahead, so at a checkpoint one more batch has usually
-left the loader than was trained on.
+"Consumed" is what the Trainer says it trained on (``batch_progress.current.processed``), not
+what this loader handed out: Lightning fetches a batch ahead, so at a checkpoint one more batch
+has usually left the loader than was trained on.
 
 With repeat-factor sampling an epoch's length is the epoch's own (``epoch_batches`` in the state
 is that of the epoch saved), and the state also names the repeat factors it was drawn with. An

@@ -24,6 +24,7 @@ import numpy as np
 
 from seg_datamodule.errors import UserInputError
 from seg_datamodule.io.coco import CocoIndex, format_skip_summary
+from seg_datamodule.io.input_paths import check_input_path
 from seg_datamodule.io.image_root import sample_image_root
 
 __all__ = [
@@ -60,6 +61,7 @@ def check_dataset_keys(dataset: str | None, splits: tuple[str | None, ...], anns
 
     Raises:
         TypeError, ValueError: naming the keys.
+        InputPathError: ``dataset`` is not an existing file.
     """
     for name, split in zip(("train_split", "val_split", "test_split"), splits):
         if split is not None and (not isinstance(split, str) or not split):
@@ -68,6 +70,7 @@ def check_dataset_keys(dataset: str | None, splits: tuple[str | None, ...], anns
         return
     if not isinstance(dataset, str) or not dataset:
         raise TypeError(f"dataset must be the path of an Ultralytics data.yaml, got {dataset!r}")
+    check_input_path("dataset", dataset, "file")
     given = [name for name, ann in zip(("train_ann", "val_ann", "test_ann"), anns) if ann is not None]
     if given:
         raise ValueError(f"give dataset (a data.yaml) or {' / '.join(given)}, not both: the data.yaml names every split")

@@ -52,8 +52,8 @@ import lightning as L
 import torch
 import torch.nn.functional as F
 from torch import Tensor
-from lightning.pytorch.utilities import rank_zero_info
 
+from seg_datamodule.console import print_summary
 from seg_datamodule.data.repeat_factors import scheduled_steps
 from seg_datamodule.demo.losses import box_predictions, mask_iou, mask_loss
 from seg_datamodule.demo.network import YolactNet, YolactOutput
@@ -233,7 +233,8 @@ class YolactLite(YolactNet, L.LightningModule):
             # The same value on every rank; sync_dist keeps Lightning's epoch-level DDP check quiet.
             self.log(name, value, prog_bar=name == "val/segm_AP", sync_dist=True)
         if not self.trainer.sanity_checking:
-            rank_zero_info(
+            print_summary(
+                self.trainer,
                 f"epoch {self.current_epoch}: {'LVIS' if isinstance(metric, LVISMaskMAP) else 'COCO'} val segm AP "
                 f"{results['segm_AP']:.4f}, "
                 f"bbox AP {results['bbox_AP']:.4f} (at the ground-truth boxes)"
@@ -259,8 +260,8 @@ class YolactLite(YolactNet, L.LightningModule):
         for name, value in picked_stats(results, "test", TEST_STATS).items():
             self.log(name, value, sync_dist=True)
         kind = "LVIS" if isinstance(metric, LVISMaskMAP) else "COCO"
-        rank_zero_info(f"{kind} test segm AP {results['segm_AP']:.4f}, bbox AP {results['bbox_AP']:.4f} "
-                       "(at the ground-truth boxes)")
+        print_summary(self.trainer, f"{kind} test segm AP {results['segm_AP']:.4f}, bbox AP {results['bbox_AP']:.4f} "
+                                    "(at the ground-truth boxes)")
 
     def predict_boxes(self, batch: DetectionBatch) -> tuple[Tensor, Tensor]:
         """The boxes :meth:`predict_step` pools at: each image's own boxes, or its whole-image box.

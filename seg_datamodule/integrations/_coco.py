@@ -13,8 +13,8 @@ from __future__ import annotations
 from typing import Any
 
 import lightning as L
-from lightning.pytorch.utilities import rank_zero_info
 
+from seg_datamodule.console import print_summary
 from seg_datamodule.evaluation import COCOMaskMAP
 from seg_datamodule.evaluation.choose import metric_for_file, stage_file
 
@@ -65,7 +65,8 @@ def log_coco_results(module: L.LightningModule, metric: COCOMaskMAP | None, what
             # The same value on every rank; sync_dist keeps Lightning's epoch-level DDP check quiet.
             module.log(f"val/{name}", value, prog_bar=name == "segm_AP", sync_dist=True)
     if not module.trainer.sanity_checking:
-        rank_zero_info(
+        print_summary(
+            module.trainer,
             f"epoch {module.current_epoch}: COCO val segm AP {float(results['segm_AP']):.4f}, "
             f"bbox AP {float(results['bbox_AP']):.4f} ({what})"
         )

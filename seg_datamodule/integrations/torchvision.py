@@ -21,6 +21,7 @@ from typing import Any, Literal
 
 import lightning as L
 import torch
+from lightning.pytorch.utilities.rank_zero import rank_zero_warn
 from torch import Tensor
 
 from seg_datamodule.evaluation import COCOMaskMAP
@@ -110,8 +111,10 @@ class MaskRCNNModule(L.LightningModule):
             starts from random weights (every layer trains, batch norm everywhere).
         trainable_backbone_layers (int | None): backbone stages that train, 0-5, with
             torchvision's weights (default 3, as torchvision's).
-        min_size, max_size (int): torchvision's internal resize; ``min_size`` equal to the
-            DataModule's ``image_size`` keeps the canvas as it is.
+        min_size, max_size (int | None): torchvision's internal resize. ``None`` (default): the
+            DataModule's ``image_size``, read at ``setup``, so the canvas is never resized (640 and
+            1333 without a DataModule). A value that differs from ``image_size`` is warned about:
+            torchvision would resize every canvas (``--data.image_size 320`` training at 640).
         box_score_thresh (float): detections below this score are dropped (torchvision's 0.05).
         box_detections_per_img (int): detections kept per image.
         optimizer (str): ``"SGD"`` (torchvision's reference recipe) or ``"AdamW"``.
@@ -138,8 +141,8 @@ class MaskRCNNModule(L.LightningModule):
         self,
         num_classes: int,
         backbone: str = "resnet50",
-        min_size: int = 640,
-        max_size: int = 1333,
+        min_size: int | None = None,
+        max_size: int | None = None,
         box_score_thresh: float = 0.05,
         box_detections_per_img: int = 100,
         optimizer: Literal["AdamW", "SGD"] = "SGD",
@@ -159,6 +162,8 @@ class MaskRCNNModule(L.LightningModule):
         super().__init__()
         for name, value in (("num_classes", num_classes), ("min_size", min_size), ("max_size", max_size),
                             ("box_detections_per_img", box_detections_per_img)):
+            if value is None and name in ("min_size", "max_size"):
+                continue
             if isinstance(value, bool) or not isinstance(value, int) or value < 1:
                 raise ValueError(f"{name} must be a positive int, got {value!r}")
         if not (isinstance(box_score_thresh, (int, float)) and 0 <= box_score_thresh <= 1):
@@ -175,12 +180,14 @@ class MaskRCNNModule(L.LightningModule):
         self.save_hyperparameters()
         self.num_classes = num_classes
         pretrained = read_pretrained(choice)  # before building: a failed download fails fast
+        # Unset sizes are the canvas side, set at setup from the DataModule (see _fit_sizes_to_canvas).
+        sizes = (640 if min_size is None else min_size, 1333 if max_size is None else max_size)
         extra.update(box_score_thresh=box_score_thresh, box_detections_per_img=box_detections_per_img)
         if choice.architecture == "scratch":
-            self.model = build_mask_rcnn(num_classes, backbone, min_size, max_size, **extra)
+            self.model = build_mask_rcnn(num_classes, backbone, sizes[0], sizes[1], **extra)
         else:
-            self.model = build_pretrained_mask_rcnn(num_classes, backbone, choice, min_size=min_size,
-                                                    max_size=max_size, **extra)
+            self.model = build_pretrained_mask_rcnn(num_classes, backbone, choice, min_size=sizes[0],
+                                                    max_size=sizes[1], **extra)
         self.pretrained: Transfer | None = None
         if pretrained is not None:
             self.pretrained = load_pretrained(self.model, choice, *pretrained)
@@ -201,9 +208,28 @@ class MaskRCNNModule(L.LightningModule):
         return loss
 
     def setup(self, stage: str) -> None:
-        """Make the COCO metric (the DataModule's ``val_ann`` is resolved by now)."""
+        """Take unset sizes from the DataModule's ``image_size``; make the COCO metric (its
+        ``val_ann`` is resolved by now)."""
+        self._fit_sizes_to_canvas()
         if self.hparams.coco_eval and self.coco_metric is None and stage in ("fit", "validate"):
             self.coco_metric = make_coco_metric(self, self.hparams.coco_ann_file, self.num_classes)
+
+    def _fit_sizes_to_canvas(self) -> None:
+        """``min_size`` / ``max_size`` left unset become the canvas side, so nothing is resized."""
+        image_size = getattr(getattr(self._trainer, "datamodule", None), "image_size", None)
+        if not isinstance(image_size, int):
+            return
+        transform = self.model.transform
+        if self.hparams.min_size is None:
+            transform.min_size = (image_size,)
+        if self.hparams.max_size is None:
+            transform.max_size = image_size
+        if transform.min_size != (image_size,) or transform.max_size < image_size:
+            rank_zero_warn(
+                f"MaskRCNNModule: min_size {transform.min_size[0]} / max_size {transform.max_size} do not match "
+                f"data.image_size {image_size}: torchvision resizes every {image_size} px canvas; leave them unset "
+                "to follow image_size"
+            )
 
     def predict_batch(self, batch: DetectionBatch) -> list[dict[str, Tensor]]:
         """Detections per image on the canvas (eval mode).

@@ -16,7 +16,7 @@ from typing import Callable
 
 import numpy as np
 
-from seg_datamodule.errors import UserInputError
+from seg_datamodule.io.input_paths import InputPathError
 
 __all__ = ["ImageRootError", "RootSample", "sample_image_root", "sample_positions"]
 
@@ -24,8 +24,11 @@ __all__ = ["ImageRootError", "RootSample", "sample_image_root", "sample_position
 SAMPLE_SIZE = 64
 
 
-class ImageRootError(UserInputError, FileNotFoundError):
+class ImageRootError(InputPathError):
     """An image folder that is missing, empty, or does not hold the files its index names.
+
+    An :class:`~seg_datamodule.io.input_paths.InputPathError`: the DataModule's ``__init__``
+    already refused a folder that does not exist; this is what only a look inside it shows.
 
     Rebuilt from its message alone (as pickling does), the attributes are ``None``.
 

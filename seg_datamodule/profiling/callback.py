@@ -23,6 +23,7 @@ from lightning.pytorch.callbacks import Callback
 from lightning.pytorch.utilities.rank_zero import rank_zero_info, rank_zero_warn
 
 from seg_datamodule.compat import warn_unverified
+from seg_datamodule.console import print_summary
 from seg_datamodule.ops.checks import check_bool, check_int
 from seg_datamodule.profiling.accumulator import StepTimeAccumulator
 from seg_datamodule.profiling.end_of_fit import (
@@ -235,7 +236,7 @@ class StepTimeProfiler(Callback):
         if trainer.world_size > 1:
             self.rank_medians_ms = gather_medians(trainer, self.accumulator)
         if trainer.is_global_zero:
-            self._write_report()
+            self._write_report(trainer)
 
     def on_exception(self, trainer: Trainer, pl_module: LightningModule, exception: BaseException) -> None:
         self._remove_hooks()
@@ -248,7 +249,7 @@ class StepTimeProfiler(Callback):
         try:
             self._end_of_training(trainer)
             if trainer.is_global_zero:
-                self._write_report()
+                self._write_report(trainer)
         except Exception as error:
             rank_zero_warn(f"StepTimeProfiler: could not write the partial report: {error!r}")
 
@@ -367,10 +368,11 @@ class StepTimeProfiler(Callback):
         self.wall = wall_account(train_s, self.accumulator)
         self._recorder = None  # no step after this; on_exception from here on has nothing to add
 
-    def _write_report(self) -> None:
+    def _write_report(self, trainer: Trainer) -> None:
         self.report_paths = publish_report(
             self.summary(), self.rows(), self.warmup_steps, self._facts(),
             dirpath=self._dirpath, filename=self.filename, save_plot=self.save_plot,
+            show=lambda text: print_summary(trainer, text),  # beside the progress bar, not into it
         )
 
     def _remove_hooks(self) -> None:

@@ -10,7 +10,7 @@ optimisers alone (with the loader's workers stopped) and print and write the rep
 from __future__ import annotations
 
 import math
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -81,17 +81,22 @@ def publish_report(
     dirpath: str | None,
     filename: str,
     save_plot: bool,
+    show: Callable[[str], None] = rank_zero_info,
 ) -> list[Path]:
     """Print the table and write ``<filename>.json`` (and ``.png``) into ``dirpath``; rank 0 calls it.
 
     Nothing is reported (a warning says so) for a fit of no more than ``warmup_steps`` steps,
-    unless it stopped early after some: then the partial report has the rows.
+    unless it stopped early after some: then the partial report has the rows. A fit an exception
+    stopped before any step reports nothing and warns of nothing (the exception says what happened).
+    ``show`` prints the table and the paths (the callback's goes through the progress bar).
 
     Returns:
         list[Path]: the files written, the JSON first (none without ``dirpath``).
     """
     steps = len(rows)
     if not summary and not (facts.stopped_by and steps):
+        if facts.stopped_by:
+            return []
         rank_zero_warn(
             f"StepTimeProfiler: {steps} training steps, not more than"
             f" warmup_steps={warmup_steps}; nothing to report."
@@ -99,7 +104,7 @@ def publish_report(
         return []
     report = build_report(summary, rows, warmup_steps, facts)
     if summary:
-        rank_zero_info(
+        show(
             format_table(
                 summary,
                 facts.rank_medians_ms,
@@ -114,5 +119,5 @@ def publish_report(
         return []
     paths = write_report(report, Path(dirpath), filename, save_plot)
     what = "partial report" if facts.stopped_by else "report"
-    rank_zero_info(f"StepTimeProfiler: {what} written to " + ", ".join(map(str, paths)))
+    show(f"StepTimeProfiler: {what} written to " + ", ".join(map(str, paths)))
     return paths

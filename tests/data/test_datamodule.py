@@ -16,6 +16,7 @@ from lightning.pytorch import Trainer
 from _recorder import BatchRecorder, read_rows
 from seg_datamodule import DetectionBatch
 from seg_datamodule.data.datamodule import COCOSegDataModule
+from seg_datamodule.data.options import MAX_AUTO_WORKERS, LoaderOptions, auto_num_workers
 from seg_datamodule.models import YolactLite
 from seg_datamodule.data.sampler import EpochShardSampler
 
@@ -71,8 +72,12 @@ def test_demo_batches_and_validation_metadata(demo_dir, tmp_path):
 def test_bad_arguments_are_named():
     with pytest.raises(ValueError, match="batch_size must be >= 1, got 0"):
         COCOSegDataModule(batch_size=0)
-    with pytest.raises(TypeError, match="num_workers must be an int >= 0, got 1.5"):
+    with pytest.raises(TypeError, match="num_workers must be an int >= 0 or 'auto', got 1.5"):
         COCOSegDataModule(num_workers=1.5)
+    with pytest.raises(TypeError, match="num_workers must be an int >= 0 or 'auto', got 'Auto'"):
+        COCOSegDataModule(num_workers="Auto")
+    with pytest.raises(ValueError, match="num_workers must be >= 0, got -1"):
+        COCOSegDataModule(num_workers=-1)
     with pytest.raises(ValueError, match="cache_images must be >= 0, got -1"):
         COCOSegDataModule(cache_images=-1)
     with pytest.raises(ValueError, match="give both train_ann and train_images"):
@@ -82,6 +87,26 @@ def test_bad_arguments_are_named():
 
 
 @pytest.mark.slow
+@pytest.mark.parametrize("cores,ranks,expected", [(2, 1, 1), (1, 1, 1), (4, 1, 3), (16, 1, 8), (16, 2, 7), (16, 4, 3),
+                                                   (16, 8, 1), (64, 1, 8)])
+def test_auto_num_workers_fits_the_cores_per_rank(monkeypatch, cores, ranks, expected):
+    # issue 40: num_workers: 8 in every config made torch warn twice per run on a 2-core machine.
+    monkeypatch.setattr(os, "sched_getaffinity", lambda pid: set(range(cores)), raising=False)
+    assert auto_num_workers(ranks) == expected == min(MAX_AUTO_WORKERS, max(1, cores // ranks - 1))
+    options = LoaderOptions(num_workers="auto")
+    assert options.for_node(ranks).num_workers == expected and options.prefetch == 2
+    assert LoaderOptions(num_workers=3).for_node(ranks).num_workers == 3
+
+
+def test_auto_num_workers_on_this_machine_warns_of_nothing(demo_dir, tmp_path):
+    dm = make_dm(demo_dir, tmp_path, num_workers="auto", persistent_workers=False)
+    expected = auto_num_workers(1)
+    assert dm.num_workers == expected
+    loader = dm.train_dataloader()
+    assert loader.num_workers == expected
+    next(iter(loader))  # torch's "suggested max number of worker" check runs here (warnings are errors)
+
+
 def test_same_batches_for_any_num_workers(demo_dir, tmp_path):
     runs = []
     for workers in (0, 2):

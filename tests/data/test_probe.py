@@ -137,7 +137,7 @@ def _config(coco_mini: Path, tmp_path: Path) -> Path:
         f"  train_ann: {coco_mini / 'annotations/instances_train2017.json'}\n"
         f"  train_images: {coco_mini / 'train2017'}\n"
         f"  cache_dir: {tmp_path / 'cache'}\n"
-        "  image_size: 192\n  batch_size: 4\n  num_workers: 2\n  cache_images: 0\n  close_mosaic: 1\n"
+        "  image_size: 192\n  batch_size: 4\n  num_workers: 2\n  close_mosaic: 1\n"  # cache_images: auto
     )
     return path
 
@@ -153,7 +153,9 @@ def test_loader_bench_command_from_yaml(coco_mini: Path, tmp_path: Path, capsys:
     ])
     printed = capsys.readouterr().out
     assert "train loader alone: batch 2, image_size 192" in printed  # the override reached the module
+    assert "image cache: off, every image decoded" in printed  # coco-mini would fit in it: not measured
     assert "num_workers=0 reaches 1 img/s" in printed
+    out = out / "version_0"  # each run's own folder
     with (out / "loader_bench.csv").open() as file:
         lines = list(csv.DictReader(file))
     assert [int(line["workers"]) for line in lines] == [0, 1] == [row.workers for row in rows]
@@ -164,6 +166,21 @@ def test_loader_bench_command_from_yaml(coco_mini: Path, tmp_path: Path, capsys:
     assert rows[1].workers_pss_peak_mib == pytest.approx(rows[1].worker_pss_peak_mib)
     assert (out / "loader_bench.png").stat().st_size > 1000
     assert multiprocessing.active_children() == []  # each count's workers were shut down
+
+
+@pytest.mark.slow
+@pytest.mark.filterwarnings("ignore::jsonargparse._deprecated.JsonargparseDeprecationWarning")
+def test_loader_bench_uses_the_image_cache_only_when_asked(coco_mini: Path, tmp_path: Path,
+                                                           capsys: pytest.CaptureFixture) -> None:
+    # issue 40: on coco-mini the default cache held every image and the bench measured cache hits.
+    base = ["--config", str(_config(coco_mini, tmp_path)), "--workers", "0", "--batches", "1", "--warmup", "0",
+            "--out", str(tmp_path / "out"), "--no-memory"]
+    loader_bench_main([*base, "--image-cache"])
+    assert "image cache: up to 80 decoded images per worker (data.cache_images)" in capsys.readouterr().out
+    loader_bench_main([*base, "--data.cache_images", "5"])  # asked for on the command line
+    assert "image cache: up to 5 decoded images per worker" in capsys.readouterr().out
+    # Nothing of an earlier run is replaced: each writes a folder of its own.
+    assert sorted(p.name for p in (tmp_path / "out").iterdir()) == ["version_0", "version_1"]
 
 
 def test_probe_loader_shuts_workers_down_and_checks_arguments() -> None:

@@ -20,6 +20,7 @@ from seg_datamodule.data.splits import CategoryMismatchError, EmptySplitError
 from seg_datamodule.errors import UserInputError
 from seg_datamodule.evaluation import NothingScoredError
 from seg_datamodule.io.image_root import ImageRootError
+from seg_datamodule.io.input_paths import InputPathError
 from seg_datamodule.models import YolactLite
 
 
@@ -90,7 +91,9 @@ def test_categories_come_from_the_checkpoint_for_a_folder_and_must_agree_with_fi
 def test_a_missing_empty_or_wrong_image_folder_stops_at_setup(coco_mini: Path, tmp_path: Path) -> None:
     ann, _ = _val(coco_mini)
     (tmp_path / "empty").mkdir()
-    cases = [(tmp_path / "missing", "does not exist"), (tmp_path / "empty", "is empty"),
+    with pytest.raises(InputPathError, match=f"val_images: expected an existing folder, got '{tmp_path / 'missing'}'"):
+        COCOSegDataModule(val_ann=ann, val_images=str(tmp_path / "missing"))  # in __init__, before a model
+    cases = [(tmp_path / "empty", "is empty"),
              (coco_mini / "train2017", "holds none of the 64 files sampled from the 79 images")]
     for folder, what in cases:
         dm = COCOSegDataModule(val_ann=ann, val_images=str(folder), num_workers=2, on_bad_sample="skip",

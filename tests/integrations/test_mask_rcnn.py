@@ -3,6 +3,9 @@
 from __future__ import annotations
 
 import json
+import sys
+from pathlib import Path
+from types import SimpleNamespace
 
 import lightning as L
 import pytest
@@ -10,6 +13,8 @@ import torch
 
 from seg_datamodule import COCOSegDataModule, StepTimeProfiler, collate_detection
 from seg_datamodule.integrations import MaskRCNNModule
+
+ROOT = Path(__file__).resolve().parents[2]
 
 # Few proposals and a small backbone keep a CPU step cheap; the mechanics are those of the default.
 SMALL = dict(backbone="resnet18", min_size=128, max_size=128, mask_rcnn_kwargs=dict(
@@ -77,3 +82,42 @@ def test_fit_on_the_demo_logs_coco_ap_of_real_detections(demo_dir, tmp_path) -> 
     report = json.loads((tmp_path / "rcnn" / "version_0" / "step_time.json").read_text())
     for phase in ("train_dataloader_next", "forward", "backward", "optimizer_step"):
         assert report["summary"][phase]["median_ms"] > 0, phase
+
+
+def _sizes(module: MaskRCNNModule) -> tuple[tuple[int, ...], int]:
+    return tuple(module.model.transform.min_size), int(module.model.transform.max_size)
+
+
+def test_unset_sizes_follow_the_datamodules_image_size() -> None:
+    # issue 40: configs/maskrcnn.yaml fixed 640 / 640, so --data.image_size 320 trained at 640 (4x the compute).
+    trainer = SimpleNamespace(datamodule=SimpleNamespace(image_size=320))
+    module = MaskRCNNModule(num_classes=4, backbone="resnet18")
+    assert _sizes(module) == ((640,), 1333)  # without a DataModule: torchvision's internal resize as before
+    module.trainer = trainer
+    module.setup("predict")
+    assert _sizes(module) == ((320,), 320)
+    fixed = MaskRCNNModule(num_classes=4, backbone="resnet18", min_size=640, max_size=640)
+    fixed.trainer = trainer
+    with pytest.warns(UserWarning, match="min_size 640 / max_size 640 do not match data.image_size 320"):
+        fixed.setup("predict")
+    assert _sizes(fixed) == ((640,), 640)  # the user's explicit sizes stay
+
+
+@pytest.mark.slow
+# LightningCLI's own call of a jsonargparse API that jsonargparse deprecates (add_instantiator).
+@pytest.mark.filterwarnings("ignore::jsonargparse._deprecated.JsonargparseDeprecationWarning")
+def test_the_config_trains_at_the_image_size_given(coco_mini: Path, tmp_path: Path,
+                                                   monkeypatch: pytest.MonkeyPatch) -> None:
+    from seg_datamodule.cli import _DataOnlyCLI
+
+    monkeypatch.setattr(sys, "argv", sys.argv[:1])
+    coco = {f"--data.{s}_ann": str(coco_mini / "annotations" / f"instances_{s}2017.json") for s in ("train", "val")}
+    images = {f"--data.{s}_images": str(coco_mini / f"{s}2017") for s in ("train", "val")}
+    args = ["--config", str(ROOT / "configs" / "maskrcnn.yaml"), *[x for kv in {**coco, **images}.items() for x in kv],
+            "--data.image_size", "320", "--data.cache_dir", str(tmp_path / "cache"),
+            "--model.init_args.backbone", "resnet18"]
+    cli = _DataOnlyCLI(L.LightningModule, COCOSegDataModule, subclass_mode_model=True, run=False,
+                       save_config_callback=None, args=args)
+    cli.model.trainer = SimpleNamespace(datamodule=cli.datamodule)
+    cli.model.setup("predict")
+    assert _sizes(cli.model) == ((320,), 320)
