@@ -28,6 +28,7 @@ import numpy as np
 
 from seg_datamodule.io.coco.building import IndexOptions, Loaded, apply_options, load_tables
 from seg_datamodule.io.coco.cache import default_cache_dir
+from seg_datamodule.io.coco.crowd import warn_crowd_trap
 from seg_datamodule.io.coco.errors import format_skip_summary
 from seg_datamodule.io.coco.reading import find_bad_images, load_checked_image
 from seg_datamodule.io.coco.tables import TABLE_KEYS, category_presence, crowd_mask, image_polygons, tables_equal
@@ -56,7 +57,9 @@ class CocoIndex:
         dropped_counts (dict[str, int]): what the options left out, not counted as skips:
             ``"crowd_dropped"`` (crowd annotations, by ``drop_crowd`` or with an image dropped
             by ``drop_empty``) and ``"image_empty_dropped"`` (images, by ``drop_empty``). Merged
-            with :attr:`skip_counts` it accounts for every JSON entry not delivered.
+            with :attr:`skip_counts` it accounts for every JSON entry not delivered. With
+            ``crowd_as_instances`` it also counts, under ``"crowd_as_instances"``, the crowd
+            regions delivered as target instances instead (among :attr:`num_instances`).
     """
 
     def __init__(
@@ -111,6 +114,10 @@ class CocoIndex:
                 JSON; bad images raise, or in skip mode are left out and counted.
             cache_dir: folder of the cache (see the module docstring); None: :func:`default_cache_dir`.
             use_cache: read and write the cache at all.
+            crowd_as_instances: turn crowd regions into target instances (exact polygons of
+                their RLE), counted under ``"crowd_as_instances"`` in :attr:`dropped_counts`.
+                Without it, a file whose annotations are mostly crowd regions (CVAT's COCO
+                export marks every mask a crowd) is named in a ``CrowdShareWarning``, once.
 
         Returns:
             the index.
@@ -146,6 +153,8 @@ class CocoIndex:
         if index._skip_counts:
             example = next(iter(index._skip_examples.values()), [""])[0]
             _log.warning("%s: %s; e.g. %s", ann_path, format_skip_summary(index._skip_counts), example)
+        # 3. A file of crowd regions only (CVAT's export) trains on nothing: say so, once.
+        warn_crowd_trap(str(ann_path), index.num_instances, index.num_crowd + index.dropped_counts["crowd_dropped"])
         return index
 
     # -- sizes and metadata ------------------------------------------------------------------
