@@ -10,8 +10,8 @@ from pathlib import Path
 import cv2
 import pytest
 
-from conftest import COCO_CC_BY
-
+# What the coco_mini fixture of tests/conftest.py falls back to (not imported: several conftest modules).
+COCO_CC_BY = Path(__file__).resolve().parent / "fixtures" / "coco-cc-by"
 README = (COCO_CC_BY / "README.md").read_text()
 ROW = re.compile(r"^\| (?P<file>(train|val)2017/\d+\.jpg) \| (?P<id>\d+) \| (?P<w>\d+)x(?P<h>\d+) \| .+? \| "
                  r"(?P<flickr>http\S+) \| (?P<coco>http\S+) \| CC BY 2\.0 \(id 4\) \|$", re.M)
