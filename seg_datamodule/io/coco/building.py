@@ -139,7 +139,8 @@ def apply_options(loaded: Loaded, options: IndexOptions, image_errors: Sequence[
         loaded = _without_bad_images(loaded, image_errors, options.on_bad_sample)
     if options.crowd_as_instances:
         tables, converted = crowd_to_instances(loaded.tables)
-        loaded = loaded._replace(tables=tables, dropped_counts={**loaded.dropped_counts, "crowd_as_instances": converted})
+        dropped = {**loaded.dropped_counts, "crowd_as_instances": converted}
+        loaded = loaded._replace(tables=tables, dropped_counts=dropped)
     if options.drop_crowd:
         dropped = dict(loaded.dropped_counts)
         dropped["crowd_dropped"] += len(loaded.tables["crowd_labels"])
