@@ -57,9 +57,8 @@ class CocoIndex:
         dropped_counts (dict[str, int]): what the options left out, not counted as skips:
             ``"crowd_dropped"`` (crowd annotations, by ``drop_crowd`` or with an image dropped
             by ``drop_empty``) and ``"image_empty_dropped"`` (images, by ``drop_empty``). Merged
-            with :attr:`skip_counts` it accounts for every JSON entry not delivered. With
-            ``crowd_as_instances`` it also counts, under ``"crowd_as_instances"``, the crowd
-            regions delivered as target instances instead (among :attr:`num_instances`).
+            with :attr:`skip_counts` it accounts for every JSON entry not delivered; and
+            ``"crowd_as_instances"``: crowd regions delivered as targets (``crowd_as_instances``).
     """
 
     def __init__(
@@ -114,10 +113,8 @@ class CocoIndex:
                 JSON; bad images raise, or in skip mode are left out and counted.
             cache_dir: folder of the cache (see the module docstring); None: :func:`default_cache_dir`.
             use_cache: read and write the cache at all.
-            crowd_as_instances: turn crowd regions into target instances (exact polygons of
-                their RLE), counted under ``"crowd_as_instances"`` in :attr:`dropped_counts`.
-                Without it, a file whose annotations are mostly crowd regions (CVAT's COCO
-                export marks every mask a crowd) is named in a ``CrowdShareWarning``, once.
+            crowd_as_instances: crowd regions as target instances (see :mod:`~seg_datamodule.io.coco.crowd`;
+                without it, a file of mostly crowd regions is named in a ``CrowdShareWarning``).
 
         Returns:
             the index.
