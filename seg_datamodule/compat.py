@@ -17,6 +17,10 @@ less detail) instead of silently misbehaving:
 * LitData's loader counters -- consumed-batch checkpoints (``io/stream/loader.py``). Those decide
   which samples a resumed run sees, so an unverified LitData is an error, not a warning
   (:func:`require_version`), and the ``stream`` extra pins the one release.
+
+One more check is about licences, not names: AlbumentationsX (AGPL-3.0) installs under the import
+name of albumentations (MIT), so :func:`warn_if_albumentationsx` (called where
+``transforms/albu.py`` imports it) warns once when that is what ``import albumentations`` gives.
 """
 
 from __future__ import annotations
@@ -27,18 +31,30 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 __all__ = [
+    "MIT_ALBUMENTATIONS",
     "REACHES",
+    "LicenceWarning",
     "PrivateReach",
     "UnverifiedPrivateAPIWarning",
     "installed_version",
     "require_version",
     "verified_note",
+    "warn_if_albumentationsx",
     "warn_unverified",
 ]
 
 
 class UnverifiedPrivateAPIWarning(UserWarning):
     """A private name this package relies on is missing or behaves otherwise in this release."""
+
+
+class LicenceWarning(UserWarning):
+    """A dependency installed here is under a licence other than the one this package expects."""
+
+
+#: The MIT releases of albumentations (PyPI's ``albumentations``: 2.0.8 is its last release;
+#: AlbumentationsX, PyPI's ``albumentationsx``, continues the numbering from 2.0.9 under AGPL-3.0).
+MIT_ALBUMENTATIONS = "albumentations>=2.0.0,<=2.0.8"
 
 
 @dataclass(frozen=True)
@@ -160,3 +176,30 @@ def require_version(key: str, extra: str) -> None:
             f"{reach.package} {version} is installed: pip install 'seg-datamodule[{extra}]' installs "
             f"{reach.package}=={high}"
         )
+
+
+def warn_if_albumentationsx() -> bool:
+    """Warn, once per process, when ``albumentations`` is AlbumentationsX; whether this call warned.
+
+    AlbumentationsX (PyPI's ``albumentationsx``, AGPL-3.0 or a commercial licence) installs the
+    same ``albumentations`` package folder as the MIT-licensed albumentations this package is
+    tested with, so nothing at import tells them apart but the installed distribution. The
+    warning names its release and licence (from its metadata) and how to get the MIT release
+    back (:data:`MIT_ALBUMENTATIONS`).
+    """
+    try:
+        meta = importlib.metadata.metadata("albumentationsx")
+    except importlib.metadata.PackageNotFoundError:
+        return False
+    if "albumentationsx" in _warned:
+        return False
+    _warned.add("albumentationsx")
+    licence = meta.get("License-Expression") or next(
+        (line.strip() for line in (meta.get("License") or "").splitlines() if line.strip()), "AGPL-3.0")
+    warnings.warn(
+        f"albumentations here is AlbumentationsX {meta.get('Version', '(unknown release)')} (the albumentationsx "
+        f"distribution, licence: {licence}), not the MIT-licensed albumentations seg-datamodule (Apache-2.0) is "
+        "tested with; its AGPL terms may reach what you distribute or serve with it. For the MIT release: "
+        f"pip uninstall -y albumentationsx && pip install --force-reinstall '{MIT_ALBUMENTATIONS}'",
+        LicenceWarning, stacklevel=2)
+    return True

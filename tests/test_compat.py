@@ -77,3 +77,49 @@ def test_lowest_pins_are_the_lower_bounds_and_the_verified_floor() -> None:
     for key, reach in compat.REACHES.items():
         if reach.package in pins:
             assert reach.verified[0] == pins[reach.package], key
+
+
+_IMPORT_TWICE = """
+import importlib, warnings
+warnings.simplefilter("always")
+import seg_datamodule
+from seg_datamodule import compat
+from seg_datamodule.transforms import albu
+importlib.reload(albu)  # a second import-time check: still one warning
+print("warned again:", compat.warn_if_albumentationsx())
+"""
+
+
+@pytest.mark.parametrize("installed", [None, "2.0.9", "2.5.1"])
+def test_albumentationsx_is_named_once_at_import_with_its_licence_and_the_mit_pin(tmp_path: Path,
+                                                                                 installed: str | None) -> None:
+    """AlbumentationsX shares albumentations' import name: its distribution's metadata (as its
+    2.0.9 and 2.5.1 wheels write it) is what tells them apart."""
+    import os
+    import subprocess
+    import sys
+
+    if installed is not None:
+        meta = tmp_path / f"albumentationsx-{installed}.dist-info"
+        meta.mkdir()
+        licence = ("License: GNU AFFERO GENERAL PUBLIC LICENSE\n        Version 3, 19 November 2007\n"
+                   if installed == "2.0.9" else "License-Expression: AGPL-3.0-only\n")
+        (meta / "METADATA").write_text(f"Metadata-Version: 2.4\nName: albumentationsx\nVersion: {installed}\n{licence}")
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(tmp_path), str(ROOT)]))
+    proc = subprocess.run([sys.executable, "-c", _IMPORT_TWICE], env=env, capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    warned = [line for line in proc.stderr.splitlines() if "LicenceWarning" in line]
+    assert "warned again: False" in proc.stdout
+    if installed is None:
+        assert warned == [], proc.stderr[-3000:]
+        return
+    assert len(warned) == 1, proc.stderr[-3000:]
+    licence = "GNU AFFERO GENERAL PUBLIC LICENSE" if installed == "2.0.9" else "AGPL-3.0-only"
+    assert f"AlbumentationsX {installed}" in warned[0] and f"licence: {licence}" in warned[0]
+    assert "pip uninstall -y albumentationsx && pip install --force-reinstall 'albumentations>=2.0.0,<=2.0.8'" in warned[0]
+
+
+def test_the_mit_pin_is_within_what_pyproject_admits() -> None:
+    """The pin the warning gives installs a release pyproject.toml accepts (and the verified newest)."""
+    floor = re.search(r'"albumentations>=([\d.]+)"', (ROOT / "pyproject.toml").read_text())[1]
+    assert compat.MIT_ALBUMENTATIONS == f"albumentations>={floor},<={compat.REACHES['albumentations_seeding'].verified[1]}"

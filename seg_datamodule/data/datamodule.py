@@ -126,6 +126,10 @@ class COCOSegDataModule(DataSources, LoaderHooks, CountsHooks, LightningDataModu
         on_bad_sample: ``"raise"`` (default) fails with a message naming the file and ids;
             ``"skip"`` leaves bad annotations or images out and counts them by reason.
         drop_crowd: leave crowd regions out (otherwise they become ``ignore_masks``).
+        crowd_as_instances: train on crowd (``iscrowd=1``) regions as instances, converted to exact
+            polygons like non-crowd RLE and counted (``skip_counts``: ``crowd_as_instances``), for
+            exports that mark every mask a crowd (CVAT's COCO export). Without it, setup warns
+            (once per file) when most of a file's annotations are crowd regions.
         drop_empty: leave out images without target instances (kept as negatives by default).
         verify_images: decode every image at setup and check its size.
         cache_dir: where the annotation index cache lives (default: the user cache dir).
@@ -224,6 +228,7 @@ class COCOSegDataModule(DataSources, LoaderHooks, CountsHooks, LightningDataModu
         hsv_on_device: bool = False,
         on_bad_sample: Literal["raise", "skip"] = "raise",
         drop_crowd: bool = False,
+        crowd_as_instances: bool = False,
         drop_empty: bool = False,
         verify_images: bool = False,
         cache_dir: str | None = None,
@@ -278,7 +283,8 @@ class COCOSegDataModule(DataSources, LoaderHooks, CountsHooks, LightningDataModu
         self.dataset, self.train_split, self.val_split, self.test_split = dataset, train_split, val_split, test_split
         self.train_stream, self.demo_dir, self.cache_images = train_stream, demo_dir, cache_images
         # The flat keys as one typed object per layer, built once here.
-        self.index_options = IndexOptions(on_bad_sample, drop_crowd, drop_empty, verify_images, cache_dir, use_cache)
+        self.index_options = IndexOptions(on_bad_sample, drop_crowd, drop_empty, verify_images, cache_dir, use_cache,
+                                          crowd_as_instances=crowd_as_instances)
         self.loader_options = LoaderOptions(batch_size, batch_size if val_batch_size is None else val_batch_size,
                                             num_workers, mask_stride, pin_memory, persistent_workers, prefetch_factor)
         check_choice("recipe", recipe, ("mosaic", "lsj"))

@@ -26,6 +26,7 @@ from pycocotools.coco import COCO
 from pycocotools.cocoeval import COCOeval
 
 from seg_datamodule.evaluation.predictions import CocoDetections
+from seg_datamodule.evaluation.safe_rle import make_ground_truth_evaluable
 
 __all__ = [
     "BACKENDS",
@@ -92,17 +93,22 @@ def backend_classes(backend: str) -> tuple[type, type]:
 
 
 def load_coco(ann_file: str | os.PathLike[str], backend: Backend = "auto") -> COCO:
-    """The annotation file as the backend's ``COCO`` (its progress prints silenced).
+    """The annotation file as the backend's ``COCO`` (its progress prints silenced), its masks on
+    images of 2^24 pixels or more made safe for pycocotools' encoder
+    (:func:`~seg_datamodule.evaluation.safe_rle.make_ground_truth_evaluable`).
 
     Raises:
         FileNotFoundError: ``ann_file`` does not exist.
         ModuleNotFoundError: ``faster_coco_eval`` asked for but not installed.
+        MaskTooLargeError: a mask on such an image that pycocotools cannot hold.
     """
     coco_class, _ = backend_classes(backend)
     if not os.path.isfile(ann_file):
         raise FileNotFoundError(f"ann_file {str(ann_file)!r} does not exist")
     with contextlib.redirect_stdout(io.StringIO()):
-        return coco_class(os.fspath(ann_file))
+        coco = coco_class(os.fspath(ann_file))
+    make_ground_truth_evaluable(coco.dataset.get("images", []), coco.dataset.get("annotations", []), str(ann_file))
+    return coco
 
 
 def image_sizes(coco: COCO) -> dict[int, tuple[int, int]]:

@@ -32,6 +32,7 @@ from pycocotools import mask as mask_utils
 from seg_datamodule.errors import UserInputError
 from seg_datamodule.evaluation.coco_eval import checked_request
 from seg_datamodule.evaluation.predictions import CocoDetections
+from seg_datamodule.evaluation.safe_rle import evaluable_segmentation
 
 __all__ = ["LVIS_STAT_NAMES", "LVISFileError", "LVISGroundTruth", "evaluate_lvis", "is_lvis_dataset", "load_lvis"]
 
@@ -127,6 +128,8 @@ def load_lvis(ann_file: str | os.PathLike[str]) -> LVISGroundTruth:
             ) from None
         if key[0] not in sizes or key[1] not in frequency:
             raise ValueError(f"{ann_file}: annotation {entry['id']} names an unknown image or category")
+        entry["segmentation"] = evaluable_segmentation(
+            entry["segmentation"], *sizes[key[0]], f"{ann_file}: annotation id {entry['id']} of image id {key[0]}")
         anns.setdefault(key, []).append(entry)
     return LVISGroundTruth(ann_file, sizes, sorted(frequency), frequency, neg, not_exhaustive, anns)
 

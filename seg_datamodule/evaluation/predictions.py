@@ -22,6 +22,8 @@ from pycocotools import mask as mask_utils
 from torch import Tensor
 
 from seg_datamodule.evaluation.letterbox import MaskWindow, boxes_to_original, mask_windows
+from seg_datamodule.evaluation.safe_rle import MaskTooLargeError
+from seg_datamodule.ops.rle import RLE_SAFE_PIXELS, rle_run_problem, rle_string
 
 __all__ = ["BatchLetterbox", "CocoDetections", "canvas_predictions_to_coco", "encode_windows", "mask_stride_of"]
 
@@ -100,8 +102,9 @@ def encode_windows(windows: Sequence[MaskWindow], orig_size: tuple[int, int]) ->
     """Compressed COCO RLE ``counts`` of full-size masks given by their windows.
 
     The column-major run boundaries are found inside each window only (a full-size mask is
-    never built), then ``pycocotools`` compresses them; the bytes equal
-    ``pycocotools.mask.encode`` of the full mask.
+    never built), then ``pycocotools`` compresses them (on an image of 2^24 pixels or more,
+    where its encoder can overflow, :func:`~seg_datamodule.ops.rle.rle_string` does); the bytes
+    equal ``pycocotools.mask.encode`` of the full mask.
 
     Args:
         windows: :class:`~seg_datamodule.evaluation.letterbox.MaskWindow` per mask.
@@ -109,6 +112,9 @@ def encode_windows(windows: Sequence[MaskWindow], orig_size: tuple[int, int]) ->
 
     Returns:
         list of ``bytes``, one per window.
+
+    Raises:
+        MaskTooLargeError: a mask holds a run of 2^29 pixels or more (pycocotools cannot hold it).
     """
     height, width = orig_size
     uncompressed = []
@@ -134,7 +140,16 @@ def encode_windows(windows: Sequence[MaskWindow], orig_size: tuple[int, int]) ->
         uncompressed.append({"size": [height, width], "counts": counts.tolist()})
     if not uncompressed:
         return []
-    return [rle["counts"] for rle in mask_utils.frPyObjects(uncompressed, height, width)]
+    if height * width < RLE_SAFE_PIXELS:
+        return [rle["counts"] for rle in mask_utils.frPyObjects(uncompressed, height, width)]
+    encoded = []
+    for rle in uncompressed:
+        problem = rle_run_problem(rle["counts"])
+        if problem is not None:
+            raise MaskTooLargeError(f"a predicted mask of the {height}x{width} (HxW) image holds {problem}; "
+                                    "segm evaluation cannot score it (evaluate bbox only: iou_types=('bbox',))")
+        encoded.append(rle_string(rle["counts"]))
+    return encoded
 
 
 def mask_stride_of(mask_shape: tuple[int, int], canvas_size: tuple[int, int], mask_stride: int) -> int | None:
@@ -288,7 +303,10 @@ def canvas_predictions_to_coco(
                 f"or its stride-{mask_stride} grid {grid}"
             )
         threshold = logit_threshold if logits else (0.5 if masks.dtype == torch.bool else mask_threshold)
-        encoded = encode_windows(mask_windows(masks.detach(), scale, pad, orig, stride, threshold), orig)
+        try:
+            encoded = encode_windows(mask_windows(masks.detach(), scale, pad, orig, stride, threshold), orig)
+        except MaskTooLargeError as err:
+            raise MaskTooLargeError(f"image id {image_id}: {err}") from None
         lengths.append(torch.tensor([len(c) for c in encoded], dtype=torch.int64))
         chunks.extend(encoded)
     return CocoDetections(

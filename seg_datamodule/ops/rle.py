@@ -1,22 +1,41 @@
-"""Pure COCO run-length encoding helpers: the compressed-string decoder, RLE checks, masks to rings.
+"""Pure COCO run-length encoding helpers: the compressed-string codec, RLE checks, masks to rings.
 
 pycocotools does the compressed codec itself; what is here is what it does not do safely or at
 all: decoding a ``counts`` string in Python to check it before pycocotools reads it (its decoder
-writes past its buffer when the runs do not sum to ``height * width``), checking an RLE object
-against its image, and turning a mask into exact polygon rings.
+writes past its buffer when the runs do not sum to ``height * width``), encoding run lengths into
+that string without its encoder's two overflows (below), checking an RLE object against its
+image, and turning a mask into exact polygon rings.
+
+pycocotools' string holds each number (a run, or from the fourth on its difference from the run
+two before) in 5-bit characters, and its encoder (``rleToString``) allocates 6 characters a
+number: a run of 2^29 or more takes a 7th (which its decoder also misreads), and when every
+number takes all 6 the closing NUL lands one byte past the buffer. Either corrupts the heap and
+can abort the process (``free(): invalid next size``, ``corrupted size vs. prev_size``; tested
+in ``tests/ops/test_rle.py``). Below 2^24 pixels an image's numbers take at most 5 characters,
+so pycocotools encodes its masks safely (:data:`RLE_SAFE_PIXELS`); beyond, the package encodes
+run lengths itself (:func:`rle_string`) and refuses runs of :data:`RLE_MAX_RUN` or more.
 """
 
 from __future__ import annotations
 
-from typing import Any, Mapping
+import math
+from typing import Any, Mapping, Sequence
 
 import cv2
 import numpy as np
 
-__all__ = ["RLE_MAX_PIXELS", "check_rle", "mask_to_rings", "rle_counts_from_string", "uncompressed_rle"]
+__all__ = [
+    "RLE_MAX_PIXELS", "RLE_MAX_RUN", "RLE_SAFE_PIXELS", "check_rle", "mask_to_rings", "polygon_rle_problem",
+    "rle_counts_from_string", "rle_run_problem", "rle_string", "uncompressed_rle",
+]
 
 #: pycocotools keeps sizes and runs as C ``unsigned int``: ``height * width`` must be below this.
 RLE_MAX_PIXELS = 2**32
+#: Runs pycocotools' compressed strings hold: each number in at most 6 characters of 5 bits, signed.
+RLE_MAX_RUN = 2**29
+#: Below this many pixels every number of an image's RLE string takes at most 5 of the 6
+#: characters pycocotools allocates for it, so its encoder cannot overflow on that image.
+RLE_SAFE_PIXELS = 2**24
 
 
 def uncompressed_rle(mask: np.ndarray) -> dict[str, list[int]]:
@@ -79,6 +98,84 @@ def rle_counts_from_string(counts: str | bytes) -> list[int]:
     return out
 
 
+def rle_string(counts: Sequence[int] | np.ndarray) -> bytes:
+    """pycocotools' compressed RLE string of run lengths (``rleToString``), without its overflows.
+
+    Byte for byte what pycocotools writes wherever it writes safely; also right where it would
+    write past its buffer (every number 6 characters long). Runs of :data:`RLE_MAX_RUN` or more are
+    encoded too, in 7 characters or more, which pycocotools' decoder misreads: check them first
+    (:func:`rle_run_problem`).
+
+    Args:
+        counts (sequence of int | ndarray[M] int): run lengths, starting with a run of zeros.
+
+    Returns:
+        the ``counts`` string as bytes (ASCII 48-111).
+    """
+    runs = np.asarray(counts, np.int64).reshape(-1)
+    numbers = runs.copy()
+    numbers[3:] -= runs[1:-2]  # from the fourth on, the difference from the run two before
+    # Characters per number: 5 bits each, two's complement, so the top bit of the last is the sign.
+    limits = np.int64(1) << (5 * np.arange(1, 13, dtype=np.int64) - 1)
+    length = 1 + ((numbers[:, None] >= limits) | (numbers[:, None] < -limits)).sum(axis=1)
+    places = np.arange(int(length.max()) if length.size else 1, dtype=np.int64)
+    digits = (numbers[:, None] >> (5 * places)) & 0x1F  # arithmetic shift: negatives stay negative
+    digits |= (places < (length - 1)[:, None]) << 5  # "more follows" on all but a number's last
+    return (digits[places < length[:, None]] + 48).astype(np.uint8).tobytes()
+
+
+def rle_run_problem(counts: Sequence[int] | np.ndarray) -> str | None:
+    """What makes run lengths impossible for pycocotools to hold as a string, or None.
+
+    Args:
+        counts (sequence of int | ndarray[M] int): run lengths.
+
+    Returns:
+        ``"a run of N pixels (pycocotools' RLE strings hold runs below 2^29)"``, or None.
+    """
+    runs = np.asarray(counts, np.int64).reshape(-1)
+    longest = int(runs.max()) if runs.size else 0
+    if longest >= RLE_MAX_RUN:
+        return f"a run of {longest} pixels (pycocotools' RLE strings hold runs below 2^29)"
+    return None
+
+
+def polygon_rle_problem(rings: Sequence[np.ndarray], height: int, width: int) -> str | None:
+    """Why pycocotools' own encoding of a polygon's mask (``frPyObjects`` on polygons, ``merge``)
+    might write past its buffer on an image of ``height`` x ``width``, or None when it cannot.
+
+    Its run lengths are not known before pycocotools computes them, so this bounds them:
+    below :data:`RLE_SAFE_PIXELS` pixels nothing can overflow. On a larger image a run is at most
+    ``height`` times the columns it spans (the columns left of the polygon's box, right of it, or
+    within it), which must stay below :data:`RLE_MAX_RUN`; and every number takes all 6
+    characters only when the first run of mask pixels is 2^24 or longer, which needs a mask
+    that crosses from the bottom of one column to the top of the next, so a box that leaves the
+    top or bottom row free (on an image under 2^24 rows) is safe. (An empty mask, one number,
+    puts its NUL one byte into malloc's minimum chunk, past the 6 bytes asked for: harmless.)
+
+    Args:
+        rings: the polygon's rings, each ndarray[K, 2] of x, y (pixels).
+        height: the image's height.
+        width: the image's width.
+
+    Returns:
+        a phrase saying what is too large, or None.
+    """
+    if height * width < RLE_SAFE_PIXELS:
+        return None
+    xy = np.concatenate([np.asarray(r, np.float64).reshape(-1, 2) for r in rings])
+    left = max(0, math.floor(float(xy[:, 0].min())))
+    right = min(width, math.ceil(float(xy[:, 0].max())) + 1)
+    columns = max(left + 1, width - right + 1, right - left + 2)
+    if height * columns >= RLE_MAX_RUN:
+        return (f"on this {height}x{width} (HxW) image its mask may hold a run of 2^29 pixels or more, "
+                "which pycocotools' RLE strings cannot hold")
+    if height >= RLE_SAFE_PIXELS or (xy[:, 1].min() < 1 and xy[:, 1].max() > height - 1):
+        return (f"it spans the full height of this {height}x{width} (HxW) image of 2^24 pixels or more, where "
+                "pycocotools' RLE encoder may write past its buffer")
+    return None
+
+
 def check_rle(seg: Mapping[str, Any], height: int, width: int) -> tuple[str, str] | None:
     """Check a COCO RLE object against its image before pycocotools reads it.
 
@@ -90,7 +187,8 @@ def check_rle(seg: Mapping[str, Any], height: int, width: int) -> tuple[str, str
     Returns:
         None when valid, else ``(reason, detail)`` with reason ``"rle_invalid"`` (size not two
         ints, sizes pycocotools cannot hold, counts not non-negative ints summing to
-        ``height * width``, a bad string) or ``"rle_size_mismatch"``.
+        ``height * width``, a bad string, a run of :data:`RLE_MAX_RUN` or more) or
+        ``"rle_size_mismatch"``.
     """
     size, counts = seg.get("size"), seg.get("counts")
     if not (isinstance(size, list) and len(size) == 2 and all(type(s) is int for s in size)):
@@ -109,7 +207,8 @@ def check_rle(seg: Mapping[str, Any], height: int, width: int) -> tuple[str, str
             return "rle_invalid", "RLE counts must be a list of non-negative integers"
         if sum(counts) != total:
             return "rle_invalid", f"RLE counts sum to {sum(counts)}, height * width is {total}"
-        return None
+        problem = rle_run_problem(counts)
+        return None if problem is None else ("rle_invalid", f"RLE counts hold {problem}")
     if isinstance(counts, (str, bytes)):
         try:
             runs_list = rle_counts_from_string(counts)
@@ -119,7 +218,8 @@ def check_rle(seg: Mapping[str, Any], height: int, width: int) -> tuple[str, str
             return "rle_invalid", (
                 f"compressed RLE runs sum to {sum(runs_list)} (or are negative), height * width is {total}"
             )
-        return None
+        problem = rle_run_problem(runs_list)
+        return None if problem is None else ("rle_invalid", f"compressed RLE holds {problem}")
     return "rle_invalid", f"RLE counts must be a list or a string, got {type(counts).__name__}"
 
 

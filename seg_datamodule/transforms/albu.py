@@ -14,10 +14,12 @@ import albumentations as A
 import cv2
 import numpy as np
 
-from seg_datamodule.compat import warn_unverified
+from seg_datamodule.compat import warn_if_albumentationsx, warn_unverified
 from seg_datamodule.ops.checks import check_number
 
 __all__ = ["AlbumentationsTransform", "RandomHSV", "hsv_jitter", "load_transforms", "seeding_problem"]
+
+warn_if_albumentationsx()  # same import name, AGPL-3.0: say so once
 
 
 def hsv_jitter(image: np.ndarray, gains: np.ndarray) -> np.ndarray:

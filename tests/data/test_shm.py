@@ -1,7 +1,10 @@
 """Reused shared-memory slots: batches stay exact, a kept batch is never overwritten, and
-receiving and dropping batches does not map or unmap segments per batch in the main process."""
+receiving and dropping batches does not map or unmap segments per batch in the main process; the
+/dev/shm budget holds the real batches of crowded images."""
 
 from __future__ import annotations
+
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -178,3 +181,52 @@ def test_a_small_dev_shm_fails_at_once_with_the_fixes_or_fits(size, expect, demo
         assert "unable to allocate shared memory" not in out  # refused before any worker started
     else:
         assert proc.returncode == 0
+
+
+# ------------------------------------------------------------------ the estimate against real batches
+
+
+@pytest.fixture(scope="module")
+def lvis_images(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path]:
+    """LVIS's 100-image file (real annotations: 9.8 instances per image, the most crowded 100) in v1
+    form, with generated images of its sizes."""
+    from _lvis import load_json, write_images, write_v1
+
+    root = tmp_path_factory.mktemp("lvis")
+    ann = write_v1(root / "lvis_v1_val_100.json")
+    write_images(load_json(ann), root / "coco", from_url=True)
+    return ann, root / "coco"
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("partners", ["batch", "uniform"])
+@pytest.mark.parametrize("workers", [0, 1, 2])
+def test_the_estimate_holds_real_mosaic_batches_of_crowded_images(
+    lvis_images: tuple[Path, Path], tmp_path: Path, workers: int, partners: str
+) -> None:
+    """Every mosaic batch of an epoch fits the budget the loader checks /dev/shm with: its bytes (the
+    collate's allocation for its targets) within the estimate, and with workers the shared segment
+    it arrived in within a reused slot's size (1/8 above the estimate). Budgets of one tile an image
+    or of four average tiles (the estimate before) would not hold these batches."""
+    from seg_datamodule import COCOSegDataModule
+    from seg_datamodule.data.collate import batch_bytes
+    from seg_datamodule.data.loaders import LoaderPlan, batch_estimate
+
+    ann, images = lvis_images
+    size, batch_size = (256, 256), 2  # small batches: a crowded image weighs most
+    dm = COCOSegDataModule(train_ann=str(ann), train_images=str(images), image_size=size[0], batch_size=batch_size,
+                           num_workers=workers, mosaic_partners=partners, cache_dir=str(tmp_path / "cache"), seed=0)
+    dm.setup("fit")
+    estimate = batch_estimate(LoaderPlan(dm.loader_options, dm.train_dataset, batch_size, 1, "train"), size)
+    targets, needed, segments = [], [], []
+    for batch in dm.train_dataloader():
+        n, total = len(batch.image_ids), int(batch.boxes_per_image.sum())
+        targets.append(total)
+        needed.append(batch_bytes(n, size, total / n, 4))
+        segments.append(batch.images.untyped_storage().nbytes())
+    assert len(targets) == 50 and max(needed) <= estimate, (max(targets), estimate)
+    if workers:  # the batches crossed in shared memory: each in a segment of at most a slot's size
+        assert batch.images.is_shared() and max(segments) <= estimate + estimate // 8
+    # The estimate before: four average tiles a sample (143 targets against 78 with batch partners,
+    # 113 with uniform ones); one tile an image is less still.
+    assert max(targets) > 4 * batch_size * dm.train_dataset.index.instance_counts.mean()

@@ -92,7 +92,7 @@ def test_to_torchvision_masks_at_stride_1_equal_the_full_grid_reference(coco_min
         image_size=160, mask_stride=1, num_workers=0, use_cache=False,
     )
     dm.setup("validate")
-    samples = [dm.val_dataset[i] for i in range(6)]
+    samples = [dm.val_dataset[i] for i in range(min(6, len(dm.val_dataset)))]
     batch = collate_detection(samples, mask_stride=1)
     _, targets = to_torchvision(batch)
     checked = 0

@@ -37,6 +37,7 @@ from seg_datamodule.io.stream import (  # noqa: E402
 )
 from seg_datamodule.io.stream.cli import convert_main  # noqa: E402
 from seg_datamodule.io.stream.endpoint import MissingChunkError, endpoint_of, s3_storage_options  # noqa: E402
+from seg_datamodule.io.stream.loader import StreamRecords  # noqa: E402
 
 # LitData's optimize upload leaves an asyncio loop unclosed (its own, a ResourceWarning at collection).
 pytestmark = [pytest.mark.filterwarnings("ignore:.*max_cache_size.*"),
@@ -206,6 +207,48 @@ def test_a_server_restart_mid_epoch_is_survived_with_every_image_once(
 
 
 HERE = Path(__file__).resolve().parent
+
+# Another DDP rank on the node: it builds the same source's records in the same chunk cache, and
+# LitData's copy of index.json into that cache takes argv[3] seconds (a boto3 client built on a
+# busy machine). It prints "downloading" while it holds LitData's lock on that file; the test's
+# own process reaches that lock well within those seconds (0.6 s here; LitData waits 1 s).
+_SLOW_RANK = """
+import sys, time
+from litdata.streaming import downloader
+publish = downloader.S3Downloader._publish_file
+def slow(self, tmp, local):
+    if local.startswith(sys.argv[2]) and local.endswith("index.json"):
+        print("downloading", flush=True)
+        time.sleep(float(sys.argv[3]))
+    publish(self, tmp, local)
+downloader.S3Downloader._publish_file = slow
+from seg_datamodule.io.stream.loader import StreamRecords
+print("records", len(StreamRecords(sys.argv[1], cache_dir=sys.argv[2])), flush=True)
+"""
+
+
+def test_ranks_sharing_a_chunk_cache_wait_for_the_index_another_rank_downloads(
+    s3: LoopbackS3, demo_chunks: tuple[Path, dict], tmp_path: Path
+) -> None:
+    """The cause of the DDP resume flake: LitData 0.2.76 waits 1 s for another process's download
+    of index.json into a shared cache, then goes on without the file ("doesn't contain any
+    index.json"). Each rank now waits its turn; both end up in one cache folder (what a
+    checkpoint's LitData state names, so a resume finds it on every rank)."""
+    url = s3.upload(demo_chunks[0], "shared-cache")
+    cache = tmp_path / "cache"
+    env = dict(os.environ, PYTHONPATH=str(HERE.parents[1]))
+    other = subprocess.Popen([sys.executable, "-c", _SLOW_RANK, url, str(cache), "8"], env=env,
+                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        assert other.stdout.readline().strip() == "downloading", other.stderr.read()[-3000:]
+        records = StreamRecords(url, cache_dir=str(cache))  # meanwhile, this rank
+        assert len(records) == demo_chunks[1]["num_records"]
+        out, err = other.communicate(timeout=120)
+    finally:
+        other.kill()
+    assert other.returncode == 0 and f"records {len(records)}" in out, err[-3000:]
+    versions = [d for d in cache.iterdir() if d.is_dir()]
+    assert len(versions) == 1 and len(list(versions[0].iterdir())) == 1, list(cache.rglob("*"))
 
 
 def _run(out: Path, stream: str, *args: str) -> subprocess.CompletedProcess:

@@ -365,7 +365,8 @@ def test_stride_one_matches_pycocotools_on_coco_mini(coco_mini):
         if exact_checked < 40:  # and bit-exact against the reference on real rings, stride 4
             _assert_exact([rings], (h, w), 4)
             exact_checked += 1
-    assert len(ious) > 500
+    # Every non-crowd polygon of the file (619 in coco-mini val, 66 in the shipped ten images).
+    assert len(ious) == sum(not a["iscrowd"] and isinstance(a["segmentation"], list) for a in data["annotations"]) > 50
     assert np.mean(ious) >= 0.95, f"mean IoU {np.mean(ious):.4f}"
 
 

@@ -1,4 +1,4 @@
-"""RLE helpers: the compressed-string decoder against pycocotools, masks to exact rings."""
+"""RLE helpers: the compressed-string codec against pycocotools, its overflows kept out, masks to exact rings."""
 
 from __future__ import annotations
 
@@ -9,7 +9,16 @@ from hypothesis import strategies as st
 from pycocotools import mask as mask_utils
 
 from _reference import reference_rasterize
-from seg_datamodule.ops.rle import check_rle, mask_to_rings, rle_counts_from_string, uncompressed_rle
+from seg_datamodule.ops.rle import (
+    RLE_MAX_RUN,
+    check_rle,
+    mask_to_rings,
+    polygon_rle_problem,
+    rle_counts_from_string,
+    rle_run_problem,
+    rle_string,
+    uncompressed_rle,
+)
 
 
 @settings(max_examples=60, deadline=None)
@@ -91,3 +100,106 @@ def test_check_rle_accepts_what_pycocotools_writes_and_refuses_the_rest() -> Non
     assert check_rle({"size": [6, 7], "counts": encoded}, 6, 8)[0] == "rle_size_mismatch"
     for counts in ([41, 2], [-1, 43], [True, 41], [1.0, 41], "~~", 42):
         assert check_rle({"size": [6, 7], "counts": counts}, 6, 7)[0] == "rle_invalid", counts
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.lists(_RUN, min_size=0, max_size=24).filter(
+    lambda runs: 0 < sum(runs) < 2**32 and _pycocotools_string_length(runs) <= 6 * len(runs)))
+def test_rle_string_is_pycocotools_encoder_where_that_writes_safely(runs: list[int]) -> None:
+    total = sum(runs)
+    assert rle_string(runs) == mask_utils.frPyObjects({"size": [1, total], "counts": runs}, 1, total)["counts"]
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.lists(st.one_of(_RUN, st.integers(2**31, 2**45)), min_size=0, max_size=24))
+def test_rle_string_round_trips_any_runs(runs: list[int]) -> None:
+    """Also where pycocotools' encoder would overflow (a long run, or every number 6 characters)."""
+    assert rle_counts_from_string(rle_string(runs)) == runs
+    assert rle_string(np.asarray(runs, np.int64)) == rle_string(runs)
+
+
+# Four runs whose numbers all take 6 characters: pycocotools' encoder puts its NUL one byte past a
+# 24-byte buffer, which malloc gives no slack, and glibc aborts ("corrupted size vs. prev_size").
+_FULL_BUFFER = [2**24, 2**24, 2**24, 2**25]  # a 4096 x 20480 image
+
+
+def test_where_pycocotools_would_overflow_its_decoder_reads_rle_string_back() -> None:
+    """In a subprocess: were anything here to reach pycocotools' encoder, the abort fails this test only."""
+    script = f"""
+from pycocotools import mask as mask_utils
+from seg_datamodule.ops.rle import rle_string
+runs = {_FULL_BUFFER}
+rle = {{"size": [4096, 20480], "counts": rle_string(runs)}}
+print(len(rle["counts"]), int(mask_utils.area(rle)), mask_utils.toBbox(rle).tolist())
+"""
+    out = _python(script)
+    assert out.split()[:2] == ["24", str(2**24 + 2**25)]  # 6 characters a number, read back exactly
+    assert _pycocotools_string_length(_FULL_BUFFER) == 25 > 6 * len(_FULL_BUFFER)
+
+
+def test_runs_pycocotools_cannot_hold_are_refused() -> None:
+    assert rle_run_problem(_FULL_BUFFER) is None and rle_run_problem([]) is None
+    assert "a run of 536870912 pixels" in rle_run_problem([0, RLE_MAX_RUN])
+    size = [2**15, 2**15]  # 2^30 pixels: the largest image the index reads
+    long_runs = [2**29 - 5, 2**29, 5]
+    for counts in (long_runs, rle_string(long_runs).decode("ascii")):
+        reason, detail = check_rle({"size": size, "counts": counts}, *size)
+        assert reason == "rle_invalid" and "run of 536870912 pixels" in detail, detail
+    assert check_rle({"size": size, "counts": [2**29 - 1, 2**29 - 1, 2]}, *size) is None
+    assert check_rle({"size": [4096, 20480], "counts": _FULL_BUFFER}, 4096, 20480) is None  # encoded safely
+
+
+def test_polygon_rle_problem_bounds() -> None:
+    square = [np.array([[10.0, 10.0], [50.0, 10.0], [50.0, 50.0], [10.0, 50.0]])]
+    assert polygon_rle_problem(square, 4000, 4000) is None  # under 2^24 pixels: always safe
+    assert polygon_rle_problem(square, 4096, 8192) is None  # not the full height: runs within columns
+    tall = [np.array([[10.0, -1.0], [50.0, -1.0], [50.0, 4097.0], [10.0, 4097.0]])]
+    assert "spans the full height" in polygon_rle_problem(tall, 4096, 8192)
+    assert "run of 2^29 pixels or more" in polygon_rle_problem(square, 2**15, 2**15)  # the runs after it
+
+
+_SAFE_POLYGONS = """
+import numpy as np
+from pycocotools import mask as mask_utils
+from seg_datamodule.ops.rle import polygon_rle_problem, rle_counts_from_string
+rng = np.random.default_rng(0)
+height, width = 4096, 8192  # 2^25 pixels
+checked = refused = 0
+for _ in range(300):
+    n = int(rng.integers(3, 9))
+    left, top = rng.uniform(-50, width), rng.uniform(-50, height)
+    span = rng.uniform(1, [width, height], (1, 2)) * rng.choice([0.01, 0.3, 1.0])
+    ring = np.stack([left, top]) + rng.random((n, 2)) * span
+    if rng.random() < 0.3:  # some cross the top and bottom rows
+        ring[:, 1] = np.where(np.arange(n) % 2, rng.uniform(-20, 1, n), rng.uniform(height - 1, height + 20, n))
+    if polygon_rle_problem([ring], height, width) is not None:
+        refused += 1
+        continue
+    rle = mask_utils.frPyObjects([ring.ravel().tolist()], height, width)[0]
+    numbers = rle_counts_from_string(rle["counts"])
+    # An empty mask (a polygon off the image) is one number: its NUL lands in malloc's slack.
+    assert len(rle["counts"]) < 6 * len(numbers) or len(numbers) == 1, ring.tolist()
+    assert max(numbers) < 2**29, ring.tolist()
+    checked += 1
+print(checked, refused)
+"""
+
+
+def test_polygons_called_safe_are_encoded_by_pycocotools_within_its_buffer() -> None:
+    """The bound of polygon_rle_problem against pycocotools' own strings, on a 2^25-pixel image (in
+    a subprocess: a wrong bound could abort it)."""
+    checked, refused = map(int, _python(_SAFE_POLYGONS).split())
+    assert checked > 150 and refused > 10
+
+
+def _python(script: str) -> str:
+    import os
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parents[2]
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(root), os.environ.get("PYTHONPATH", "")]))
+    proc = subprocess.run([sys.executable, "-c", script], env=env, capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, f"exit {proc.returncode}: {proc.stderr[-3000:]}"
+    return proc.stdout

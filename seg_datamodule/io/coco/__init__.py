@@ -2,8 +2,9 @@
 
 ``parse`` reads and checks the JSON, ``scan`` checks its annotations chunk by chunk,
 ``instances`` turns annotation chunks into arrays, ``tables`` assembles, selects on and checks
-them, ``cache`` stores them, ``building`` loads them and applies build's options, ``reading``
-opens the images, ``errors`` says what can be wrong, ``index`` is the :class:`CocoIndex` users see.
+them, ``cache`` stores them, ``building`` loads them and applies build's options (``crowd`` turns
+crowd regions into instances), ``reading`` opens the images, ``errors`` says what can be wrong,
+``index`` is the :class:`CocoIndex` users see.
 """
 
 from seg_datamodule.io.coco.building import IndexOptions

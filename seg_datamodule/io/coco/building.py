@@ -1,8 +1,8 @@
 """The steps of :meth:`~seg_datamodule.io.coco.index.CocoIndex.build`: options checked, tables loaded, options applied.
 
-The tables come from the cache or from the JSON (:func:`load_tables`). ``drop_crowd``,
-``drop_empty`` and ``verify_images`` are applied after loading (:func:`apply_options`), so they
-share one cache; ``on_bad_sample`` too (the cache records what was skipped, and ``"raise"``
+The tables come from the cache or from the JSON (:func:`load_tables`). ``crowd_as_instances``,
+``drop_crowd``, ``drop_empty`` and ``verify_images`` are applied after loading (:func:`apply_options`),
+so they share one cache; ``on_bad_sample`` too (the cache records what was skipped, and ``"raise"``
 raises the first recorded problem). Each option is a pure step from one :class:`Loaded` to a new
 one, counting what it leaves out.
 """
@@ -18,6 +18,7 @@ from typing import Any, Literal, Mapping, NamedTuple, Sequence
 import numpy as np
 
 from seg_datamodule.io.coco.cache import cached_tables
+from seg_datamodule.io.coco.crowd import crowd_to_instances
 from seg_datamodule.io.coco.errors import error_from_first
 from seg_datamodule.io.coco.parse import build_tables
 from seg_datamodule.io.coco.reading import count_image_errors
@@ -42,10 +43,15 @@ class IndexOptions:
         verify_images (bool): decode every image at build time and check its size.
         cache_dir (str | PathLike | None): folder of the index cache; None: the default one.
         use_cache (bool): read and write the cache at all.
+        crowd_as_instances (bool): train on crowd (``iscrowd=1``) regions as target instances,
+            converted to exact polygons (:func:`~seg_datamodule.io.coco.crowd.crowd_to_instances`;
+            for exports that mark every mask a crowd, as CVAT's does), counted under
+            ``"crowd_as_instances"`` in ``dropped_counts``.
 
     Raises:
         TypeError, ValueError: ``on_bad_sample`` is not a str, or neither ``"raise"`` nor ``"skip"``.
         TypeError: a flag is not a bool.
+        ValueError: ``crowd_as_instances`` and ``drop_crowd`` both set.
     """
 
     on_bad_sample: Literal["raise", "skip"] = "raise"
@@ -54,11 +60,15 @@ class IndexOptions:
     verify_images: bool = False
     cache_dir: str | os.PathLike[str] | None = None
     use_cache: bool = True
+    crowd_as_instances: bool = False
 
     def __post_init__(self) -> None:
         check_choice("on_bad_sample", self.on_bad_sample, ("raise", "skip"))
-        for name in ("drop_crowd", "drop_empty", "verify_images", "use_cache"):
+        for name in ("drop_crowd", "drop_empty", "verify_images", "use_cache", "crowd_as_instances"):
             check_bool(name, getattr(self, name))
+        if self.crowd_as_instances and self.drop_crowd:
+            raise ValueError("crowd_as_instances=True trains on crowd regions and drop_crowd=True leaves them out: "
+                             "set one of them")
 
 
 def merge_options(options: IndexOptions | None, fields: Mapping[str, Any], caller: str) -> IndexOptions:
@@ -127,7 +137,8 @@ def load_tables(
 
 
 def apply_options(loaded: Loaded, options: IndexOptions, image_errors: Sequence[BadImageError | None]) -> Loaded:
-    """The tables with the options applied, in order: bad images, crowd regions, empty images.
+    """The tables with the options applied, in order: bad images, crowd regions (as instances, or
+    dropped), empty images.
 
     Args:
         loaded: the tables as loaded (not modified).
@@ -142,6 +153,10 @@ def apply_options(loaded: Loaded, options: IndexOptions, image_errors: Sequence[
     """
     if options.verify_images:
         loaded = _without_bad_images(loaded, image_errors, options.on_bad_sample)
+    if options.crowd_as_instances:
+        tables, converted = crowd_to_instances(loaded.tables)
+        dropped = {**loaded.dropped_counts, "crowd_as_instances": converted}
+        loaded = loaded._replace(tables=tables, dropped_counts=dropped)
     if options.drop_crowd:
         dropped = dict(loaded.dropped_counts)
         dropped["crowd_dropped"] += len(loaded.tables["crowd_labels"])

@@ -74,10 +74,14 @@ SKIP_REASONS: dict[str, str] = {
     "polygon_out_of_bounds": (
         "polygon with a coordinate more than 100 image widths (heights) beyond the image's edges"
     ),
-    "polygon_too_long": "crowd polygon whose outline is too long (or too far out) for pycocotools to rasterise safely",
+    "polygon_too_long": (
+        "crowd polygon whose outline is too long (or too far out) for pycocotools to rasterise safely, or whose "
+        "RLE its encoder could overflow (on an image of 2^24 pixels or more)"
+    ),
     "rle_invalid": (
         "RLE whose counts are not non-negative integers summing to height * width, or whose size "
-        "pycocotools cannot hold (height * width >= 2^32)"
+        "pycocotools cannot hold (height * width >= 2^32), or with a run of 2^29 pixels or more (its "
+        "compressed strings cannot hold one)"
     ),
     "rle_size_mismatch": "RLE size differs from the image's height and width",
     "zero_area": "polygon or RLE mask that covers no area",

@@ -27,6 +27,7 @@ import numpy as np
 
 from seg_datamodule.io.coco.building import IndexOptions, Loaded, apply_options, load_tables, merge_options
 from seg_datamodule.io.coco.cache import default_cache_dir
+from seg_datamodule.io.coco.crowd import warn_crowd_trap
 from seg_datamodule.io.coco.errors import format_skip_summary
 from seg_datamodule.io.coco.reading import find_bad_images, load_checked_image
 from seg_datamodule.io.coco.tables import TABLE_KEYS, category_presence, crowd_mask, image_polygons, tables_equal
@@ -56,7 +57,8 @@ class CocoIndex:
             ``"crowd_dropped"`` (crowd annotations, by ``drop_crowd`` or with an image dropped
             by ``drop_empty``), ``"image_empty_dropped"`` (images, by ``drop_empty``) and
             ``"box_only"`` (annotations with a box and no mask). Merged with :attr:`skip_counts`
-            it accounts for every JSON entry not delivered.
+            it accounts for every JSON entry not delivered; and ``"crowd_as_instances"``: crowd
+            regions delivered as targets (``crowd_as_instances``).
         source_counts (dict[str, int]): what the source says of images kept (Ultralytics'
             backgrounds, ``image_label_missing``: :mod:`seg_datamodule.io.yolo`); COCO: empty.
     """
@@ -115,6 +117,8 @@ class CocoIndex:
                 JSON; bad images raise, or in skip mode are left out and counted.
             cache_dir: folder of the cache (see the module docstring); None: :func:`default_cache_dir`.
             use_cache: read and write the cache at all.
+            crowd_as_instances: crowd regions as target instances (see :mod:`~seg_datamodule.io.coco.crowd`;
+                without it, a file of mostly crowd regions is named in a ``CrowdShareWarning``).
 
         Returns:
             the index.
@@ -156,6 +160,9 @@ class CocoIndex:
         if index._skip_counts:
             example = next(iter(index._skip_examples.values()), [""])[0]
             _log.warning("%s: %s; e.g. %s", index.ann_file, format_skip_summary(index._skip_counts), example)
+        # A file of crowd regions only (CVAT's export) trains on nothing: say so, once.
+        warn_crowd_trap(str(index.ann_file), index.num_instances,
+                        index.num_crowd + index.dropped_counts.get("crowd_dropped", 0))
         return index
 
     # -- sizes and metadata ------------------------------------------------------------------

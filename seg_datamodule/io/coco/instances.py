@@ -28,7 +28,7 @@ from pycocotools import mask as mask_utils
 from seg_datamodule.ops.geometry import instance_areas, select_instances, zero_area_instances
 from seg_datamodule.ops.ragged import offsets_from_lengths
 from seg_datamodule.ops.raster import rasterize_flat
-from seg_datamodule.ops.rle import check_rle, mask_to_rings
+from seg_datamodule.ops.rle import check_rle, mask_to_rings, polygon_rle_problem, rle_string
 
 __all__ = [
     "OUT_OF_BOUNDS_FACTOR", "VERTEX_SCALE", "ZERO_AREA_RTOL", "ChunkRows", "CrowdRegion", "check_bbox", "check_crowd",
@@ -126,6 +126,10 @@ def _crowd_polygon_rle(seg: list[Any], height: int, width: int) -> tuple[bytes |
     steps = 5 * float(np.abs(vertices[nxt] - vertices).max(axis=1).sum()) + len(vertices)
     if steps > _MAX_CROWD_POLYGON_STEPS or np.abs(vertices).max() * 5 >= 2**31:
         return None, ("polygon_too_long", f"crowd polygon outline is {steps / 5:.0f} px long")
+    # Its RLE is pycocotools' to encode (rings, then their union): only where that cannot overflow.
+    problem = polygon_rle_problem(rings, height, width)
+    if problem is not None:
+        return None, ("polygon_too_long", f"crowd polygon cannot be turned into RLE safely: {problem}")
     rles = mask_utils.frPyObjects([list(r) for r in seg], height, width)  # the JSON's numbers, as COCO() reads them
     return mask_utils.merge(rles, intersect=0)["counts"], None
 
@@ -150,8 +154,8 @@ def _compressed_rle(seg: dict[str, Any], height: int, width: int) -> tuple[bytes
     if problem is not None:
         return None, problem
     counts = seg["counts"]
-    if isinstance(counts, list):
-        return mask_utils.frPyObjects({"size": [height, width], "counts": counts}, height, width)["counts"], None
+    if isinstance(counts, list):  # pycocotools' frPyObjects, without its encoder's overflows
+        return rle_string(counts), None
     return (counts.encode("ascii") if isinstance(counts, str) else bytes(counts)), None
 
 

@@ -187,8 +187,12 @@ def crowd_mask(tables: Mapping[str, np.ndarray], i: int) -> np.ndarray | None:
     rles = crowd_rles(tables, i)
     if not rles:
         return None
-    merged = rles[0] if len(rles) == 1 else mask_utils.merge(rles, intersect=0)
-    return np.ascontiguousarray(mask_utils.decode(merged), dtype=bool)
+    # Each decoded and or-ed: pycocotools' merge would encode the union, which on an image of
+    # 2^24 pixels or more can overflow its encoder (see seg_datamodule.ops.rle).
+    mask = np.zeros((int(tables["heights"][i]), int(tables["widths"][i])), bool)
+    for rle in rles:
+        mask |= mask_utils.decode(rle).astype(bool)
+    return mask
 
 
 def category_presence(tables: Mapping[str, np.ndarray]) -> tuple[np.ndarray, np.ndarray]:

@@ -6,7 +6,8 @@
   (:func:`~seg_datamodule.io.stream.source.check_stream_index`) before LitData reads it, in the
   process that builds the loader and again in every worker (each opens the chunks itself), and
   every LitData serializer but the schema's three is replaced by one that refuses (so even an
-  ``index.json`` swapped after the check cannot select ``pickle``).
+  ``index.json`` swapped after the check cannot select ``pickle``). Processes that share a chunk
+  cache (DDP ranks on one node) construct it one at a time (:func:`cache_lock`).
 * :func:`check_litdata`: the LitData release whose private loader counters
   :class:`~seg_datamodule.data.streaming.StreamTrainLoader` rewrites.
 
@@ -21,20 +22,26 @@ split into whole batches per rank (counted by :func:`stream_drop_count`).
 
 from __future__ import annotations
 
+import contextlib
+import hashlib
+import os
+from pathlib import Path
 from typing import Any
 
 import numpy as np
 from litdata import StreamingDataset
 from litdata.streaming.serializers import _SERIALIZERS, Serializer
+from litdata.utilities.dataset_utilities import get_default_cache_dir
 
 from seg_datamodule.compat import require_version, verified_note
 from seg_datamodule.io.stream.endpoint import s3_storage_options
 from seg_datamodule.io.stream.records import RecordWindow
 from seg_datamodule.io.stream.schema import RECORD_SCHEMA, StreamFormatError
-from seg_datamodule.io.stream.source import check_stream_index
+from seg_datamodule.io.paths import file_lock
+from seg_datamodule.io.stream.source import check_stream_index, split_source
 
 __all__ = [
-    "RefusedSerializer", "StreamRecords", "check_litdata", "schema_serializers", "stream_drop_count",
+    "RefusedSerializer", "StreamRecords", "cache_lock", "check_litdata", "schema_serializers", "stream_drop_count",
     "window_from_meta",
 ]
 
@@ -121,12 +128,43 @@ def schema_serializers() -> dict[str, Serializer]:
     return {name: RefusedSerializer(name) for name in _SERIALIZERS if name not in used}
 
 
+def cache_lock(input_dir: str, cache_dir: Any) -> contextlib.AbstractContextManager[Any]:
+    """Held while a ``StreamingDataset`` of ``input_dir`` sets up its chunk cache: one process at a time.
+
+    LitData 0.2.76 copies ``index.json`` of a remote (or ``local:``) source into
+    ``<cache>/<hash of the URL>/<version>/`` when the dataset is constructed, under a file lock
+    it waits for only 1 s (``S3Downloader.download_file``) and whose timeout it swallows. DDP
+    ranks on one node share that folder: a rank that waited longer than 1 s for another rank's
+    download (a boto3 client is slow to build on a busy machine) went on without the file and
+    failed with "doesn't contain any index.json". Before the download, each rank also deletes
+    the folder when it holds anything but the current version (``_clear_cache_dir_if_updated``),
+    which can meet another rank's half-made folder. Holding this lock, the first rank makes the
+    folder and downloads the index; the others then find both in place. The ranks keep sharing
+    one cache folder, so a checkpoint's LitData state (which names it) restores on every rank.
+
+    The lock file sits in the cache root, beside LitData's folder (inside it LitData would
+    count it as another version). A plain folder, read in place, needs no lock.
+
+    Args:
+        input_dir: the source, as given to :class:`StreamRecords`.
+        cache_dir: LitData's ``cache_dir``: a folder, a ``litdata`` ``Dir``, or None (LitData's default).
+    """
+    _, remote = split_source(input_dir)
+    if not remote and not os.fspath(input_dir).startswith("local:"):
+        return contextlib.nullcontext()
+    folder = getattr(cache_dir, "path", cache_dir)  # a litdata Dir carries its folder as .path
+    root = Path(folder if folder is not None else get_default_cache_dir())
+    digest = hashlib.sha256(os.fspath(input_dir).encode("utf-8")).hexdigest()[:16]
+    return file_lock(root / f".seg-datamodule-{digest}.lock")
+
+
 class StreamRecords(StreamingDataset):
     """A ``StreamingDataset`` of checked records that carry ``"epoch"``: the 0-based epoch being streamed.
 
     The source's ``index.json`` is checked before LitData reads it, here and in every worker
     (:meth:`_create_cache`, where each worker opens its chunks); the serializers are
-    :func:`schema_serializers`.
+    :func:`schema_serializers`. Processes sharing a chunk cache construct it one at a time
+    (:func:`cache_lock`).
 
     Args:
         input_dir: the source (a folder, ``local:/folder``, a bucket URL).
@@ -146,7 +184,8 @@ class StreamRecords(StreamingDataset):
             raise TypeError(f"StreamRecords reads the checked record schema only: {given} cannot be given")
         kwargs["storage_options"] = s3_storage_options(input_dir, kwargs.get("storage_options"))
         check_stream_index(input_dir, kwargs["storage_options"])
-        super().__init__(input_dir, serializers=schema_serializers(), **kwargs)
+        with cache_lock(input_dir, kwargs.get("cache_dir")):
+            super().__init__(input_dir, serializers=schema_serializers(), **kwargs)
 
     def _create_cache(self, worker_env: Any) -> Any:
         # Each worker builds its own reader (and LitData downloads index.json again for a remote or

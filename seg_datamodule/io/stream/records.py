@@ -24,6 +24,7 @@ from seg_datamodule.io.images import BadImageError, reduced_size
 from seg_datamodule.io.orientation import decode_oriented
 from seg_datamodule.io.stream.schema import RECORD_DTYPES, RECORD_INTS, RECORD_SCHEMA
 from seg_datamodule.ops.checks import check_choice
+from seg_datamodule.ops.rle import RLE_SAFE_PIXELS, rle_string, uncompressed_rle
 from seg_datamodule.structures import Polygons
 
 __all__ = ["RECORD_DTYPES", "RECORD_INTS", "RecordWindow", "check_record", "crowd_rle", "record_from_index",
@@ -41,6 +42,8 @@ def crowd_rle(mask: np.ndarray | None) -> np.ndarray:
     """
     if mask is None:
         return np.zeros(0, np.uint8)
+    if mask.size >= RLE_SAFE_PIXELS:  # pycocotools' encoder can overflow there (seg_datamodule.ops.rle)
+        return np.frombuffer(rle_string(uncompressed_rle(mask)["counts"]), np.uint8).copy()
     rle = mask_utils.encode(np.asfortranarray(mask.astype(np.uint8)))
     return np.frombuffer(rle["counts"], np.uint8).copy()
 

@@ -328,3 +328,43 @@ def test_polygon_value_that_is_no_float_is_named(tmp_path: Path, value: Any) -> 
     _raises_named(path, "segmentation_invalid", annotation_id=101)
     index = _skipped(path, "segmentation_invalid")
     assert index.num_instances == 3
+
+
+# --------------------------------------------------------------------------------------------
+# 7. RLE that pycocotools' string encoder would overflow (seg_datamodule/ops/rle.py)
+
+_OVERFLOW_CHILD = """
+from seg_datamodule.io.coco import BadAnnotationError, CocoIndex
+path = {path!r}
+try:
+    CocoIndex.build(path, ".", use_cache=False)
+except BadAnnotationError as error:
+    print("raised", error.reason, error.annotation_id, error.image_id)
+index = CocoIndex.build(path, ".", use_cache=False, on_bad_sample="skip")
+i = index.image_ids.tolist().index(50)
+print("skipped", sorted(index.skip_counts.items()))
+print("crowd", int(index.crowd_mask(i).sum()), index.crowd_annotation_ids(i).tolist())
+"""
+
+
+def test_rle_pycocotools_would_overflow_is_encoded_safely_or_named(tmp_path: Path) -> None:
+    """Two crowd RLEs that aborted the build (in a subprocess here, so an abort fails this test
+    only): one whose numbers all take 6 characters of pycocotools' string (its encoder puts the
+    NUL past its buffer; now encoded by the package, read back exactly), and one with runs of 2^29
+    pixels, which its strings cannot hold (refused, naming the annotation)."""
+    data = _base()
+    data["images"] += [{"id": 50, "file_name": "wide.jpg", "height": 4096, "width": 20480},
+                       {"id": 51, "file_name": "huge.jpg", "height": 2**15, "width": 2**15}]
+    data["annotations"] += [
+        {"id": 150, "image_id": 50, "category_id": 2, "iscrowd": 1, "bbox": [4096, 0, 4096, 4096],
+         "segmentation": {"size": [4096, 20480], "counts": [2**24, 2**24, 2**24, 2**25]}},
+        {"id": 151, "image_id": 51, "category_id": 2, "iscrowd": 1, "bbox": [2**14, 0, 2**14, 2**15],
+         "segmentation": {"size": [2**15, 2**15], "counts": [2**29, 2**29]}},
+    ]
+    path = _write(tmp_path, data)
+    proc = run_isolated(_OVERFLOW_CHILD.format(path=str(path)), timeout=300)
+    assert proc.returncode == 0, f"exit {proc.returncode}: {proc.stderr[-3000:]}"
+    lines = proc.stdout.splitlines()
+    assert lines[0] == "raised rle_invalid 151 51", proc.stdout
+    assert lines[1] == "skipped [('rle_invalid', 1)]"
+    assert lines[2] == f"crowd {2**24 + 2**25} [150]"

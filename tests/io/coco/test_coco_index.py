@@ -175,15 +175,18 @@ def mini_coco(coco_mini: Path) -> COCO:
         return COCO(str(coco_mini / "annotations" / "instances_train2017.json"))
 
 
-@pytest.mark.parametrize("split, images, instances, crowd", [("train", 80, 731, 8), ("val", 79, 619, 5)])
-def test_coco_mini_counts(
-    coco_mini: Path, tmp_path: Path, split: str, images: int, instances: int, crowd: int
-) -> None:
+@pytest.mark.parametrize("split", ["train", "val"])
+def test_coco_mini_counts(coco_mini: Path, tmp_path: Path, split: str) -> None:
+    """The counts pycocotools reads from the same file (coco-mini train: 80 images, 731 instances and
+    8 crowd regions; val: 79, 619 and 5)."""
     ann_file = coco_mini / "annotations" / f"instances_{split}2017.json"
+    with contextlib.redirect_stdout(io.StringIO()):
+        coco = COCO(str(ann_file))
+    crowd = sum(a["iscrowd"] for a in coco.anns.values())
     index = CocoIndex.build(ann_file, coco_mini / f"{split}2017", cache_dir=tmp_path)
-    assert (index.num_images, index.num_instances, index.num_crowd) == (images, instances, crowd)
-    assert index.skip_counts == {} and index.num_classes == 80
-    assert index.num_instances + index.num_crowd == {"train": 739, "val": 624}[split]
+    assert (index.num_images, index.num_instances, index.num_crowd) == (len(coco.imgs), len(coco.anns) - crowd, crowd)
+    assert crowd > 0 and index.num_instances > 0
+    assert index.skip_counts == {} and index.num_classes == len(coco.cats) == 80
 
 
 def test_coco_mini_labels(mini_index: CocoIndex, mini_coco: COCO) -> None:
@@ -226,7 +229,7 @@ def test_coco_mini_crowd_masks_match_ann_to_mask(mini_index: CocoIndex, mini_coc
             expected |= mini_coco.annToMask(ann).astype(bool)
         np.testing.assert_array_equal(mask, expected)
         seen += len(crowd)
-    assert seen == 8
+    assert seen == sum(a["iscrowd"] for a in mini_coco.anns.values()) > 0
 
 
 def test_coco_mini_images_decode_at_the_json_size(mini_index: CocoIndex) -> None:
@@ -241,7 +244,7 @@ def test_index_pickles_small_and_equal(mini_index: CocoIndex) -> None:
     assert len(blob) < mini_index.nbytes + 16_384  # flat arrays, no per-annotation objects
     back = pickle.loads(blob)
     assert back == mini_index
-    for i in (0, 17, 79):
+    for i in sorted({0, len(mini_index) // 4, len(mini_index) - 1}):
         for a, b in zip(flat(back, i), flat(mini_index, i)):
             np.testing.assert_array_equal(a, b)
     # The index holds arrays and a few small containers only.
