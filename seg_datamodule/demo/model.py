@@ -53,6 +53,8 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
+from lightning.pytorch.utilities import rank_zero_info
+
 from seg_datamodule.console import print_summary
 from seg_datamodule.data.repeat_factors import scheduled_steps
 from seg_datamodule.demo.losses import box_predictions, mask_iou, mask_loss

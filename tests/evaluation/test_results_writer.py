@@ -179,8 +179,10 @@ def test_two_ddp_processes_write_each_image_once(tmp_path: Path, demo_dir: Path)
     names = [f"img{k}.png" for k in range(7)]  # odd: 4 images on rank 0, 3 on rank 1
     for k, name in enumerate(names):
         cv2.imwrite(str(folder / name), rng.integers(0, 255, (20 + k, 30, 3), dtype=np.uint8))
+    # a folder names no categories: the demo's training split does
     dm = COCOSegDataModule(predict_images=str(folder), image_size=64, val_batch_size=2, num_workers=0,
-                           demo_dir=str(demo_dir), cache_dir=str(tmp_path / "cache"))
+                           train_ann=str(demo_dir / "annotations" / "instances_train2017.json"),
+                           train_images=str(demo_dir / "train2017"), cache_dir=str(tmp_path / "cache"))
     model = YolactLite(num_classes=dm.num_classes, width=4, num_prototypes=4)
     out = tmp_path / "out" / "results.json"
     trainer = L.Trainer(accelerator="cpu", strategy="ddp_spawn", devices=2, logger=False, enable_progress_bar=False,
