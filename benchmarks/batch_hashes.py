@@ -17,7 +17,8 @@ validation, test and predict loaders) and prints, per configuration and number o
   twice), so a change of draw order or count shows even where the batches happen to agree.
 
 ``stream`` is the one configuration whose batches depend on ``num_workers`` (LitData orders its
-chunks per worker); its draws do not. Compare each worker count's line with its own before.
+chunks per worker, so a batch's images, and with them its mosaic partners' draws, differ).
+Compare each worker count's line with its own line before.
 
 Run it before and after a change and compare the lines (``--json`` to write them to a file).
 
