@@ -2,11 +2,25 @@
 
 Builds ``COCOSegDataModule`` from its flat (YAML) keys on coco-mini in several configurations
 (the default mosaic with batch partners, uniform partners, LSJ, copy-paste + MixUp, HSV on the
-device, a bad image skipped, validation, a repeat-factor draw) and prints, per configuration, a
-SHA-256 over every field of every batch of ``--epochs`` epochs (images, boxes, labels, masks,
-ids, crowd masks, letterbox fields, LVIS lists, origins, HSV gains and the batch's counts) and the
-module's ``skip_counts``. Run it before and after a change and compare the lines (``--json`` to
-write them to a file).
+device, a bad image skipped, a repeat-factor draw, training streamed from LitData chunks, and the
+validation, test and predict loaders) and prints, per configuration and number of workers:
+
+* ``batches``: a SHA-256 over every field of every batch of ``--epochs`` epochs (images, boxes,
+  labels, masks, ids, crowd masks, letterbox fields, LVIS lists, origins, HSV gains and the
+  batch's counts) and the module's ``skip_counts``;
+* ``device``: the same over the batches after the DataModule's device step
+  (:func:`~seg_datamodule.transforms.hsv.apply_pending_hsv`, what ``on_after_batch_transfer``
+  runs; here on the CPU), which applies the HSV gains ``hsv_on_device`` ships;
+* ``draws``: a SHA-256 over every draw every seeded generator made, recorded at the generator
+  (``numpy.random.default_rng`` is wrapped, in the workers too): per generator its seed and each
+  call's method and result shape, as a multiset (a sample built twice, e.g. as a partner, counts
+  twice), so a change of draw order or count shows even where the batches happen to agree.
+
+``stream`` is the one configuration whose batches depend on ``num_workers`` (LitData orders its
+chunks per worker, so a batch's images, and with them its mosaic partners' draws, differ).
+Compare each worker count's line with its own line before.
+
+Run it before and after a change and compare the lines (``--json`` to write them to a file).
 
     python benchmarks/batch_hashes.py --json before.json
     python benchmarks/batch_hashes.py --json after.json && diff before.json after.json
@@ -25,9 +39,11 @@ from pathlib import Path
 from typing import Any
 
 import albumentations as A
+import numpy as np
 import torch
 
 from seg_datamodule import COCOSegDataModule
+from seg_datamodule.transforms.hsv import apply_pending_hsv
 
 _DECODES = ("samples", "decodes", "reduced_decodes")
 COCO_MINI = Path(__file__).resolve().parents[1].parent / "shared" / "data" / "coco-mini"
@@ -46,6 +62,94 @@ def _digest(batch: Any, h: "hashlib._Hash") -> None:
             h.update(repr(value).encode())
 
 
+class _DrawLog:
+    """Wraps ``numpy.random.default_rng`` so that every generator logs each call (method, shape).
+
+    Each process (a forked worker inherits the wrapper) appends lines ``pid:serial method shape``
+    (and ``pid:serial seed SEED`` when the generator is made) to its own file in ``folder``;
+    :meth:`digest` groups them per generator and hashes the sorted multiset of
+    ``(seed, [(method, shape), ...])``.
+    """
+
+    def __init__(self, folder: Path) -> None:
+        self.folder = folder
+        self.original = np.random.default_rng
+        self.serial = 0
+        self.pid = -1
+        self.file: Any = None
+
+    def _open(self) -> None:
+        if self.pid != os.getpid():  # first use, after a reset, or a forked worker: its own file
+            self.pid, self.serial = os.getpid(), 0
+            self.file = open(self.folder / f"draws.{self.pid}.txt", "a", buffering=1)
+
+    def _write(self, line: str) -> None:
+        self._open()
+        self.file.write(line + "\n")
+
+    def install(self) -> None:
+        log = self
+        original = self.original
+
+        class Recording(np.random.Generator):
+            pass
+
+        def _wrap(name: str) -> Any:
+            method = getattr(np.random.Generator, name)
+
+            def call(self: Any, *args: Any, **kwargs: Any) -> Any:
+                out = method(self, *args, **kwargs)
+                shape = np.shape(args[0]) if name in ("shuffle",) and args else np.shape(out)
+                log._write(f"{self._draw_tag} {name} {shape}")
+                return out
+
+            return call
+
+        for name in dir(np.random.Generator):
+            if name.startswith("_") or name in ("bit_generator", "spawn"):
+                continue
+            if callable(getattr(np.random.Generator, name)):
+                setattr(Recording, name, _wrap(name))
+
+        def default_rng(seed: Any = None) -> Any:
+            if isinstance(seed, np.random.Generator):
+                return seed
+            rng = Recording(original(seed).bit_generator)
+            log._open()
+            log.serial += 1
+            rng._draw_tag = f"{log.pid}:{log.serial}"  # type: ignore[attr-defined]
+            seed_text = repr(np.asarray(seed).tolist()) if seed is not None else "None"
+            log._write(f"{rng._draw_tag} seed {seed_text}")  # type: ignore[attr-defined]
+            return rng
+
+        np.random.default_rng = default_rng  # type: ignore[assignment]
+
+    def reset(self) -> None:
+        if self.file is not None and self.pid == os.getpid():
+            self.file.close()
+        for f in self.folder.glob("draws.*.txt"):
+            f.unlink()
+        self.pid = -1  # reopen
+
+    def digest(self) -> tuple[str, int]:
+        """SHA-256 over the multiset of generators' (seed, draws), and the number of generators."""
+        if self.file is not None and self.pid == os.getpid() and not self.file.closed:
+            self.file.flush()
+        seeds: dict[str, str] = {}
+        calls: dict[str, list[str]] = {}
+        for f in sorted(self.folder.glob("draws.*.txt")):
+            for line in f.read_text().splitlines():
+                if not line:
+                    continue
+                tag, method, rest = line.split(" ", 2)
+                if method == "seed":
+                    seeds[tag] = rest
+                else:
+                    calls.setdefault(tag, []).append(f"{method}{rest}")
+        entries = sorted(f"{seeds[tag]}|{';'.join(calls.get(tag, []))}" for tag in seeds)
+        return hashlib.sha256("\n".join(entries).encode()).hexdigest()[:32], len(entries)
+
+
 def _bad_copy(root: Path) -> tuple[str, str]:
     """coco-mini train with one image file truncated (a bad image for ``on_bad_sample="skip"``)."""
     images = root / "train2017"
@@ -55,7 +159,18 @@ def _bad_copy(root: Path) -> tuple[str, str]:
     return str(COCO_MINI / "annotations" / "instances_train2017.json"), str(images)
 
 
+def _stream_copy(root: Path) -> str:
+    """coco-mini train converted to LitData chunks (``seg-datamodule convert``), as a ``local:`` URL."""
+    from seg_datamodule.io.stream import ChunkOptions, IndexOptions, convert_coco
+
+    out = root / "stream"
+    convert_coco(COCO_MINI / "annotations" / "instances_train2017.json", COCO_MINI / "train2017", str(out),
+                 IndexOptions(), ChunkOptions(chunk_bytes="1MB", start_method="fork"))
+    return f"local:{out}"
+
+
 def configurations(tmp: Path) -> dict[str, dict[str, Any]]:
+    """Name -> the DataModule's keys; ``stage`` (not a key) says which loader is read."""
     train = dict(train_ann=str(COCO_MINI / "annotations" / "instances_train2017.json"),
                  train_images=str(COCO_MINI / "train2017"))
     val = dict(val_ann=str(COCO_MINI / "annotations" / "instances_val2017.json"),
@@ -74,31 +189,59 @@ def configurations(tmp: Path) -> dict[str, dict[str, Any]]:
                                copy_paste=0.5),
         "close_mosaic": dict(**train, **common, close_mosaic=1),
         "repeat_factors": dict(**train, **common, repeat_factor_threshold=0.5),
-        "val": dict(**train, **val, **common),
+        "val": dict(**train, **val, **common, stage="validate"),
+        "test": dict(test_ann=val["val_ann"], test_images=val["val_images"], **common, stage="test"),
+        "predict": dict(predict_images=val["val_images"], **common, stage="predict"),
+        "stream": dict(train_stream=_stream_copy(tmp), **common, stream_cache_dir=str(tmp / "stream_cache"),
+                       hsv=(0.015, 0.7, 0.4), hsv_on_device=True),
     }
 
 
-def run(name: str, kwargs: dict[str, Any], epochs: int, workers: int) -> dict[str, Any]:
-    dm = COCOSegDataModule(num_workers=workers, pin_memory=False, persistent_workers=False, **kwargs)
+def _loaders(dm: COCOSegDataModule, stage: str, epochs: int) -> Any:
+    """Every batch the ``stage`` loader gives (training: ``epochs`` epochs, a loader per epoch)."""
+    if stage == "validate":
+        yield from dm.val_dataloader()
+        return
+    if stage == "test":
+        yield from dm.test_dataloader()
+        return
+    if stage == "predict":
+        yield from dm.predict_dataloader()
+        return
     dm.setup("fit")
     assert dm.train_dataset is not None
     dm.train_dataset.set_max_epochs(epochs + 1)
-    h = hashlib.sha256()
-    batches = 0
-    if name == "val":
-        for batch in dm.val_dataloader():
-            _digest(batch, h)
-            batches += 1
-    for epoch in range(0 if name == "val" else epochs):
+    if dm.train_stream is not None:  # LitData counts its epochs itself, one per iter()
+        loader = dm.train_dataloader()
+        for _ in range(epochs):
+            yield from loader
+        return
+    for epoch in range(epochs):
         loader = dm.train_dataloader()  # a loader per epoch, as Lightning reloads it
         loader.sampler.set_epoch(epoch)
-        for batch in loader:
-            _digest(batch, h)
-            batches += 1
+        yield from loader
+
+
+def run(kwargs: dict[str, Any], epochs: int, workers: int, draws: _DrawLog) -> dict[str, Any]:
+    kwargs = dict(kwargs)
+    stage = kwargs.pop("stage", "fit")
+    draws.reset()
+    dm = COCOSegDataModule(num_workers=workers, pin_memory=False, persistent_workers=False, **kwargs)
+    h, device = hashlib.sha256(), hashlib.sha256()
+    batches = 0
+    for batch in _loaders(dm, stage, epochs):
+        _digest(batch, h)
+        _digest(apply_pending_hsv(batch), device)
+        batches += 1
     counts = dm.skip_counts
     h.update(json.dumps(counts, sort_keys=True).encode())
-    decodes = {k: v for k, v in dm._counts_of("train", dm.train_dataset).items() if k in _DECODES}
-    return {"batches": batches, "sha256": h.hexdigest()[:32], "counts": counts, "decodes": decodes}
+    device.update(json.dumps(counts, sort_keys=True).encode())
+    decodes = {}
+    if stage == "fit":
+        decodes = {k: v for k, v in dm._counts_of("train", dm.train_dataset).items() if k in _DECODES}
+    draw_digest, generators = draws.digest()
+    return {"batches": batches, "sha256": h.hexdigest()[:32], "device": device.hexdigest()[:32],
+            "draws": draw_digest, "generators": generators, "counts": counts, "decodes": decodes}
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -114,17 +257,21 @@ def main(argv: list[str] | None = None) -> int:
     os.environ.setdefault("NO_ALBUMENTATIONS_UPDATE", "1")
     results: dict[str, Any] = {}
     with tempfile.TemporaryDirectory() as tmp:
+        draws = _DrawLog(Path(tmp))
+        draws.install()
         for name, kwargs in configurations(Path(tmp)).items():
             if args.only and name not in args.only:
                 continue
-            per_workers = {w: run(name, kwargs, args.epochs, w) for w in args.workers}
+            per_workers = {w: run(kwargs, args.epochs, w, draws) for w in args.workers}
             first = per_workers[args.workers[0]]
             same = all(r["sha256"] == first["sha256"] for r in per_workers.values())
-            results[name] = {"batches": first["batches"], "sha256": first["sha256"], "same_for_workers": same,
-                             "counts": first["counts"],
-                             "decodes": {str(w): r["decodes"] for w, r in per_workers.items()}}
-            print(f"{name:18s} {first['batches']:3d} batches  {first['sha256']}  "
-                  f"workers {args.workers}: {'same' if same else 'DIFFERENT'}", flush=True)
+            results[name] = {"same_for_workers": same, "counts": first["counts"],
+                             **{f"workers_{w}": {k: v for k, v in r.items() if k != "counts"}
+                                for w, r in per_workers.items()}}
+            for w, r in per_workers.items():
+                print(f"{name:17s} w{w} {r['batches']:3d} batches  {r['sha256']}  device {r['device']}  "
+                      f"draws {r['draws']} ({r['generators']} generators)", flush=True)
+            print(f"{name:17s} workers {args.workers}: {'same' if same else 'DIFFERENT'} batches", flush=True)
     if args.json:
         Path(args.json).write_text(json.dumps(results, indent=1, sort_keys=True) + "\n")
     return 0

@@ -34,6 +34,7 @@ from __future__ import annotations
 import argparse
 import math
 import sys
+import warnings
 from collections.abc import Sequence
 from dataclasses import replace
 from pathlib import Path
@@ -115,6 +116,12 @@ class SegCLI(LightningCLI):
             precision = default_precision(config.get("trainer.accelerator") or "auto")
             if precision is not None:  # saved in config.yaml as what the run used
                 config["trainer.precision"] = precision
+
+    def _run_subcommand(self, subcommand: str) -> None:
+        with warnings.catch_warnings():
+            if subcommand != "fit":  # validate / test / predict restore weights, not the training callbacks
+                warnings.filterwarnings("ignore", message="Be aware that when using `ckpt_path`, callbacks used")
+            super()._run_subcommand(subcommand)
 
 
 def main(args: ArgsType = None) -> SegCLI | None:

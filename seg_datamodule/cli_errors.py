@@ -126,9 +126,13 @@ def user_error_line(exc: BaseException) -> str | None:
     """The one line the CLI prints for a user's mistake, or ``None`` for anything else (a bug).
 
     A :class:`~seg_datamodule.errors.UserInputError` gives ``"<Type>: <message>"`` with the
-    message on one line; one re-raised from a DataLoader worker gives the worker's original type
-    and message.
+    message on one line, also where a library re-raised it as the cause of its own error
+    (jsonargparse's argument links); one re-raised from a DataLoader worker gives the worker's
+    original type and message.
     """
+    # jsonargparse wraps what a link's function raised (``raise ValueError(...) from ex``)
+    while not isinstance(exc, UserInputError) and isinstance(exc.__cause__, UserInputError):
+        exc = exc.__cause__
     original = _worker_original(str(exc)) if isinstance(exc, Exception) else None
     if isinstance(exc, UserInputError):
         name, message = original if original is not None else (type(exc).__name__, str(exc))

@@ -21,7 +21,7 @@ from seg_datamodule.ops.checks import check_bool, check_int, check_optional_bool
 from seg_datamodule.ops.occlusion import rasterize_visible
 from seg_datamodule.ops.raster import grid_size, rasterize_flat
 from seg_datamodule.data.shm import Lease, SharedBufferPool, pooling_available
-from seg_datamodule.structures import DetectionBatch, Polygons, Sample, SampleBatch
+from seg_datamodule.structures import COLUMNS, DetectionBatch, Instances, Polygons, Sample, SampleBatch
 
 __all__ = ["DEFAULT_BUFFER_SLOTS", "DetectionCollate", "batch_bytes", "boxes_from_polygons", "collate_detection"]
 
@@ -72,21 +72,12 @@ def _allocate(
     return tensors, lease, fresh
 
 
-def _occluders_of(sample: Sample) -> Polygons:
-    """The sample's occluders, or as many instances without rings when nothing is pasted on it."""
-    if sample.occluders is not None:
-        return sample.occluders
-    return Polygons(np.zeros((0, 2), np.float64), np.zeros(1, np.int64), np.zeros(sample.num_instances + 1, np.int64))
-
-
-def _origins_of(samples: Sequence[Sample], out: torch.Tensor | None) -> torch.Tensor | None:
-    """Per target, its :data:`~seg_datamodule.structures.sample.ORIGINS` code, written into ``out``
-    (None when no sample was mixed)."""
-    if out is None:
-        return None
-    out.numpy()[:] = np.concatenate([np.zeros(0, np.uint8)] + [
-        np.zeros(s.num_instances, np.uint8) if s.origins is None else s.origins for s in samples])
-    return out
+def _batch_instances(samples: Sequence[Sample], canvas_size: tuple[int, int]) -> Instances:
+    """Every target of the batch, image after image; a sample without boxes gets its polygons'
+    boxes clipped to the canvas."""
+    return Instances.concat([s.instances if s.boxes is not None else
+                             s.instances.with_columns(boxes=boxes_from_polygons(s.polygons, canvas_size))
+                             for s in samples])
 
 
 def batch_bytes(batch_size: int, canvas_size: tuple[int, int], instances: float, mask_stride: int) -> int:
@@ -180,28 +171,28 @@ class DetectionCollate:
             raise ValueError(f"image id {odd.image_id}: hsv_gains on some samples of the batch but not on all")
 
         # 1. One allocation for every output (a reused shared-memory slot in a worker), so the
-        # batch crosses to the main process as one file descriptor, not one per tensor.
+        # batch crosses to the main process as one file descriptor, not one per tensor. The
+        # targets' columns (origins only when a sample was mixed) are laid out from COLUMNS; the
+        # HSV gains (float64: the hue tables truncate, so a float32 gain could move an entry) and
+        # LVIS's per-image lists (values, then per-image counts) ride in the same segment.
+        instances = _batch_instances(samples, (height, width))
+        columns = [c for c in COLUMNS if c.tensor is not None and getattr(instances, c.name) is not None]
         image_shape = (batch_size, height, width, 3) if self.channels_last else (batch_size, 3, height, width)
-        # Gains (float64: the hue tables truncate, so a float32 gain could move an entry) and the
-        # targets' origins (copy-paste / MixUp) travel in the same segment when the samples carry them.
-        mixed = any(s.origins is not None for s in samples)
-        extra_layout = [((batch_size, 3), torch.float64)] * with_gains[0] + [((total,), torch.uint8)] * mixed
-        (images, masks, ignore, boxes, labels, ann_ids, per_image, image_ids, scales, pads, orig_sizes,
-         *rest), lease, fresh = (
+        (images, masks, ignore, per_image, image_ids, scales, pads, orig_sizes, *rest), lease, fresh = (
             _allocate(
                 [(image_shape, torch.uint8), ((total, hp, wp), torch.bool), ((batch_size, hp, wp), torch.bool),
-                 ((total, 4), torch.float32), ((total,), torch.int64), ((total,), torch.int64),
                  ((batch_size,), torch.int64), ((batch_size,), torch.int64), ((batch_size,), torch.float32),
-                 ((batch_size, 2), torch.float32), ((batch_size, 2), torch.int64), *extra_layout,
+                 ((batch_size, 2), torch.float32), ((batch_size, 2), torch.int64),
+                 *(((total, *c.trailing), c.tensor) for c in columns),
+                 *[((batch_size, 3), torch.float64)] * with_gains[0],
                  *(((len(values),), torch.int64) for values, _ in federated),
                  *(((batch_size,), torch.int64) for _ in federated)],
                 shared, self.pool,
             )
         )
-        extra, rest = rest[: len(extra_layout)], rest[len(extra_layout) :]
-        gains = extra[:1] if with_gains[0] else []
-        origins = extra[-1] if mixed else None
-        # LVIS's per-image lists ride in the same allocation (values, then per-image counts).
+        targets = {c.name: out for c, out in zip(columns, rest)}
+        rest = rest[len(columns) :]
+        gains, rest = rest[: with_gains[0]], rest[with_gains[0] :]
         lists, lists_per_image = list(rest[: len(federated)]), list(rest[len(federated) :])
         for (values, per), out, out_per in zip(federated, lists, lists_per_image):
             out.numpy()[:] = values
@@ -220,22 +211,15 @@ class DetectionCollate:
 
         # 3. Masks: all instances of the batch in one vectorised rasterisation; instances under
         # pasted objects (copy-paste) keep exactly the cells their occluders leave visible.
-        polygons = Polygons.concat(s.polygons for s in samples)
-        if any(s.occluders is not None for s in samples):
-            occluders = Polygons.concat(_occluders_of(s) for s in samples)
-            rasterize_visible(polygons.arrays, occluders.arrays, (height, width), stride, out=masks.numpy())
+        polygons = instances.polygons
+        if instances.occluders is not None:
+            rasterize_visible(polygons.arrays, instances.occluders.arrays, (height, width), stride, out=masks.numpy())
         else:
             rasterize_flat(*polygons.arrays, (height, width), stride, out=masks.numpy())
 
-        # 4. Boxes: given by the augmentation, or derived from the polygons on the canvas.
-        boxes_np = boxes.numpy()
-        for b, (sample, start) in enumerate(zip(samples, np.cumsum(counts) - counts)):
-            if sample.num_instances == 0:
-                continue
-            if sample.boxes is not None:
-                boxes_np[start : start + counts[b]] = sample.boxes
-            else:
-                boxes_np[start : start + counts[b]] = boxes_from_polygons(sample.polygons, (height, width))
+        # 4. The targets' columns (boxes given by the augmentation or derived above, labels, ids, origins).
+        for name, out in targets.items():
+            out.numpy()[:] = getattr(instances, name)
 
         # 5. Crowd regions sampled at the same cell centres as the masks.
         ignore_np = ignore.numpy()
@@ -245,9 +229,7 @@ class DetectionCollate:
                 sampled = sample.crowd_mask[half::stride, half::stride]
                 ignore_np[b, : sampled.shape[0], : sampled.shape[1]] = sampled
 
-        # 6. Targets' ids and the letterbox of each image.
-        labels.numpy()[:] = np.concatenate([s.labels for s in samples]) if total else 0
-        ann_ids.numpy()[:] = np.concatenate([s.annotation_ids for s in samples]) if total else 0
+        # 6. The letterbox of each image.
         per_image.numpy()[:] = counts
         image_ids.numpy()[:] = [int(s.image_id) for s in samples]
         scales.numpy()[:] = [float(s.scale) for s in samples]
@@ -257,12 +239,9 @@ class DetectionCollate:
             gains[0].numpy()[:] = [s.hsv_gains for s in samples]
         batch = DetectionBatch(
             images=images,
-            boxes=boxes,
-            labels=labels,
             masks=masks,
             boxes_per_image=per_image,
             image_ids=image_ids,
-            annotation_ids=ann_ids,
             ignore_masks=ignore,
             scales=scales,
             pads=pads,
@@ -270,7 +249,7 @@ class DetectionCollate:
             mask_stride=stride,
             counts=dict(samples.counts) if isinstance(samples, SampleBatch) else None,
             hsv_gains=gains[0] if gains else None,
-            origins=_origins_of(samples, origins),
+            **targets,
         )
         if federated:
             batch.neg_labels, batch.not_exhaustive_labels = lists

@@ -51,9 +51,8 @@ from seg_datamodule.data.splits import check_dataset_keys, check_pair
 from seg_datamodule.io.coco import CocoIndex, IndexOptions
 from seg_datamodule.io.input_paths import check_input_path
 from seg_datamodule.ops.checks import check_choice, check_int, check_number
-from seg_datamodule.transforms.albu import load_transforms
 from seg_datamodule.transforms.augment import MosaicAffine
-from seg_datamodule.transforms.hsv import HSVJitter, refuse_random_hsv
+from seg_datamodule.transforms.hsv import HSVJitter
 from seg_datamodule.transforms.lsj import LargeScaleJitter
 
 __all__ = ["AUTO_CACHE_MAX_IMAGES", "COCOSegDataModule"]
@@ -293,8 +292,6 @@ class COCOSegDataModule(DataSources, LoaderHooks, CountsHooks, LightningDataModu
             MosaicAffine(image_size=image_size, degrees=degrees, translate=translate, scale=tuple(scale),
                          shear=shear, flip_lr=flip_lr))
         jitter = None if hsv is None else HSVJitter(hsv, on_device=hsv_on_device)
-        if jitter is not None:
-            refuse_random_hsv(load_transforms(transforms))
         self.augment = AugmentOptions(geometry, mosaic, close_mosaic, mosaic_partners, copy_paste, copy_paste_mode,
                                       mixup, min_area_ratio, min_box_size, transforms, jitter)
         self.stream_options = None if train_stream is None else StreamOptions(

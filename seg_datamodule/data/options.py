@@ -21,9 +21,11 @@ import albumentations as A
 from lightning.fabric.utilities.data import suggested_max_num_workers
 
 from seg_datamodule.ops.checks import check_bool, check_choice, check_int, check_number
+from seg_datamodule.transforms.albu import load_transforms, refuse_resizing
 from seg_datamodule.transforms.augment import MosaicAffine
-from seg_datamodule.transforms.hsv import HSVJitter
+from seg_datamodule.transforms.hsv import HSVJitter, refuse_random_hsv
 from seg_datamodule.transforms.lsj import LargeScaleJitter
+from seg_datamodule.transforms.mixing import SampleMixing
 
 __all__ = ["MAX_AUTO_WORKERS", "AugmentOptions", "LoaderOptions", "StreamOptions", "auto_num_workers"]
 
@@ -51,7 +53,9 @@ class AugmentOptions:
 
     Raises:
         TypeError: a field has the wrong type.
-        ValueError: a field is out of range.
+        ValueError: a field is out of range, ``transforms`` resizes, or holds a ``RandomHSV``
+            while ``hsv`` is set.
+        FileNotFoundError: ``transforms`` names a file that does not exist.
     """
 
     geometry: MosaicAffine | LargeScaleJitter = field(default_factory=MosaicAffine)
@@ -76,7 +80,13 @@ class AugmentOptions:
         check_number("min_box_size", self.min_box_size)
         if self.hsv is not None and not isinstance(self.hsv, HSVJitter):
             raise TypeError(f"hsv must be an HSVJitter or None, got {type(self.hsv).__name__}")
-        # copy_paste, copy_paste_mode and mixup are checked by SampleMixing, which owns them.
+        # Checked now, by the objects that own each check, not when setup builds the samples:
+        # LightningCLI then reports a bad value before anything runs.
+        SampleMixing(self.copy_paste, self.copy_paste_mode, self.mixup, self.min_area_ratio, self.min_box_size)
+        pipeline = load_transforms(self.transforms)
+        refuse_resizing(pipeline)
+        if self.hsv is not None:  # one HSV jitter: hsv, or a RandomHSV in the pipeline
+            refuse_random_hsv(pipeline)
 
     @property
     def image_size(self) -> int:

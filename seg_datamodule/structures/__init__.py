@@ -1,10 +1,11 @@
-"""What every stage of the data path speaks: polygons, per-image samples, collated batches.
+"""What every stage of the data path speaks: polygons, instances, per-image samples, collated batches.
 
 Imports only :mod:`seg_datamodule.ops` from the package.
 """
 
 from seg_datamodule.structures.batch import DetectionBatch
+from seg_datamodule.structures.instances import COLUMNS, Column, Instances
 from seg_datamodule.structures.polygons import Polygons
 from seg_datamodule.structures.sample import ORIGINS, Sample, SampleBatch
 
-__all__ = ["ORIGINS", "DetectionBatch", "Polygons", "Sample", "SampleBatch"]
+__all__ = ["COLUMNS", "ORIGINS", "Column", "DetectionBatch", "Instances", "Polygons", "Sample", "SampleBatch"]

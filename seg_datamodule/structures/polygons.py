@@ -121,6 +121,12 @@ class Polygons:
         vertices[:, 0] = width - vertices[:, 0]
         return Polygons(vertices, self.ring_offsets, self.instance_offsets)
 
+    def flip_ud(self, height: float) -> "Polygons":
+        """Mirror about the horizontal line ``y = height / 2`` (exact: ``y -> height - y``)."""
+        vertices = self.vertices.copy()
+        vertices[:, 1] = height - vertices[:, 1]
+        return Polygons(vertices, self.ring_offsets, self.instance_offsets)
+
     def areas(self) -> np.ndarray:
         """float64 ``(N,)``: each instance's summed absolute ring areas (see :func:`instance_areas`)."""
         return instance_areas(*self.arrays)

@@ -8,11 +8,12 @@ costs little, and the collate rasterises them without touching Python objects pe
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Iterator, Sequence, overload
 
 import numpy as np
 
+from seg_datamodule.structures.instances import Instances
 from seg_datamodule.structures.polygons import Polygons
 
 __all__ = ["ORIGINS", "Sample", "SampleBatch"]
@@ -77,6 +78,15 @@ class Sample:
     def num_instances(self) -> int:
         """N, the number of instances."""
         return len(self.polygons)
+
+    @property
+    def instances(self) -> Instances:
+        """The polygons and per-instance columns as one :class:`Instances` (views, no copy)."""
+        return Instances(self.polygons, self.labels, self.annotation_ids, self.boxes, self.occluders, self.origins)
+
+    def with_instances(self, instances: Instances, **changes: object) -> "Sample":
+        """This sample with ``instances`` (and any other fields in ``changes``) in place of its own."""
+        return replace(self, **instances.fields(), **changes)  # type: ignore[arg-type]
 
     @property
     def canvas_size(self) -> tuple[int, int]:

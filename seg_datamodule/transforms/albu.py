@@ -17,7 +17,8 @@ import numpy as np
 from seg_datamodule.compat import warn_if_albumentationsx, warn_unverified
 from seg_datamodule.ops.checks import check_number
 
-__all__ = ["AlbumentationsTransform", "RandomHSV", "hsv_jitter", "load_transforms", "seeding_problem"]
+__all__ = ["AlbumentationsTransform", "RandomHSV", "hsv_jitter", "load_transforms", "refuse_resizing",
+           "seeding_problem"]
 
 warn_if_albumentationsx()  # same import name, AGPL-3.0: say so once
 
@@ -135,6 +136,21 @@ def _resizing_steps(transform: object) -> list[str]:
     return [type(transform).__name__] if isinstance(transform, _RESIZING) else []
 
 
+def refuse_resizing(transforms: A.BaseCompose | None) -> None:
+    """Raise if an albumentations pipeline resizes (nested composes are searched).
+
+    Raises:
+        ValueError: ``transforms`` holds a resizing step, naming it.
+    """
+    resizing = _resizing_steps(transforms) if transforms is not None else []
+    if resizing:
+        raise ValueError(
+            f"transforms must not resize ({', '.join(resizing)}): albumentations moves keypoints "
+            "by half a pixel per unit of scale there, so polygons would drift off the pixels; "
+            "the output size is image_size and the scale range is scale"
+        )
+
+
 def _pipeline_transforms(transform: object) -> list[object]:
     """The compose itself and every transform below it."""
     children = getattr(transform, "transforms", None) if isinstance(transform, A.BaseCompose) else None
@@ -184,17 +200,12 @@ class AlbumentationsTransform:
 
     Raises:
         TypeError, FileNotFoundError: see :func:`load_transforms`.
+        ValueError: the pipeline resizes (:func:`refuse_resizing`).
     """
 
     def __init__(self, transforms: A.BaseCompose | str | Path | None) -> None:
         self.transforms = load_transforms(transforms)
-        resizing = _resizing_steps(self.transforms) if self.transforms is not None else []
-        if resizing:
-            raise ValueError(
-                f"transforms must not resize ({', '.join(resizing)}): albumentations moves keypoints "
-                "by half a pixel per unit of scale there, so polygons would drift off the pixels; "
-                "the output size is image_size and the scale range is scale"
-            )
+        refuse_resizing(self.transforms)
         self.geometric = self.transforms is not None and _is_geometric(self.transforms)
         self._runner: A.BaseCompose | None = self.transforms
         if self.geometric:

@@ -17,14 +17,12 @@ Pasted copies keep the source's labels and annotation ids, so every target stays
 
 from __future__ import annotations
 
-from dataclasses import replace
-
 import cv2
 import numpy as np
 
 from seg_datamodule.ops.occlusion import group_occluders
 from seg_datamodule.ops.raster import rasterize_flat
-from seg_datamodule.structures import Polygons, Sample
+from seg_datamodule.structures import Instances, Polygons, Sample
 
 __all__ = ["flipped_source", "paste_instances", "paste_mask", "select_for_paste"]
 
@@ -49,12 +47,8 @@ def flipped_source(sample: Sample) -> Sample:
     Only the fields copy-paste reads are mirrored; the result is a new sample.
     """
     width = sample.canvas_size[1]
-    boxes = None
-    if sample.boxes is not None:
-        boxes = sample.boxes.copy()
-        boxes[:, [0, 2]] = width - sample.boxes[:, [2, 0]]
-    return replace(sample, image=cv2.flip(sample.image, 1), polygons=sample.polygons.flip_lr(width), boxes=boxes,
-                   crowd_mask=None, occluders=None, origins=None)
+    instances = sample.instances.with_columns(occluders=None, origins=None).flip_lr(width)
+    return sample.with_instances(instances, image=cv2.flip(sample.image, 1), crowd_mask=None)
 
 
 def select_for_paste(rng: np.random.Generator, num_instances: int) -> np.ndarray:
@@ -181,20 +175,14 @@ def paste_instances(
             keep[i], boxes[i] = _visible(own[k], covered[k], boxes[i], min_area_ratio, min_box_size)
 
     # 4. The survivors, then the pasted copies (above everything, so nothing occludes them).
-    no_rings = Polygons(np.zeros((0, 2)), np.zeros(1, np.int64), np.zeros(int(pick.sum()) + 1, np.int64))
-    own_origins = np.zeros(n, np.uint8) if target.origins is None else target.origins
-    src_labels, src_ids = source.labels[pick], source.annotation_ids[pick]
-    sample = replace(
-        target,
+    survivors = target.instances.with_columns(boxes=boxes, occluders=occluders).select(keep)
+    copies = source.instances.select(pick).with_columns(boxes=pasted_boxes, occluders=None,
+                                                        origins=np.ones(int(pick.sum()), np.uint8))
+    sample = target.with_instances(
+        Instances.concat([survivors, copies]),
         image=image,
-        polygons=Polygons.concat([target.polygons.select(keep), pasted]),
-        labels=np.concatenate([target.labels[keep], src_labels]).astype(np.int64),
-        annotation_ids=np.concatenate([target.annotation_ids[keep], src_ids]).astype(np.int64),
-        boxes=np.concatenate([boxes[keep], pasted_boxes]).astype(np.float32),
         crowd_mask=crowd,
-        occluders=Polygons.concat([occluders.select(keep), no_rings]),
-        origins=np.concatenate([own_origins[keep], np.ones(len(src_labels), np.uint8)]),
         # A pasted category is on the canvas now: no longer "verified absent" (LVIS neg_category_ids).
-        neg_labels=None if target.neg_labels is None else np.setdiff1d(target.neg_labels, src_labels),
+        neg_labels=None if target.neg_labels is None else np.setdiff1d(target.neg_labels, copies.labels),
     )
     return sample, int(n - keep.sum())

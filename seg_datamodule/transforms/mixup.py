@@ -7,12 +7,10 @@ near half and half). Nothing occludes anything: both images show through everywh
 
 from __future__ import annotations
 
-from dataclasses import replace
-
 import cv2
 import numpy as np
 
-from seg_datamodule.structures import Polygons, Sample
+from seg_datamodule.structures import Instances, Sample
 
 __all__ = ["MIXUP_BETA", "mixup_samples"]
 
@@ -42,24 +40,13 @@ def mixup_samples(sample: Sample, partner: Sample, ratio: float) -> Sample:
         raise ValueError(f"ratio must be in [0, 1], got {ratio!r}")
     # One rounded uint8 pass (OpenCV saturates), about 10x cheaper than blending in float.
     image = cv2.addWeighted(sample.image, float(ratio), partner.image, 1.0 - float(ratio), 0.0)
-    n, m = sample.num_instances, partner.num_instances
     crowds = [c for c in (sample.crowd_mask, partner.crowd_mask) if c is not None]
-    occluders = None
-    if sample.occluders is not None:
-        no_rings = Polygons(np.zeros((0, 2)), np.zeros(1, np.int64), np.zeros(m + 1, np.int64))
-        occluders = Polygons.concat([sample.occluders, no_rings])
-    boxes = [s.boxes if s.boxes is not None else s.polygons.boxes().astype(np.float32) for s in (sample, partner)]
-    return replace(
-        sample,
+    # The partner's instances follow the sample's, marked as mixed in; nothing occludes them.
+    mixed_in = partner.instances.with_columns(occluders=None, origins=np.full(partner.num_instances, 2, np.uint8))
+    return sample.with_instances(
+        Instances.concat([sample.instances, mixed_in]),
         image=image,
-        polygons=Polygons.concat([sample.polygons, partner.polygons]),
-        labels=np.concatenate([sample.labels, partner.labels]).astype(np.int64),
-        annotation_ids=np.concatenate([sample.annotation_ids, partner.annotation_ids]).astype(np.int64),
-        boxes=np.concatenate(boxes).astype(np.float32),
         crowd_mask=(crowds[0] | crowds[1]) if len(crowds) == 2 else (crowds[0].copy() if crowds else None),
-        occluders=occluders,
-        origins=np.concatenate([np.zeros(n, np.uint8) if sample.origins is None else sample.origins,
-                                np.full(m, 2, np.uint8)]),
         # LVIS's lists of the blend: absent only where absent from both images, possibly
         # unlabelled where either says so (as for a mosaic's tiles).
         neg_labels=_both(sample.neg_labels, partner.neg_labels, np.intersect1d),

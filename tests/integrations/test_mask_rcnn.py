@@ -115,7 +115,8 @@ def test_the_config_trains_at_the_image_size_given(coco_mini: Path, tmp_path: Pa
     images = {f"--data.{s}_images": str(coco_mini / f"{s}2017") for s in ("train", "val")}
     args = ["--config", str(ROOT / "configs" / "maskrcnn.yaml"), *[x for kv in {**coco, **images}.items() for x in kv],
             "--data.image_size", "320", "--data.cache_dir", str(tmp_path / "cache"),
-            "--model.init_args.backbone", "resnet18"]
+            "--model.init_args.backbone", "resnet18", "--model.init_args.weights_backbone", "null",
+            "--model.init_args.trainable_backbone_layers", "null"]
     cli = _DataOnlyCLI(L.LightningModule, COCOSegDataModule, subclass_mode_model=True, run=False,
                        save_config_callback=None, args=args)
     cli.model.trainer = SimpleNamespace(datamodule=cli.datamodule)

@@ -94,41 +94,31 @@ class CocoIndex:
         options: IndexOptions | None = None,
         **fields: Any,
     ) -> "CocoIndex":
-        """Build the index of a COCO annotation file, or load it from the cache.
-
-        Reads only the annotation file (and the cache), never the images, unless
-        ``verify_images`` is set.
+        """The index of a COCO annotation file, from the cache or built (never the images, unless ``verify_images``).
 
         Args:
             ann_file: COCO instances JSON.
             image_root: folder holding the images named by ``file_name``.
-            options (IndexOptions | None): the options below as one object (the DataModule's);
-                None: the defaults.
+            options (IndexOptions | None): the options below as one object; None: the defaults.
             **fields: any :class:`~seg_datamodule.io.coco.building.IndexOptions` field, given
                 flat (``CocoIndex.build(ann, images, on_bad_sample="skip")``), over ``options``:
             on_bad_sample: ``"raise"`` fails on the first problem with a message naming the file
                 and ids; ``"skip"`` leaves bad entries out, counts them by reason
                 (:attr:`skip_counts`) and logs a summary once.
-            drop_crowd: leave crowd (``iscrowd=1``) regions out; :meth:`crowd_mask` then
-                returns None.
+            drop_crowd: leave crowd (``iscrowd=1``) regions out; :meth:`crowd_mask` then returns None.
             drop_empty: leave out images without a target instance (kept as negatives by
                 default). Applied after ``drop_crowd``; crowd-only images count as empty.
             verify_images: decode every image now (threads) and check its size against the
                 JSON; bad images raise, or in skip mode are left out and counted.
             cache_dir: folder of the cache (see the module docstring); None: :func:`default_cache_dir`.
-            use_cache: read and write the cache at all.
+            use_cache: read and write the cache.
             crowd_as_instances: crowd regions as target instances (see :mod:`~seg_datamodule.io.coco.crowd`;
                 without it, a file of mostly crowd regions is named in a ``CrowdShareWarning``).
 
-        Returns:
-            the index.
-
         Raises:
-            TypeError, ValueError: ``on_bad_sample`` is not a str, or neither ``"raise"`` nor ``"skip"``.
-            TypeError: a flag is not a bool.
+            TypeError, ValueError: ``on_bad_sample`` is neither ``"raise"`` nor ``"skip"``; a flag is not a bool.
             FileNotFoundError: ``ann_file`` does not exist.
-            BadAnnotationError: a problem in the JSON (always for structural problems; in
-                ``"raise"`` mode for every problem).
+            BadAnnotationError: a problem in the JSON (structural ones always; every one in ``"raise"`` mode).
             BadImageError: ``verify_images`` in ``"raise"`` mode found a bad image.
         """
         options = merge_options(options, fields, "CocoIndex.build()")
