@@ -121,6 +121,8 @@ class SegCLI(LightningCLI):
         with warnings.catch_warnings():
             if subcommand != "fit":  # validate / test / predict restore weights, not the training callbacks
                 warnings.filterwarnings("ignore", message="Be aware that when using `ckpt_path`, callbacks used")
+                # ModelCheckpoint's fit state (best_k_models, ...) from another run's folder: nothing to save here
+                warnings.filterwarnings("ignore", message="The dirpath has changed from")
             super()._run_subcommand(subcommand)
 
 
