@@ -24,7 +24,9 @@ A user's mistake is one line and exit code 2 (:mod:`~seg_datamodule.cli_errors`:
 with the closest key, any :class:`~seg_datamodule.errors.UserInputError`, one from a DataLoader
 worker included; ``SEG_DATAMODULE_TRACEBACK=1`` for the traceback). A run writes its
 ``config.yaml`` only into its logger's folder, leaves ``trainer.precision`` unset to the one that
-fits the accelerator and prints no Lightning tips (:mod:`~seg_datamodule.cli_defaults`).
+fits the accelerator and prints no Lightning tips (:mod:`~seg_datamodule.cli_defaults`). A fit
+resumed from a checkpoint that has nothing left to train (a finished run's ``last.ckpt`` with
+the same ``trainer.max_epochs``) says so in one line instead of ending silently.
 """
 
 from __future__ import annotations
@@ -44,9 +46,18 @@ from lightning.pytorch.cli import ArgsType, LightningCLI
 
 from seg_datamodule.cli_defaults import RunFolderConfig, default_precision, quiet_console
 from seg_datamodule.cli_errors import OneLineParser, user_error_message
+from seg_datamodule.console import print_summary
 from seg_datamodule.data.datamodule import COCOSegDataModule
 
 __all__ = ["SegCLI", "datamodule_from_config", "loader_bench_main", "main"]
+
+#: What ``seg-datamodule --help`` says above LightningCLI's own subcommands: the two it dispatches itself.
+_DESCRIPTION = (
+    "Train, validate, test or predict with COCOSegDataModule (the LightningCLI subcommands below). "
+    "Two more commands: 'seg-datamodule convert ANN IMAGES OUTPUT' writes LitData chunks to stream "
+    "(data.train_stream); 'seg-datamodule loader-bench --config CONFIG' runs the train loader alone at "
+    "several num_workers. Each takes --help."
+)
 
 
 class SegCLI(LightningCLI):
@@ -60,8 +71,10 @@ class SegCLI(LightningCLI):
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         kwargs.setdefault("parser_class", OneLineParser)
-        kwargs.setdefault("parser_kwargs", {"prog": "seg-datamodule"})  # not __main__.py under python -m
+        # prog: not __main__.py under python -m
+        kwargs.setdefault("parser_kwargs", {"prog": "seg-datamodule", "description": _DESCRIPTION})
         kwargs.setdefault("save_config_callback", RunFolderConfig)
+        self._resumed_step: int | None = None
         super().__init__(*args, **kwargs)
 
     def add_arguments_to_parser(self, parser) -> None:  # noqa: ANN001 (jsonargparse parser)
@@ -81,6 +94,22 @@ class SegCLI(LightningCLI):
             datamodule.restore_categories(checkpoint.get(type(datamodule).__qualname__) or {})
         return datamodule.num_classes
 
+    def before_fit(self) -> None:
+        """Note the optimiser step the ``--ckpt_path`` checkpoint was saved at (``after_fit`` compares)."""
+        ckpt_path = self.config[self.subcommand].get("ckpt_path") if self.subcommand else None
+        if ckpt_path and Path(ckpt_path).is_file():
+            checkpoint = torch.load(ckpt_path, map_location="cpu", weights_only=True, mmap=True)
+            self._resumed_step = checkpoint.get("global_step")
+
+    def after_fit(self) -> None:
+        """A resumed fit that took no step: say why (issue 37: it left an empty run folder silently)."""
+        if self._resumed_step is None or self.trainer.global_step != self._resumed_step:
+            return
+        limit = self.trainer.max_epochs
+        print_summary(self.trainer, f"seg-datamodule fit: nothing left to train: the checkpoint was saved at step "
+                                    f"{self._resumed_step}, already at trainer.max_epochs={limit} (or max_steps); "
+                                    f"raise --trainer.max_epochs to train on")
+
     def before_instantiate_classes(self) -> None:
         config = self.config[self.subcommand] if self.subcommand else self.config
         if "trainer" in config and config.get("trainer.precision") is None:
@@ -92,6 +121,8 @@ class SegCLI(LightningCLI):
         with warnings.catch_warnings():
             if subcommand != "fit":  # validate / test / predict restore weights, not the training callbacks
                 warnings.filterwarnings("ignore", message="Be aware that when using `ckpt_path`, callbacks used")
+                # ModelCheckpoint's fit state (best_k_models, ...) from another run's folder: nothing to save here
+                warnings.filterwarnings("ignore", message="The dirpath has changed from")
             super()._run_subcommand(subcommand)
 
 

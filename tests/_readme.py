@@ -1,9 +1,13 @@
-"""The README's fenced code blocks as runnable steps, for ``tests/test_readme.py``.
+"""The fenced code blocks of the README and the docs site as runnable steps, for ``tests/test_readme.py``.
 
-Every ```` ```bash ```` and ```` ```python ```` block of ``README.md`` becomes one or more
-:class:`Step` s, named after the section they stand in (``train-on-coco-2017``,
-``use-it-in-your-own-code-2``). A block that cannot run in a test carries the line
-``<!-- readme-test: skip (why) -->`` just before its fence and is reported skipped by name.
+Every ```` ```bash ```` and ```` ```python ```` block of ``README.md`` and of every page of
+``docs/`` (:func:`doc_pages`: the README, then the pages in ``mkdocs.yml``'s navigation order)
+becomes one or more :class:`Step` s, named after the page and the section they stand in
+(``use-it-in-your-own-code`` in the README, ``guides/coco:train-on-coco-2017`` on a page,
+``-2``, ``-3`` ... for later blocks of a section). A block that cannot run in a test carries the line
+``<!-- readme-test: skip (why) -->`` just before its fence and is reported skipped by name. A
+command shown twice (the quick start on the README and on the first page) runs once: a step whose
+command, as run, an earlier step already runs is left out (:func:`steps_from_blocks`).
 
 A step runs as a user would run it, with five kinds of change, all listed here:
 
@@ -14,11 +18,11 @@ A step runs as a user would run it, with five kinds of change, all listed here:
   Ultralytics' layout with its ``data.yaml`` (``_yolo.make_yolo_root``, beside the COCO root);
   ``s3://bucket/...`` names a local folder (no S3 server here);
 - **interpreter**: ``.venv/bin/python`` (or ``python``) is the interpreter running the tests,
-  and ``seg-datamodule`` is its console script;
+  and ``seg-datamodule`` (or ``.venv/bin/seg-datamodule``) is its console script;
 - **size**: ``fit`` / ``validate`` / ``test`` / ``predict`` runs get :func:`cli_limits` appended
   (a few small steps on two workers), Python blocks the same limits through :data:`PY_LIMITS`; a
   ``fit`` that resumes (``--ckpt_path``) runs one epoch more than the run that wrote the
-  checkpoint;
+  checkpoint; a Python block's own ``max_epochs=`` gives way to the limit's;
 - **help**: a benchmark script runs with ``--help`` (the benchmarks themselves take minutes);
 - **warnings**: a command that runs a shipped config (``--config configs/...``) runs with every
   warning a user would see as an error (:data:`WARNINGS_AS_ERRORS`), so the shipped configs stay
@@ -29,6 +33,7 @@ A step runs as a user would run it, with five kinds of change, all listed here:
 
 The installation and test commands of the quick start are not run (that would install the
 project or run this suite inside itself); the test checks instead that ``.ci/run`` runs them.
+``mkdocs build`` is run by ``tests/test_docs.py``, not here.
 """
 
 from __future__ import annotations
@@ -39,8 +44,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 __all__ = [
-    "CLI_LIMITS", "PY_LIMITS", "WARNINGS_AS_ERRORS", "warning_flags", "Block", "Step", "cli_limits", "make_coco_root", "make_lvis_root", "parse_blocks",
-    "steps_from_blocks", "substitute_python", "substitute_token",
+    "CLI_LIMITS", "PY_LIMITS", "WARNINGS_AS_ERRORS", "warning_flags", "Block", "Step", "cli_limits", "doc_pages",
+    "make_coco_root", "make_lvis_root", "parse_blocks", "steps_from_blocks", "substitute_python", "substitute_token",
 ]
 
 #: Appended to every ``fit`` / ``validate`` / ``test`` command: small, but every stage runs
@@ -57,6 +62,7 @@ CLI_LIMITS = [
 _EVAL_LIMITS = ["--data.val_batch_size", "4", "--data.image_size", "256", "--data.num_workers", "2"]
 #: The same limits for Python blocks, as (pattern, replacement) over the source.
 PY_LIMITS = [
+    (r"\bmax_epochs=\d+,?\s*", ""),  # the block's own epoch count gives way to the limit's (next)
     (r"\bTrainer\(", "Trainer(max_epochs=1, limit_train_batches=8, limit_val_batches=2, limit_test_batches=2, "
                      "limit_predict_batches=2, num_sanity_val_steps=0, "),
     (r"\bimage_size=\d+", "image_size=256"),
@@ -137,10 +143,11 @@ _FENCE = re.compile(r"^```(?P<lang>[A-Za-z]*)\s*$")
 
 @dataclass(frozen=True)
 class Block:
-    """One fenced block of the README.
+    """One fenced block of the README or of a docs page.
 
     Attributes:
-        name: the section's slug, with ``-2``, ``-3`` ... for later blocks of that section.
+        name: the section's slug, with ``-2``, ``-3`` ... for later blocks of that section, after
+            ``page:`` for a docs page (``guides/coco:train-on-coco-2017``).
         lang: ``"bash"`` or ``"python"`` (other fences are prose and not collected).
         code: the block's text.
         line: 1-based line of the opening fence.
@@ -161,7 +168,8 @@ class Step:
     Attributes:
         name: the block's name, ``#k`` appended for the k-th command of a bash block.
         kind: ``"cli"`` (``python -m seg_datamodule`` / ``seg-datamodule``), ``"bench"``,
-            ``"python"``, ``"install"`` or ``"suite"`` (checked against ``.ci/run``, not run).
+            ``"python"``, ``"install"`` or ``"suite"`` (checked against ``.ci/run``, not run), or
+            ``"site"`` (``mkdocs build``, run by ``tests/test_docs.py``).
         argv: the command as the README writes it (bash), or ``[]`` (python).
         source: the block's code (python), or ``""``.
         subcommand: for ``cli``: ``fit``, ``validate``, ``convert``, ...
@@ -180,8 +188,32 @@ def _slug(heading: str) -> str:
     return re.sub(r"[^a-z0-9]+", "-", heading.lower()).strip("-")
 
 
-def parse_blocks(text: str) -> list[Block]:
-    """The README's bash and python blocks, in order, named by section."""
+def doc_pages(root: Path) -> list[tuple[str, str]]:
+    """``(page, text)`` of ``README.md`` (page ``""``) and of every page of ``mkdocs.yml``'s nav, in order.
+
+    The order is the order the steps run in, one working folder for all: the COCO guide's fit
+    writes the checkpoint its resume command and the test and predict guide read.
+    """
+    import yaml
+
+    def walk(node: object) -> list[str]:
+        if isinstance(node, str):
+            return [node]
+        if isinstance(node, dict):
+            return [p for value in node.values() for p in walk(value)]
+        if isinstance(node, list):
+            return [p for item in node for p in walk(item)]
+        return []
+
+    config = yaml.safe_load((root / "mkdocs.yml").read_text())
+    pages = [("", (root / "README.md").read_text())]
+    for page in walk(config["nav"]):
+        pages.append((page.removesuffix(".md"), (root / config.get("docs_dir", "docs") / page).read_text()))
+    return pages
+
+
+def parse_blocks(text: str, page: str = "") -> list[Block]:
+    """A page's bash and python blocks, in order, named by page and section (see :class:`Block`)."""
     blocks: list[Block] = []
     lines = text.splitlines()
     section, seen = "top", {}
@@ -199,6 +231,7 @@ def parse_blocks(text: str) -> list[Block]:
         if lang in ("bash", "sh", "shell", "python", "py"):
             seen[section] = seen.get(section, 0) + 1
             name = section if seen[section] == 1 else f"{section}-{seen[section]}"
+            name = f"{page}:{name}" if page else name
             skip = _SKIP.search(lines[i - 1]) if i else None
             blocks.append(Block(name=name, lang="python" if lang.startswith("py") else "bash",
                                 code="\n".join(lines[i + 1:end]), line=i + 1,
@@ -237,30 +270,50 @@ def _classify(name: str, argv: list[str]) -> Step:
         return Step(name, "cli", argv, subcommand=rest[0] if rest else None, config=config)
     if prog.startswith("python") and len(argv) >= 2 and argv[1].startswith("benchmarks/"):
         return Step(name, "bench", argv)
+    if prog == "mkdocs" and argv[1:2] == ["build"]:
+        return Step(name, "site", argv)
     raise ValueError(f"README block {name}: no test runs {shlex.join(argv)!r}; teach tests/_readme.py to run it "
                      "or mark the block <!-- readme-test: skip (why) -->")
 
 
+def _run_key(step: Step) -> tuple:
+    """What a step runs, as run: two steps with one key run once."""
+    if step.kind == "python":
+        return ("python", step.source)
+    if step.kind == "bench":  # a benchmark runs with --help alone: its options change nothing
+        return ("bench", step.argv[1])
+    if step.kind == "cli":  # `python -m seg_datamodule` and `seg-datamodule` run the same
+        prog = Path(step.argv[0]).name
+        return ("cli", *(step.argv[3:] if prog.startswith("python") else step.argv[1:]))
+    return (step.kind, *step.argv)
+
+
 def steps_from_blocks(blocks: list[Block]) -> list[Step]:
-    """Every step of the runnable blocks, in README order.
+    """Every step of the runnable blocks, in page order, each command once.
 
     Raises:
-        ValueError: a command that no runner knows (so a new kind of README command cannot go
+        ValueError: a command that no runner knows (so a new kind of command on a page cannot go
             untested by accident).
     """
     steps: list[Step] = []
+    seen: set[tuple] = set()
     for block in blocks:
         if block.skip is not None:
             continue
         if block.lang == "python":
-            steps.append(Step(block.name, "python", source=block.code))
-            continue
-        commands = _commands(block.code)
-        for k, argv in enumerate(commands, 1):
-            step = _classify(block.name if len(commands) == 1 else f"{block.name}#{k}", argv)
-            if step.kind == "bench":  # name a benchmark by its script, not its position
-                step.name = f"{block.name}:{Path(argv[1]).stem}"
-            steps.append(step)
+            candidates = [Step(block.name, "python", source=block.code)]
+        else:
+            commands = _commands(block.code)
+            candidates = []
+            for k, argv in enumerate(commands, 1):
+                step = _classify(block.name if len(commands) == 1 else f"{block.name}#{k}", argv)
+                if step.kind == "bench":  # name a benchmark by its script, not its position
+                    step.name = f"{block.name}:{Path(argv[1]).stem}"
+                candidates.append(step)
+        for step in candidates:
+            if _run_key(step) not in seen:
+                seen.add(_run_key(step))
+                steps.append(step)
     return steps
 
 

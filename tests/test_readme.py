@@ -1,11 +1,12 @@
-"""Every path the README shows runs, and so does every config in ``configs/``.
+"""Every path the README and the docs site show runs, and so does every config in ``configs/``.
 
-Each bash and python block of ``README.md`` is run as a user would run it on real COCO-format
-data (coco-mini), with a logger attached, in README order in one working folder (so the resume
-command finds the checkpoint the COCO run wrote); ``tests/_readme.py`` says exactly what is
-substituted (paths, the interpreter, a small step limit). When the README changes, these tests
+Each bash and python block of ``README.md`` and of every page of ``docs/`` is run as a user would
+run it on real COCO-format data (coco-mini), with a logger attached, in page order (the README,
+then the site's navigation) in one working folder (so the resume command finds the checkpoint the
+COCO run wrote); a command shown on two pages runs once. ``tests/_readme.py`` says exactly what is
+substituted (paths, the interpreter, a small step limit). When a page changes, these tests
 follow it: a new block is run, and a command no runner knows fails until it is taught or marked
-``<!-- readme-test: skip (why) -->``. Then every ``configs/*.yaml`` runs through the real CLI
+``<!-- readme-test: skip (why) -->``. ``tests/test_docs.py`` builds the site itself. Then every ``configs/*.yaml`` runs through the real CLI
 with its own model and callbacks (a config the README already ran is not run twice); every run of
 a shipped config turns each warning a user would see into an error (issue 40).
 """
@@ -26,15 +27,14 @@ import pytest
 import yaml
 
 from _readme import (
-    Step, cli_limits, make_coco_root, make_lvis_root, parse_blocks, steps_from_blocks, substitute_python, substitute_token,
-    WARNINGS_AS_ERRORS, warning_flags,
+    Step, cli_limits, doc_pages, make_coco_root, make_lvis_root, parse_blocks, steps_from_blocks, substitute_python,
+    substitute_token, WARNINGS_AS_ERRORS, warning_flags,
 )
 from _pretrained import write_pretrained_weights
 from _yolo import make_yolo_root
 
 ROOT = Path(__file__).resolve().parents[1]
-README = (ROOT / "README.md").read_text()
-BLOCKS = parse_blocks(README)
+BLOCKS = [block for page, text in doc_pages(ROOT) for block in parse_blocks(text, page)]
 STEPS = steps_from_blocks(BLOCKS)
 CONFIGS = sorted((ROOT / "configs").glob("*.yaml"))
 TIMEOUT = 900
@@ -64,7 +64,7 @@ def _ci_commands() -> list[str]:
 
 
 class _Runner:
-    """Runs the README's steps lazily and in order, each at most once, in one folder."""
+    """Runs the pages' steps lazily and in order, each at most once, in one folder."""
 
     def __init__(self, work: Path, coco: Path, cache: Path) -> None:
         self.work, self.coco, self.bucket = work, coco, work / "bucket"
@@ -92,7 +92,7 @@ class _Runner:
 
     def _run(self, step: Step) -> Result:
         if step.kind == "python":
-            folder = self.work / f"py-{step.name}"
+            folder = self.work / ("py-" + re.sub(r"[^A-Za-z0-9_-]+", "-", step.name))
             folder.mkdir()
             script = folder / "block.py"
             script.write_text(substitute_python(step.source, self.coco))
@@ -102,8 +102,8 @@ class _Runner:
             argv = [sys.executable, *step.argv[1:], "--help"]
             proc = self._exec(argv, self.work)
             return Result(argv, proc.returncode, proc.stdout + proc.stderr, None)
-        if step.kind != "cli":
-            return Result(step.argv, 0, "", None)  # install / suite: checked against .ci/run
+        if step.kind != "cli":  # install / suite: checked against .ci/run; site: tests/test_docs.py
+            return Result(step.argv, 0, "", None)
         prog = Path(step.argv[0]).name
         rest = step.argv[3:] if prog.startswith("python") else step.argv[1:]
         argv = [sys.executable, *warning_flags(step.config), "-m", "seg_datamodule",
@@ -134,12 +134,26 @@ def _metric_columns(log_dir: Path) -> set[str]:
 def test_readme_blocks_are_found_and_named():
     names = [b.name for b in BLOCKS]
     assert len(names) == len(set(names))
-    # The sections the issue lists; a renamed section or a lost block fails here.
-    for expected in ("quick-start", "train-on-coco-2017", "use-it-in-your-own-code",
-                     "preemptible-training-resume-mid-epoch", "coco-map-in-validation",
-                     "train-from-object-storage-litdata", "benchmarks"):
-        assert expected in names, f"no runnable block in README section {expected!r}"
+    # The sections the issues list; a renamed section or a lost block fails here.
+    for expected in ("quick-start", "use-it-in-your-own-code", "guides/coco:train-on-coco-2017",
+                     "guides/coco:resume-after-a-preemption", "guides/evaluation:coco-map-in-validation",
+                     "guides/streaming:streaming-from-object-storage-litdata", "guides/test-predict:test-and-predict",
+                     "guides/lvis:train-on-lvis", "guides/ultralytics:ultralytics-datasets-data-yaml",
+                     "index:build-this-site"):
+        assert expected in names, f"no runnable block in section {expected!r}"
     assert not [b for b in BLOCKS if b.skip is not None and not b.skip.strip()]
+
+
+def test_a_command_shown_twice_runs_once():
+    """The quick start is on the README and on the site's first page: its steps are the README's."""
+    shown = [b for b in BLOCKS if "seg_datamodule fit --config configs/demo.yaml\n" in b.code + "\n"]
+    assert [b.name for b in shown] == ["quick-start", "index:install-and-run-the-demo"]
+    assert [s.name for s in STEPS if s.kind == "cli" and s.argv[-1] == "configs/demo.yaml"] == ["quick-start#3"]
+    twice = parse_blocks("# A\n```bash\nseg-datamodule fit --config c.yaml\n```\n", "p") + parse_blocks(
+        "# B\n```bash\n.venv/bin/python -m seg_datamodule fit --config c.yaml\n```\n```python\nprint(1)\n```\n", "q")
+    assert [s.name for s in steps_from_blocks(twice)] == ["p:a", "q:b-2"]
+    # Not more than a handful of runs for the whole site (the suite's time is tight).
+    assert sum(s.kind in ("cli", "bench", "python") for s in STEPS) <= 38
 
 
 def test_readme_install_and_test_commands_are_what_ci_runs():
@@ -165,7 +179,7 @@ def test_every_readme_install_command_is_run_by_ci():
 
 def test_every_readme_command_has_a_runner():
     # steps_from_blocks raised at import if not; this names the kinds that are run.
-    assert {s.kind for s in STEPS} <= {"cli", "bench", "python", "install", "suite"}
+    assert {s.kind for s in STEPS} <= {"cli", "bench", "python", "install", "suite", "site"}
     assert sum(s.kind == "bench" for s in STEPS) >= 5
 
 

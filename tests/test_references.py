@@ -1,4 +1,4 @@
-"""Every module, function, class or command a docstring, message or the README names exists.
+"""Every module, function, class or command a docstring, message, the README or a docs page names exists.
 
 A cross-reference (``:mod:``, ``:func:``, ``:class:``, ``:meth:``, ``:data:``, ``:attr:``,
 ``:exc:``) or a literal ````seg_datamodule.x.y```` in the package's source is resolved by import:
@@ -99,7 +99,8 @@ def test_cross_references_resolve(name: str, path: Path) -> None:
 
 def test_commands_named_are_subcommands() -> None:
     texts = {path: path.read_text() for _, path in _modules()}
-    texts[ROOT / "README.md"] = (ROOT / "README.md").read_text()
+    for page in [ROOT / "README.md", *sorted((ROOT / "docs").rglob("*.md"))]:
+        texts[page] = page.read_text()
     unknown = sorted({f"{path.relative_to(ROOT)}: {script} {word}".strip() for path, text in texts.items()
                       for script, word in COMMAND.findall(text)
                       if script not in SCRIPTS or (word and word not in SUBCOMMANDS)})
