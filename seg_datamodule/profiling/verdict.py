@@ -37,7 +37,7 @@ from typing import Any
 
 __all__ = ["THRESHOLDS", "judge_step_time"]
 
-#: Where each rule fires (documented in the module docstring and README).
+#: Where each rule fires (documented in docs/guides/profiler.md).
 THRESHOLDS: dict[str, float] = {
     "loader_share": 0.20,  # train_dataloader_next share of the step
     "optimizer_ratio": 1.5,  # in-loop over isolated optimiser step
