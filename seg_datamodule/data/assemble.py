@@ -85,7 +85,11 @@ class TileTargets:
 
 
 def fetch_targets(index: ImageIndex, source: ImageSource, ids: np.ndarray, visible: np.ndarray) -> TileTargets:
-    """The targets of the tiles ``ids`` (crowd masks only for the ``visible`` ones, through the cache)."""
+    """The targets of the tiles ``ids`` (crowd masks only for the ``visible`` ones, through the cache).
+
+    An index with box-only instances (no ring; ``box_only: keep``) has ``bboxes(i)``, as
+    ``CocoIndex`` and a streamed index do: their boxes are read there.
+    """
     tiles = [int(i) for i in ids]
     neg = not_exhaustive = None
     if isinstance(index, FederatedIndex):

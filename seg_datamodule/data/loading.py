@@ -44,10 +44,6 @@ class ImageIndex(Protocol):
         """int64 (N,) their COCO annotation ids."""
         ...
 
-    def bboxes(self, i: int) -> np.ndarray:
-        """float64 (N, 4) their ``[x, y, w, h]`` boxes (read for box-only instances, which have no ring)."""
-        ...
-
     def crowd_mask(self, i: int) -> np.ndarray | None:
         """bool (H, W) union of crowd regions, or None."""
         ...
