@@ -18,6 +18,7 @@ import numpy as np
 from seg_datamodule.data.loading import FederatedIndex, ImageIndex, ImageSource
 from seg_datamodule.data.tiles import Tiles
 from seg_datamodule.structures import Polygons, Sample
+from seg_datamodule.transforms.box_only import with_box_rings, without_rings
 from seg_datamodule.transforms.albu import AlbumentationsTransform, hsv_jitter
 from seg_datamodule.transforms.hsv import HSVJitter
 from seg_datamodule.transforms.plan import TilePlan
@@ -68,6 +69,9 @@ class TileTargets:
             or the tile does not show).
         neg_labels, not_exhaustive_labels (ndarray int64 | None): the canvas's LVIS lists
             (:func:`federated_labels`); None when the index has none.
+        has_mask (ndarray[N] bool | None): False for a box-only instance, whose polygon here
+            is the rectangle of its box (:func:`~seg_datamodule.transforms.box_only.with_box_rings`);
+            None when every instance has a mask.
     """
 
     image_id: int
@@ -77,17 +81,31 @@ class TileTargets:
     crowds: tuple[np.ndarray | None, ...]
     neg_labels: np.ndarray | None = None
     not_exhaustive_labels: np.ndarray | None = None
+    has_mask: np.ndarray | None = None
 
 
 def fetch_targets(index: ImageIndex, source: ImageSource, ids: np.ndarray, visible: np.ndarray) -> TileTargets:
-    """The targets of the tiles ``ids`` (crowd masks only for the ``visible`` ones, through the cache)."""
+    """The targets of the tiles ``ids`` (crowd masks only for the ``visible`` ones, through the cache).
+
+    An index with box-only instances (no ring; ``box_only: keep``) has ``bboxes(i)``, as
+    ``CocoIndex`` and a streamed index do: their boxes are read there.
+    """
     tiles = [int(i) for i in ids]
     neg = not_exhaustive = None
     if isinstance(index, FederatedIndex):
         neg, not_exhaustive = federated_labels(index, ids)
+    polygons, has_mask = [], []
+    for i in tiles:
+        own = index.polygons(i)
+        # Box-only instances (no ring, box_only: keep) go through the geometry as their box.
+        boxed, mask = (own, None) if np.all(np.diff(own.instance_offsets) > 0) else with_box_rings(own, index.bboxes(i))
+        polygons.append(boxed)
+        has_mask.append(np.ones(len(own), bool) if mask is None else mask)
+    flags = np.concatenate(has_mask) if has_mask else np.zeros(0, bool)
     return TileTargets(
         image_id=int(index.image_ids[tiles[0]]),
-        polygons=tuple(index.polygons(i) for i in tiles),
+        polygons=tuple(polygons),
+        has_mask=None if flags.all() else flags,
         labels=np.concatenate([index.labels(i) for i in tiles]).astype(np.int64),
         annotation_ids=np.concatenate([index.annotation_ids(i) for i in tiles]).astype(np.int64),
         crowds=tuple(source.crowd(i) if v else None for i, v in zip(tiles, visible)),
@@ -161,10 +179,14 @@ def assemble_sample(
     min_area_ratio, min_box_size = (0.0, 0.0) if steps is None else (steps.min_area_ratio, steps.min_box_size)
     codes, boxes = drop_reasons(polygons, area_before, area_after, min_area_ratio, min_box_size)
     keep = codes == 0
+    # 7. Box-only instances kept their box: now they lose the rectangle that carried it.
+    has_mask = None if targets.has_mask is None else targets.has_mask[keep]
+    kept = polygons.select(keep) if has_mask is None else without_rings(polygons.select(keep), has_mask)
     sample = Sample(
         image=np.ascontiguousarray(image),
         image_id=targets.image_id,
-        polygons=polygons.select(keep),
+        polygons=kept,
+        has_mask=None if has_mask is None or has_mask.all() else has_mask,
         labels=targets.labels[keep],
         annotation_ids=targets.annotation_ids[keep],
         boxes=boxes[keep].astype(np.float32),

@@ -129,6 +129,7 @@ class COCOSegDataModule(DataSources, LoaderHooks, CountsHooks, LightningDataModu
             polygons like non-crowd RLE and counted (``skip_counts``: ``crowd_as_instances``), for
             exports that mark every mask a crowd (CVAT's COCO export). Without it, setup warns
             (once per file) when most of a file's annotations are crowd regions.
+        box_only: a box without a mask: ``"drop"`` (default, counted) or ``"keep"`` (``DetectionBatch.has_mask``).
         drop_empty: leave out images without target instances (kept as negatives by default).
         verify_images: decode every image at setup and check its size.
         cache_dir: where the annotation index cache lives (default: the user cache dir).
@@ -228,6 +229,7 @@ class COCOSegDataModule(DataSources, LoaderHooks, CountsHooks, LightningDataModu
         on_bad_sample: Literal["raise", "skip"] = "raise",
         drop_crowd: bool = False,
         crowd_as_instances: bool = False,
+        box_only: Literal["drop", "keep"] = "drop",
         drop_empty: bool = False,
         verify_images: bool = False,
         cache_dir: str | None = None,
@@ -283,7 +285,7 @@ class COCOSegDataModule(DataSources, LoaderHooks, CountsHooks, LightningDataModu
         self.train_stream, self.demo_dir, self.cache_images = train_stream, demo_dir, cache_images
         # The flat keys as one typed object per layer, built once here.
         self.index_options = IndexOptions(on_bad_sample, drop_crowd, drop_empty, verify_images, cache_dir, use_cache,
-                                          crowd_as_instances=crowd_as_instances)
+                                          crowd_as_instances=crowd_as_instances, box_only=box_only)
         self.loader_options = LoaderOptions(batch_size, batch_size if val_batch_size is None else val_batch_size,
                                             num_workers, mask_stride, pin_memory, persistent_workers, prefetch_factor)
         check_choice("recipe", recipe, ("mosaic", "lsj"))

@@ -149,7 +149,8 @@ class YolactLite(YolactNet, L.LightningModule):
         Returns:
             ``{"loss", "mask_loss", "cls_loss"}`` scalar tensors (``loss`` is what is
             back-propagated; a batch without instances gives a zero connected to every
-            parameter) and the :class:`YolactOutput`.
+            parameter) and the :class:`YolactOutput`. The class loss (the demo's per-box loss)
+            takes every target; the mask loss only those with a mask (``batch.has_mask``).
 
         Raises:
             ValueError: the batch's ``mask_stride`` differs from the model's.
@@ -160,7 +161,10 @@ class YolactLite(YolactNet, L.LightningModule):
                 f"prototypes at mask_stride={self.mask_stride}; set the same stride on both"
             )
         out = self(batch.images, batch.boxes, batch.boxes_per_image)
-        m_loss = mask_loss(out.mask_logits, batch.masks, batch.boxes, batch.mask_stride)
+        # Box-only targets (box_only: keep) have an all-False mask row, not a mask: no mask loss.
+        with_mask = slice(None) if batch.has_mask is None else batch.has_mask
+        m_loss = mask_loss(out.mask_logits[with_mask], batch.masks[with_mask], batch.boxes[with_mask],
+                           batch.mask_stride)
         if batch.labels.numel():
             c_loss = F.cross_entropy(out.class_logits, batch.labels)
         else:
@@ -213,10 +217,13 @@ class YolactLite(YolactNet, L.LightningModule):
         for name, value in losses.items():
             self.log(f"val/{name}", value, prog_bar=name == "mask_loss", batch_size=len(batch))
         num_instances = int(batch.labels.numel())
+        with_mask = slice(None) if batch.has_mask is None else batch.has_mask
+        if int(batch.masks[with_mask].shape[0]):
+            iou = mask_iou(out.mask_logits[with_mask], batch.masks[with_mask], batch.boxes[with_mask],
+                           batch.mask_stride).mean()
+            self.log("val/mask_iou", iou, prog_bar=True, batch_size=int(batch.masks[with_mask].shape[0]))
         if num_instances:
-            iou = mask_iou(out.mask_logits, batch.masks, batch.boxes, batch.mask_stride).mean()
             accuracy = (out.class_logits.argmax(dim=1) == batch.labels).float().mean()
-            self.log("val/mask_iou", iou, prog_bar=True, batch_size=num_instances)
             self.log("val/cls_acc", accuracy, batch_size=num_instances)
         if self.coco_metric is not None:
             preds = box_predictions(batch.boxes, out.class_logits, out.mask_logits, batch.boxes_per_image,

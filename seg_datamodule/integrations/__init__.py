@@ -7,11 +7,13 @@ needs the AGPL-3.0 extra ``seg-datamodule[ultralytics]`` for the module only) an
 Importing this package never imports ``ultralytics``.
 """
 
+from seg_datamodule.integrations._box_only import BoxOnlyUnsupportedError
 from seg_datamodule.integrations._ema import UltralyticsEMA
 from seg_datamodule.integrations.torchvision import MaskRCNNModule, full_resolution_masks, to_torchvision
 from seg_datamodule.integrations.ultralytics import YOLOSegModule, semantic_masks, to_ultralytics_batch
 
 __all__ = [
+    "BoxOnlyUnsupportedError",
     "MaskRCNNModule",
     "UltralyticsEMA",
     "YOLOSegModule",

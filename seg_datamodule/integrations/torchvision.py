@@ -25,6 +25,7 @@ from lightning.pytorch.utilities.rank_zero import rank_zero_warn
 from torch import Tensor
 
 from seg_datamodule.evaluation import COCOMaskMAP
+from seg_datamodule.integrations._box_only import refuse_box_only
 from seg_datamodule.integrations._coco import log_coco_results, make_coco_metric
 from seg_datamodule.integrations._mask_rcnn import (
     build_mask_rcnn, build_pretrained_mask_rcnn, load_pretrained, read_pretrained, resolve_weights,
@@ -209,7 +210,8 @@ class MaskRCNNModule(L.LightningModule):
 
     def setup(self, stage: str) -> None:
         """Take unset sizes from the DataModule's ``image_size``; make the COCO metric (its
-        ``val_ann`` is resolved by now)."""
+        ``val_ann`` is resolved by now); refuse ``box_only: keep`` (:func:`refuse_box_only`)."""
+        refuse_box_only(self, "Mask R-CNN (MaskRCNNModule)")
         self._fit_sizes_to_canvas()
         if self.hparams.coco_eval and self.coco_metric is None and stage in ("fit", "validate"):
             self.coco_metric = make_coco_metric(self, self.hparams.coco_ann_file, self.num_classes)

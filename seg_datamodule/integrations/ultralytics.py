@@ -28,6 +28,7 @@ import torch
 from torch import Tensor
 
 from seg_datamodule.evaluation import COCOMaskMAP
+from seg_datamodule.integrations._box_only import refuse_box_only
 from seg_datamodule.integrations._coco import log_coco_results, make_coco_metric
 from seg_datamodule.integrations._ema import UltralyticsEMA, check_ema_args
 from seg_datamodule.integrations._optim import apply_nominal_batch, check_optim_args, configure_from_hparams
@@ -299,7 +300,9 @@ class YOLOSegModule(L.LightningModule):
         return [UltralyticsEMA(self.hparams.ema_decay, self.hparams.ema_tau)] if self.hparams.ema else []
 
     def setup(self, stage: str) -> None:
-        """Set the nominal-batch accumulation when fitting; make the COCO metric (``val_ann`` is known by now)."""
+        """Set the nominal-batch accumulation when fitting; make the COCO metric (``val_ann`` is known by now);
+        refuse ``box_only: keep`` (:func:`refuse_box_only`)."""
+        refuse_box_only(self, "Ultralytics YOLO-seg (YOLOSegModule)")
         if stage == "fit" and self.hparams.nominal_batch_size is not None:
             self._loss_scale, self._weight_decay_scale = apply_nominal_batch(self.trainer,
                                                                              self.hparams.nominal_batch_size)

@@ -47,6 +47,10 @@ class DetectionBatch:
         origins (Tensor[sum_N] uint8 | None): per target, an index of
             :data:`~seg_datamodule.structures.sample.ORIGINS` (own, pasted by copy-paste, mixed
             in by MixUp); ``None`` when no sample of the batch was mixed.
+        has_mask (Tensor[sum_N] bool | None): per target, False for a box-only one
+            (``box_only: keep``: its mask row is all False; take its box loss, not its mask
+            loss); ``None`` when every target of the batch has a mask (always with
+            ``box_only: drop``).
         hsv_gains (Tensor[B, 3] float64 | None): HSV jitter gains still to apply to ``images``
             (``hsv_on_device``): ``COCOSegDataModule.on_after_batch_transfer`` applies them with
             :func:`~seg_datamodule.transforms.hsv.hsv_jitter_batch_` on the device and sets this
@@ -72,6 +76,7 @@ class DetectionBatch:
     not_exhaustive_labels_per_image: torch.Tensor | None = None
     origins: torch.Tensor | None = None
     hsv_gains: torch.Tensor | None = None
+    has_mask: torch.Tensor | None = None
 
     def __len__(self) -> int:
         return int(self.images.shape[0])

@@ -64,6 +64,8 @@ class Instances:
             ``None``: nothing pasted.
         origins (ndarray[N] uint8 | None): per instance, an index of
             :data:`~seg_datamodule.structures.sample.ORIGINS`; ``None``: all own.
+        has_mask (ndarray[N] bool | None): False for a box-only instance (no ring: a box target
+            without a mask, ``box_only: keep``); ``None``: every instance has a mask.
     """
 
     polygons: Polygons
@@ -72,6 +74,7 @@ class Instances:
     boxes: np.ndarray | None = None
     occluders: Polygons | None = None
     origins: np.ndarray | None = None
+    has_mask: np.ndarray | None = None
 
     def __len__(self) -> int:
         """N, the number of instances."""
@@ -192,6 +195,7 @@ COLUMNS: tuple[Column, ...] = (
            keep_absent=False, tensor=torch.float32),
     Column("occluders", None, fill=lambda p: no_rings(len(p))),
     Column("origins", np.dtype(np.uint8), fill=lambda p: np.zeros(len(p), np.uint8), tensor=torch.uint8),
+    Column("has_mask", np.dtype(bool), fill=lambda p: np.ones(len(p), bool), tensor=torch.bool),
 )
 
 _COLUMN = {c.name: c for c in COLUMNS}

@@ -53,6 +53,8 @@ class Sample:
             :func:`~seg_datamodule.ops.occlusion.rasterize_visible`); ``None``: nothing pasted.
         origins (ndarray[N] uint8 | None): per instance, an index of :data:`ORIGINS`;
             ``None``: all the sample's own.
+        has_mask (ndarray[N] bool | None): False for a box-only instance (``box_only: keep``),
+            which has no ring and only its box; ``None``: every instance has a mask.
         hsv_gains (ndarray[3] float64 | None): HSV jitter gains still to apply to ``image``
             (``HSVJitter.draw``; with ``hsv_on_device`` the accelerator applies them); ``None``
             when there are none.
@@ -73,6 +75,7 @@ class Sample:
     occluders: Polygons | None = None
     origins: np.ndarray | None = None
     hsv_gains: np.ndarray | None = None
+    has_mask: np.ndarray | None = None
 
     @property
     def num_instances(self) -> int:
@@ -82,7 +85,8 @@ class Sample:
     @property
     def instances(self) -> Instances:
         """The polygons and per-instance columns as one :class:`Instances` (views, no copy)."""
-        return Instances(self.polygons, self.labels, self.annotation_ids, self.boxes, self.occluders, self.origins)
+        return Instances(self.polygons, self.labels, self.annotation_ids, self.boxes, self.occluders, self.origins,
+                         self.has_mask)
 
     def with_instances(self, instances: Instances, **changes: object) -> "Sample":
         """This sample with ``instances`` (and any other fields in ``changes``) in place of its own."""
@@ -119,6 +123,8 @@ class Sample:
                 raise ValueError(f"{where}: {n} instances but occluders for {len(self.occluders)}")
         if self.origins is not None and (self.origins.shape != (n,) or self.origins.max(initial=0) >= len(ORIGINS)):
             raise ValueError(f"{where}: origins must be ({n},) codes below {len(ORIGINS)}, got {self.origins!r:.80}")
+        if self.has_mask is not None and (np.shape(self.has_mask) != (n,) or np.asarray(self.has_mask).dtype != bool):
+            raise ValueError(f"{where}: has_mask must be ({n},) bool, got {np.shape(self.has_mask)}")
         if self.hsv_gains is not None and np.shape(self.hsv_gains) != (3,):
             raise ValueError(f"{where}: hsv_gains must be (3,), got {np.shape(self.hsv_gains)}")
         if self.crowd_mask is not None and self.crowd_mask.shape != self.image.shape[:2]:

@@ -1,6 +1,6 @@
 """The steps of :meth:`~seg_datamodule.io.coco.index.CocoIndex.build`: options checked, tables loaded, options applied.
 
-The tables come from the cache or from the JSON (:func:`load_tables`). ``crowd_as_instances``,
+The tables come from the cache or from the JSON (:func:`load_tables`). ``box_only``, ``crowd_as_instances``,
 ``drop_crowd``, ``drop_empty`` and ``verify_images`` are applied after loading (:func:`apply_options`),
 so they share one cache; ``on_bad_sample`` too (the cache records what was skipped, and ``"raise"``
 raises the first recorded problem). Each option is a pure step from one :class:`Loaded` to a new
@@ -22,7 +22,7 @@ from seg_datamodule.io.coco.crowd import crowd_to_instances
 from seg_datamodule.io.coco.errors import error_from_first
 from seg_datamodule.io.coco.parse import build_tables
 from seg_datamodule.io.coco.reading import count_image_errors
-from seg_datamodule.io.coco.tables import select_images, without_crowd
+from seg_datamodule.io.coco.tables import select_images, without_box_only, without_crowd
 from seg_datamodule.io.images import BadImageError
 from seg_datamodule.ops.checks import check_bool, check_choice
 
@@ -47,9 +47,13 @@ class IndexOptions:
             converted to exact polygons (:func:`~seg_datamodule.io.coco.crowd.crowd_to_instances`;
             for exports that mark every mask a crowd, as CVAT's does), counted under
             ``"crowd_as_instances"`` in ``dropped_counts``.
+        box_only (str): annotations with a box and no mask: ``"drop"`` them, counted as
+            ``"box_only"`` in ``dropped_counts``, or ``"keep"`` them as targets without a ring
+            (``DetectionBatch.has_mask`` False: a box loss, no mask loss).
 
     Raises:
-        TypeError, ValueError: ``on_bad_sample`` is not a str, or neither ``"raise"`` nor ``"skip"``.
+        TypeError, ValueError: ``on_bad_sample`` is not a str, or neither ``"raise"`` nor ``"skip"``;
+            the same for ``box_only`` (``"drop"`` or ``"keep"``).
         TypeError: a flag is not a bool.
         ValueError: ``crowd_as_instances`` and ``drop_crowd`` both set.
     """
@@ -61,9 +65,11 @@ class IndexOptions:
     cache_dir: str | os.PathLike[str] | None = None
     use_cache: bool = True
     crowd_as_instances: bool = False
+    box_only: Literal["drop", "keep"] = "drop"
 
     def __post_init__(self) -> None:
         check_choice("on_bad_sample", self.on_bad_sample, ("raise", "skip"))
+        check_choice("box_only", self.box_only, ("drop", "keep"))
         for name in ("drop_crowd", "drop_empty", "verify_images", "use_cache", "crowd_as_instances"):
             check_bool(name, getattr(self, name))
         if self.crowd_as_instances and self.drop_crowd:
@@ -137,8 +143,8 @@ def load_tables(
 
 
 def apply_options(loaded: Loaded, options: IndexOptions, image_errors: Sequence[BadImageError | None]) -> Loaded:
-    """The tables with the options applied, in order: bad images, crowd regions (as instances, or
-    dropped), empty images.
+    """The tables with the options applied, in order: box-only annotations (dropped, or kept as
+    instances without a ring), bad images, crowd regions (as instances, or dropped), empty images.
 
     Args:
         loaded: the tables as loaded (not modified).
@@ -151,6 +157,11 @@ def apply_options(loaded: Loaded, options: IndexOptions, image_errors: Sequence[
     Raises:
         BadImageError: with ``verify_images`` in ``"raise"`` mode, the first bad image.
     """
+    if options.box_only == "drop":
+        tables, removed = without_box_only(loaded.tables)
+        dropped = dict(loaded.dropped_counts)
+        dropped["box_only"] = dropped.get("box_only", 0) + removed
+        loaded = loaded._replace(tables=tables, dropped_counts=dropped)
     if options.verify_images:
         loaded = _without_bad_images(loaded, image_errors, options.on_bad_sample)
     if options.crowd_as_instances:

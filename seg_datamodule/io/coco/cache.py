@@ -44,7 +44,8 @@ _log = logging.getLogger(__name__)
 _warned_folders: set[str] = set()  # cache folders found unusable in this process
 
 #: Bump when the cached arrays change meaning; older caches are then rebuilt.
-CACHE_FORMAT_VERSION = 3  # 2: LVIS's per-image neg / not-exhaustive label lists; 3: orientations, box_only
+CACHE_FORMAT_VERSION = 4  # 2: LVIS's per-image neg / not-exhaustive label lists; 3: orientations, box_only;
+# 4: box-only annotations stored as instances without a ring
 
 
 def default_cache_dir() -> Path:

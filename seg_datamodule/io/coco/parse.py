@@ -29,7 +29,7 @@ import numpy as np
 from seg_datamodule.io.coco.errors import BadAnnotationError, ProblemLog
 from seg_datamodule.io.coco.lvis_fields import federated_labels, image_file_name
 from seg_datamodule.io.coco.scan import INT64_MAX, INT64_MIN, ChunkScanner, KeptImages, packed_numbers
-from seg_datamodule.io.coco.tables import assemble
+from seg_datamodule.io.coco.tables import assemble, box_only_chunk
 from seg_datamodule.io.images import MAX_IMAGE_PIXELS
 from seg_datamodule.ops.ragged import offsets_from_lengths
 
@@ -236,7 +236,10 @@ def _tables_from_json(
         # Free the chunk's dicts now: the arrays grow while the JSON shrinks (lower peak RSS).
         anns[start : start + _CHUNK] = [None] * (min(start + _CHUNK, len(anns)) - start)
 
-    # 5. Assemble: instances sorted by image (stable: file order within an image).
+    # 5. Assemble: instances sorted by image (stable: file order within an image; box-only
+    # annotations, instances without a ring, after an image's polygons).
+    if scanner.box_only:
+        chunks.append(box_only_chunk(scanner.box_only))
     tables = assemble(chunks, scanner.crowd, len(ids))
     tables["image_ids"] = np.asarray(ids, np.int64)
     tables["heights"] = np.asarray(heights, np.int64)
@@ -254,6 +257,5 @@ def _tables_from_json(
         "skip_counts": dict(problems.counts),
         "skip_examples": problems.examples,
         "first_problem": None if problems.first is None else problems.first[1],
-        "dropped_counts": {"box_only": scanner.box_only},
     }
     return tables, meta

@@ -2,7 +2,7 @@
 
 Each annotation is checked here for what a loop checks cheaply (its id, image, category, the
 structure of its bbox and segmentation, ``iscrowd``); one with a box and no segmentation is
-counted as ``box_only`` and left out (:attr:`ChunkScanner.box_only`); its target polygon is packed into flat
+kept apart (:attr:`ChunkScanner.box_only`, stored as an instance without a ring); a target polygon is packed into flat
 buffers (:class:`~seg_datamodule.io.coco.instances.ChunkRows`) whose numbers
 :func:`~seg_datamodule.io.coco.instances.finish_chunk` then checks vectorised. Crowd regions are
 checked one by one (:func:`~seg_datamodule.io.coco.instances.check_crowd`; they are few) and
@@ -76,7 +76,8 @@ class ChunkScanner:
         self.image_sizes = np.array([images.heights, images.widths], np.int64).T.reshape(-1, 2)  # (H, W)
         self.seen: set[int] = set()
         self.crowd: list[CrowdRegion] = []
-        self.box_only = 0  # annotations with a valid box and no segmentation, dropped
+        # Annotations with a valid box and no segmentation: (image index, label, id, x, y, w, h, area).
+        self.box_only: list[tuple[int, int, int, float, float, float, float, float]] = []
 
     def scan(self, anns: list[Any], start: int, stop: int) -> dict[str, np.ndarray] | None:
         """Scan annotations ``start:stop``; return the chunk's valid target instances as arrays."""
@@ -150,10 +151,10 @@ class ChunkScanner:
                 continue
             if seg is None or seg == "" or (type(seg) is list and not seg):
                 # A box without a mask (mixed detection and segmentation data) is not a bad
-                # entry: once its box is checked, it is dropped and counted apart (box_only).
+                # entry: once its box is checked, it is kept apart (box_only: drop or keep).
                 problem = check_bbox(bbox)
                 if problem is None:
-                    self.box_only += 1
+                    self.box_only.append((ii, label, aid, *map(float, bbox), area))
                 else:
                     bad(pos, problem[0], problem[1], aid, iid, ii)
                 continue

@@ -8,7 +8,7 @@ modify their input; :func:`check_tables` says whether tables read from disk are 
 
 from __future__ import annotations
 
-from typing import Any, Mapping
+from typing import Any, Mapping, Sequence
 
 import numpy as np
 from pycocotools import mask as mask_utils
@@ -20,8 +20,8 @@ from seg_datamodule.ops.ragged import offsets_from_lengths, ragged_index
 from seg_datamodule.structures import Polygons
 
 __all__ = [
-    "FEDERATED_TABLES", "TABLE_KEYS", "assemble", "category_presence", "check_tables", "crowd_mask", "crowd_rles",
-    "image_polygons", "select_images", "tables_equal", "without_crowd",
+    "FEDERATED_TABLES", "TABLE_KEYS", "assemble", "box_only_chunk", "category_presence", "check_tables", "crowd_mask", "crowd_rles",
+    "image_polygons", "select_images", "tables_equal", "without_box_only", "without_crowd",
 ]
 
 #: Every array of an index (also what the cache stores).
@@ -157,6 +157,53 @@ def without_crowd(tables: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
         crowd_rle_bytes=np.zeros(0, np.uint8),
     )
     return t
+
+
+def box_only_chunk(rows: Sequence[Sequence[float]]) -> dict[str, np.ndarray]:
+    """Box-only annotations as a chunk for :func:`assemble`: instances without a ring.
+
+    Args:
+        rows: per annotation ``(image index, label, annotation id, x, y, width, height, area)``
+            (a NaN area becomes ``width * height``).
+
+    Returns:
+        the chunk's arrays (``img``, ``labels``, ``annotation_ids``, ``bboxes``, ``areas``,
+        ``nrings`` all 0, no ring or vertex).
+    """
+    table = np.asarray(rows, np.float64).reshape(-1, 8)
+    area = table[:, 7]
+    return {
+        "pos": np.zeros(len(table), np.int64), "img": table[:, 0].astype(np.int64), "labels": table[:, 1].astype(np.int64),
+        # Ids beyond 2**53 are not exact in float64: take them from the rows themselves.
+        "annotation_ids": np.array([int(r[2]) for r in rows], np.int64).reshape(-1),
+        "bboxes": table[:, 3:7].copy(), "areas": np.where(np.isfinite(area), area, table[:, 5] * table[:, 6]),
+        "nrings": np.zeros(len(table), np.int64), "ring_lens": np.zeros(0, np.int64),
+        "vertices": np.zeros((0, 2), np.int32),
+    }
+
+
+def without_box_only(tables: Mapping[str, np.ndarray]) -> tuple[dict[str, np.ndarray], int]:
+    """The tables without their box-only instances (a box and no ring), and how many there were.
+
+    Box-only annotations are stored as instances without a ring, so one cache serves
+    ``box_only: keep`` and ``drop``; dropping them removes no ring or vertex.
+
+    Returns:
+        (new tables, the number of box-only instances removed).
+    """
+    t = tables
+    nrings = np.diff(t["instance_ring_offsets"])
+    keep = nrings > 0
+    if keep.all():
+        return dict(t), 0
+    per_image = np.diff(t["instance_offsets"])
+    owner = np.repeat(np.arange(len(per_image), dtype=np.int64), per_image)
+    new = dict(t)
+    new["instance_offsets"] = offsets_from_lengths(np.bincount(owner[keep], minlength=len(per_image)))
+    for k in ("labels", "annotation_ids", "bboxes", "areas"):
+        new[k] = t[k][keep]
+    new["instance_ring_offsets"] = offsets_from_lengths(nrings[keep])
+    return new, int((~keep).sum())
 
 
 def image_polygons(tables: Mapping[str, np.ndarray], i: int) -> Polygons:

@@ -39,6 +39,9 @@ def convert_parser() -> argparse.ArgumentParser:
     parser.add_argument("--crowd-as-instances", action="store_true",
                         help="train on crowd (iscrowd=1) regions as instances (exports such as CVAT's mark every "
                              "mask a crowd)")
+    parser.add_argument("--box-only", choices=("drop", "keep"), default="drop",
+                        help="annotations with a box and no mask: drop and count them (default) or keep them as "
+                             "box targets without a mask")
     parser.add_argument("--drop-empty", action="store_true", help="leave out images without target instances")
     parser.add_argument("--verify-images", action="store_true",
                         help="decode every image now; bad ones raise or are skipped (recommended for training)")
@@ -70,7 +73,7 @@ def convert_main(argv: Sequence[str] | None = None) -> dict:
     # The flags stay flat for users; the options travel as two frozen types from here on.
     index_options = IndexOptions(on_bad_sample=args.on_bad_sample, drop_crowd=args.drop_crowd,
                                  drop_empty=args.drop_empty, verify_images=args.verify_images,
-                                 crowd_as_instances=args.crowd_as_instances)
+                                 crowd_as_instances=args.crowd_as_instances, box_only=args.box_only)
     chunk_options = ChunkOptions(chunk_bytes=args.chunk_bytes, num_workers=args.num_workers, seed=args.seed,
                                  overwrite=args.overwrite, start_method=args.start_method)
     storage = {"endpoint_url": args.endpoint_url} if args.endpoint_url else None

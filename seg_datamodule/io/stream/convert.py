@@ -158,7 +158,7 @@ def convert_coco(
         images_root: folder of the images (``file_name`` is relative to it).
         output_dir: where the chunks go: a folder, ``local:/folder`` or a bucket URL.
         index_options (IndexOptions): how the index is built (``on_bad_sample``, ``drop_crowd``,
-            ``crowd_as_instances``, ``drop_empty``, ``verify_images``, ``cache_dir``, ``use_cache``).
+            ``crowd_as_instances``, ``box_only``, ``drop_empty``, ``verify_images``, ``cache_dir``, ``use_cache``).
         chunk_options (ChunkOptions): how the chunks are written (``chunk_bytes``,
             ``num_workers``, the shuffle ``seed``, ``overwrite``, ``start_method``).
         storage_options: passed to LitData for a remote ``output_dir`` (completed by

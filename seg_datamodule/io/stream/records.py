@@ -64,7 +64,7 @@ def record_from_index(index: Any, i: int, image: bytes) -> dict[str, Any]:
         "index": i, "image_id": index.image_ids[i], "height": index.heights[i], "width": index.widths[i],
         "image": image, "vertices": np.asarray(polygons.vertices).reshape(-1), "ring_offsets": polygons.ring_offsets,
         "instance_offsets": polygons.instance_offsets, "labels": index.labels(i),
-        "annotation_ids": index.annotation_ids(i), "crowd_annotation_ids": index.crowd_annotation_ids(i),
+        "annotation_ids": index.annotation_ids(i), "bboxes": index.bboxes(i), "crowd_annotation_ids": index.crowd_annotation_ids(i),
         "crowd_rle": crowd_rle(index.crowd_mask(i)),
         "neg_labels": index.neg_labels(i), "not_exhaustive_labels": index.not_exhaustive_labels(i),
     }
@@ -109,6 +109,8 @@ def check_record(record: Mapping[str, Any], where: str = "record") -> None:
         problems.append("offsets do not end at the array lengths")
     if len(record["annotation_ids"]) != n:
         problems.append("annotation_ids and labels differ in length")
+    if len(record["bboxes"]) != 4 * n:
+        problems.append("bboxes are not 4 numbers per label")
     if problems:
         raise ValueError(
             f"{where}: inconsistent polygon arrays ({'; '.join(problems)}): {len(record['vertices'])} "
@@ -197,6 +199,10 @@ class RecordWindow:
 
     def annotation_ids(self, i: int) -> np.ndarray:
         return self._record(i)["annotation_ids"].copy()
+
+    def bboxes(self, i: int) -> np.ndarray:
+        """(ndarray[N, 4] float64) the instances' ``[x, y, w, h]`` boxes."""
+        return self._record(i)["bboxes"].reshape(-1, 4).copy()
 
     def neg_labels(self, i: int) -> np.ndarray:
         """Sorted labels verified absent from the image (LVIS ``neg_category_ids``; empty for COCO)."""

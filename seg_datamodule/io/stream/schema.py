@@ -29,8 +29,9 @@ __all__ = [
 ]
 
 #: Version of the record schema and of the metadata; readers refuse another. Bump it whenever
-#: :data:`RECORD_SCHEMA` or the metadata's fields change. 2: the LVIS lists (issue 35).
-SCHEMA_VERSION = 2
+#: :data:`RECORD_SCHEMA` or the metadata's fields change. 2: the LVIS lists (issue 35); 3: the
+#: instances' boxes (box-only instances, issue 41).
+SCHEMA_VERSION = 3
 #: Name of the metadata JSON written beside the chunks.
 META_FILE = "seg_datamodule_stream.json"
 #: LitData's index of the chunks (its ``_INDEX_FILENAME``).
@@ -44,7 +45,9 @@ INDEX_FILE = "index.json"
 #: :class:`~seg_datamodule.structures.Polygons`; ``crowd_rle`` is the compressed COCO RLE
 #: (pycocotools ``counts``) of the union of the image's crowd regions, empty when it has none;
 #: ``neg_labels`` / ``not_exhaustive_labels`` are LVIS's federated lists as sorted labels
-#: (``CocoIndex.neg_labels``), empty for a COCO file.
+#: (``CocoIndex.neg_labels``), empty for a COCO file; ``bboxes`` is each instance's
+#: ``[x, y, w, h]`` box, 4 numbers per instance (the only geometry of a box-only instance, one
+#: without a ring, converted with ``box_only: keep``).
 RECORD_SCHEMA: tuple[tuple[str, str | np.dtype], ...] = (
     ("index", "int"),
     ("image_id", "int"),
@@ -56,6 +59,7 @@ RECORD_SCHEMA: tuple[tuple[str, str | np.dtype], ...] = (
     ("instance_offsets", np.dtype(np.int64)),
     ("labels", np.dtype(np.int64)),
     ("annotation_ids", np.dtype(np.int64)),
+    ("bboxes", np.dtype(np.float64)),
     ("crowd_annotation_ids", np.dtype(np.int64)),
     ("crowd_rle", np.dtype(np.uint8)),
     ("neg_labels", np.dtype(np.int64)),

@@ -36,7 +36,7 @@ from seg_datamodule.io.coco import CocoIndex, IndexOptions
 from seg_datamodule.io.coco.building import merge_options
 from seg_datamodule.io.coco.cache import CACHE_FORMAT_VERSION, cached_tables_at, default_cache_dir
 from seg_datamodule.io.coco.errors import MAX_EXAMPLES
-from seg_datamodule.io.coco.tables import assemble
+from seg_datamodule.io.coco.tables import assemble, box_only_chunk
 from seg_datamodule.io.image_ids import assign_image_ids
 from seg_datamodule.io.images import BadImageError
 from seg_datamodule.io.yolo.data_yaml import DatasetYaml, read_dataset_yaml
@@ -131,7 +131,8 @@ class _Kept:
         self.sizes: list[tuple[int, int]] = []
         self.orientations: list[int] = []
         self.pieces: list[tuple[np.ndarray, ...]] = []  # (image position, label, points, vertices)
-        self.counts: Counter[str] = Counter()  # box_only, image_label_missing, image_label_empty
+        self.boxes: list[tuple[np.ndarray, ...]] = []  # box lines: (image position, label, xywh)
+        self.counts: Counter[str] = Counter()  # image_label_missing, image_label_empty
 
 
 def _take_chunk(start: int, read: list[Any], build: tuple[DatasetYaml, SplitImages, list[str], list[str], np.ndarray],
@@ -173,7 +174,7 @@ def _take_chunk(start: int, read: list[Any], build: tuple[DatasetYaml, SplitImag
             "kind": "line", "message": f"{labels[i]}:{problem.line}: {problem.detail} (image {names[i]}, id {int(ids[i])})",
             "file": labels[i], "line": problem.line, "image_id": int(ids[i])})
     kept.pieces.append((position[parsed.file], parsed.labels, parsed.ring_lens, parsed.vertices))
-    kept.counts["box_only"] += int(parsed.box_only.sum())
+    kept.boxes.append((position[parsed.box_file], parsed.box_labels, parsed.box_xywh))
     kept.counts["image_label_empty"] += int((parsed.lines == 0).sum())
 
 
@@ -206,7 +207,12 @@ def _build_tables(dataset: DatasetYaml, listing: SplitImages, images: list[str],
         "areas": instance_areas(vertices, ring_offsets, np.arange(n + 1)), "nrings": np.ones(n, np.int64),
         "ring_lens": points.astype(np.int64), "vertices": vertices,
     }
-    tables = assemble([chunk] if n else [], [], len(kept.images))
+    # Box lines: instances without a ring, numbered after the polygons (box_only: drop or keep).
+    box_image, box_classes, xywh = (np.concatenate(column) for column in zip(*kept.boxes))
+    m = len(box_classes)
+    boxes = box_only_chunk(np.concatenate([np.stack([box_image, box_classes, np.arange(n + 1, n + m + 1)], 1),
+                                           xywh.reshape(-1, 4), np.full((m, 1), np.nan)], 1))
+    tables = assemble([chunk] * bool(n) + [boxes] * bool(m), [], len(kept.images))
     encoded = [names[i].encode("utf-8", "surrogatepass") for i in kept.images]
     sizes = np.asarray(kept.sizes, np.int64).reshape(-1, 2)
     none = np.zeros(len(kept.images) + 1, np.int64)
@@ -221,7 +227,6 @@ def _build_tables(dataset: DatasetYaml, listing: SplitImages, images: list[str],
     meta = {
         "class_names": list(dataset.class_names), "skip_counts": dict(problems.counts),
         "skip_examples": problems.examples, "first_problem": None if problems.first is None else problems.first[1],
-        "dropped_counts": {"box_only": kept.counts["box_only"]},
         "source_counts": {k: kept.counts[k] for k in ("image_label_missing", "image_label_empty")},
     }
     return tables, meta

@@ -12,7 +12,8 @@ a class that is not an integer index of ``names``; then for a box line a width o
 else an odd number of coordinates, fewer than 3 points; then a non-finite coordinate, one outside
 ``[0, 1]`` by more than :data:`TOLERANCE` (Ultralytics' 1 %); a line equal to an earlier line of
 its file (Ultralytics drops these too); a polygon covering no pixel of its image. A good box line
-is a box without a mask: counted as ``box_only``, not kept. Coordinates are parsed as float64 and
+is a box without a mask: counted as ``box_only`` and returned apart (``box_file``, ``box_labels``,
+``box_xywh``), for ``box_only: keep``. Coordinates are parsed as float64 and
 scaled by the image's (turned) size.
 """
 
@@ -53,7 +54,10 @@ class ParsedLabels(NamedTuple):
         labels (ndarray[N] int64): its class.
         ring_lens (ndarray[N] int64): its number of points.
         vertices (ndarray[V, 2] float64): the points of every instance, in pixels.
-        box_only (ndarray[F] int64): good box lines per file (dropped, counted).
+        box_only (ndarray[F] int64): good box lines per file.
+        box_file (ndarray[B] int64): the file of each good box line, in file then line order.
+        box_labels (ndarray[B] int64): its class.
+        box_xywh (ndarray[B, 4] float64): its ``[x, y, w, h]`` box in pixels (COCO's convention).
         lines (ndarray[F] int64): non-blank lines per file.
         problems (list[LineProblem]): the bad lines, in file then line order.
     """
@@ -66,6 +70,9 @@ class ParsedLabels(NamedTuple):
     box_only: np.ndarray
     lines: np.ndarray
     problems: list[LineProblem]
+    box_file: np.ndarray = np.zeros(0, np.int64)
+    box_labels: np.ndarray = np.zeros(0, np.int64)
+    box_xywh: np.ndarray = np.zeros((0, 4))
 
 
 def _numbers(text: bytes, expected: int) -> np.ndarray | None:
@@ -238,11 +245,17 @@ def parse_label_files(contents: Sequence[bytes], sizes: np.ndarray, num_classes:
         for k in np.flatnonzero(reason)
     ]
     files = len(layout.file_bytes) - 1
+    # Good box lines: cx cy w h normalised -> [x, y, w, h] in pixels.
+    boxes = np.flatnonzero(box & used & (reason == 0))
+    cxcywh = values[starts[boxes, None] + np.arange(1, 5)].reshape(-1, 4)
+    wh = np.asarray(sizes, np.float64).reshape(-1, 2)[layout.line_file[boxes]][:, ::-1].reshape(-1, 2)
+    xywh = np.concatenate([(cxcywh[:, :2] - cxcywh[:, 2:] / 2) * wh, cxcywh[:, 2:] * wh], 1)
     return ParsedLabels(
         file=layout.line_file[lines].astype(np.int64), line=layout.line_number[lines].astype(np.int64),
         labels=cls[lines].astype(np.int64), ring_lens=points.astype(np.int64), vertices=vertices,
         box_only=np.bincount(layout.line_file[box & used & (reason == 0)], minlength=files).astype(np.int64),
         lines=np.bincount(layout.line_file[used], minlength=files).astype(np.int64), problems=problems,
+        box_file=layout.line_file[boxes].astype(np.int64), box_labels=cls[boxes].astype(np.int64), box_xywh=xywh,
     )
 
 
