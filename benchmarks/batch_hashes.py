@@ -46,12 +46,17 @@ from seg_datamodule import COCOSegDataModule
 from seg_datamodule.transforms.hsv import apply_pending_hsv
 
 _DECODES = ("samples", "decodes", "reduced_decodes")
+#: Batch fields added after the first recorded hashes, left out of the digest while None
+#: (``has_mask`` is None unless ``box_only: keep`` delivers a box-only target).
+_ADDED_OPTIONAL = ("has_mask",)
 COCO_MINI = Path(__file__).resolve().parents[1].parent / "shared" / "data" / "coco-mini"
 
 
 def _digest(batch: Any, h: "hashlib._Hash") -> None:
     for name in sorted(n for n in vars(batch) if not n.startswith("_")):  # not the shm lease
         value = getattr(batch, name)
+        if value is None and name in _ADDED_OPTIONAL:  # a field added later, unset: earlier hashes still compare
+            continue
         h.update(name.encode())
         if isinstance(value, torch.Tensor):
             h.update(str(value.dtype).encode() + str(tuple(value.shape)).encode())
