@@ -79,7 +79,7 @@ def test_crowd_as_instances_gives_exact_polygon_targets_counted(cvat_export: Pat
     data = json.loads(cvat_export.read_text())
     index = _build(cvat_export, coco_mini / "val2017", crowd_as_instances=True)
     assert (index.num_instances, index.num_crowd) == (len(data["annotations"]), 0)
-    assert index.dropped_counts == {"crowd_dropped": 0, "image_empty_dropped": 0,
+    assert index.dropped_counts == {"crowd_dropped": 0, "image_empty_dropped": 0, "box_only": 0,
                                     "crowd_as_instances": len(data["annotations"])}
     with contextlib.redirect_stdout(io.StringIO()):
         coco = COCO(str(cvat_export))
