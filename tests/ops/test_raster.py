@@ -217,8 +217,12 @@ def test_wide_sort_keys_equal_narrow_ones(monkeypatch):
     # Sort keys pack (ring, row, column); they fit 32 bits for stride 4 on 640, but not for
     # hundreds of rings on a 2,000-pixel stride-1 grid, which takes 64-bit keys. One ring per
     # chunk always fits, so the two must agree.
+    # Many rings in few instances: the keys overflow 32 bits while the output stays 8 masks
+    # (300 one-ring instances made two 1.3 GB stacks and a 10 GB peak).
     rng = np.random.default_rng(11)
-    instances = [[rng.uniform(-50, 2100, (rng.integers(3, 9), 2))] for _ in range(300)]
+    instances = [[rng.uniform(-50, 2100, (rng.integers(3, 9), 2)) for _ in range(64)] for _ in range(8)]
+    rings, row_bits, col_bits = 8 * 64, (2048 - 1).bit_length(), 2048 .bit_length()
+    assert (rings + 1) << (row_bits + col_bits) > np.iinfo(np.int32).max  # one chunk: 64-bit keys
     wide = rasterize_polygons(instances, (2048, 2048), 1)
     monkeypatch.setattr(raster_module, "_CHUNK_VERTICES", 1)
     narrow = rasterize_polygons(instances, (2048, 2048), 1)
