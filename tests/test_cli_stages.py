@@ -16,15 +16,11 @@ import sys
 from pathlib import Path
 
 import pytest
+from _readme import WARNINGS_AS_ERRORS  # a shipped config's warnings fail the run, as in the docs test
 
 ROOT = Path(__file__).resolve().parents[1]
 NO_TRAIN = ["--data.train_ann", "null", "--data.train_images", "null", "--data.val_ann", "null",
             "--data.val_images", "null"]
-
-
-#: What a user of a shipped config sees as a warning fails the run (as in tests/test_readme.py).
-WARNINGS_AS_ERRORS = ["-W", "error", "-W", "ignore::DeprecationWarning", "-W", "ignore::PendingDeprecationWarning",
-                      "-W", "ignore::ImportWarning", "-W", "ignore::ResourceWarning"]
 
 
 def _cli(args: list[str], cwd: Path, ok: bool = True, strict: bool = False) -> subprocess.CompletedProcess:
