@@ -27,7 +27,7 @@ from typing import NamedTuple, Sequence
 
 from seg_datamodule.io.paths import file_name_problem
 
-__all__ = ["IMG_FORMATS", "ListProblem", "SplitImages", "label_path", "list_split_images"]
+__all__ = ["IMG_FORMATS", "ListProblem", "SplitImages", "label_path", "label_paths", "list_split_images"]
 
 #: The image extensions Ultralytics lists (``ultralytics.data.utils.IMG_FORMATS``); one OpenCV
 #: cannot decode (HEIC) is listed too, and then fails as a bad image.
@@ -55,6 +55,8 @@ class SplitImages(NamedTuple):
         problems (list[ListProblem]): bad lines of the ``.txt`` lists, in list and line order.
         counts (dict[str, int]): ``files_ignored``, ``image_listed_twice``.
         lists (tuple[Path, ...]): the ``.txt`` lists read.
+        inodes (list[int]): each image's inode as its folder's listing gave it (no stat), -1
+            for an image a ``.txt`` list named.
     """
 
     root: Path
@@ -62,6 +64,7 @@ class SplitImages(NamedTuple):
     problems: list[ListProblem]
     counts: dict[str, int]
     lists: tuple[Path, ...]
+    inodes: list[int] = []
 
 
 def label_path(image_path: str) -> str:
@@ -79,20 +82,61 @@ def label_path(image_path: str) -> str:
     return labels.join(image_path.rsplit(images, 1)).rsplit(".", 1)[0] + ".txt"
 
 
+def label_paths(image_paths: list[str]) -> list[str]:
+    """:func:`label_path` of every image, the folder part worked out once per folder.
+
+    Args:
+        image_paths (list[str]): image paths (``os.sep`` separators).
+
+    Returns:
+        the label file of each, equal to ``[label_path(p) for p in image_paths]``.
+    """
+    images, labels = f"{os.sep}images{os.sep}", f"{os.sep}labels{os.sep}"
+    folders: dict[str, str] = {}
+    out = []
+    for path in image_paths:
+        folder, _, name = path.rpartition(os.sep)
+        prefix = folders.get(folder)
+        if prefix is None:
+            # The last /images/ of a path lies in its folder part (a name holds no separator).
+            prefix = folders[folder] = labels.join((folder + os.sep).rsplit(images, 1))
+        out.append(prefix + name.rpartition(".")[0] + ".txt" if "." in name else label_path(path))
+    return out
+
+
 def _is_image(name: str) -> bool:
     return name.rpartition(".")[2].lower() in IMG_FORMATS and "." in name
 
 
-def _walk(folder: Path) -> tuple[list[str], int]:
-    """Image files below ``folder`` (absolute paths) and the number of other files."""
-    found, ignored = [], 0
-    for parent, subfolders, files in os.walk(folder):
-        subfolders[:] = [d for d in subfolders if not d.startswith(".")]
-        for name in files:
+def _walk(folder: Path) -> tuple[dict[str, int], int]:
+    """Image files below ``folder`` (absolute paths, with the inode the listing gives) and the number of other files.
+
+    One ``scandir`` per folder (what ``os.walk`` does, without building its lists); a symlinked
+    folder is not entered, as with ``os.walk``.
+    """
+    found: dict[str, int] = {}
+    ignored = 0
+    pending = [str(folder)]
+    while pending:
+        parent = pending.pop()
+        try:
+            entries = list(os.scandir(parent))
+        except OSError:
+            continue  # as os.walk: an unreadable folder lists nothing
+        prefix = os.path.join(parent, "")
+        for entry in entries:
+            name = entry.name
             if name.startswith("."):
                 continue
-            if _is_image(name):
-                found.append(os.path.join(parent, name))
+            try:
+                is_dir = entry.is_dir()
+            except OSError:
+                is_dir = False
+            if is_dir:
+                if not entry.is_symlink():
+                    pending.append(prefix + name)
+            elif _is_image(name):
+                found[prefix + name] = entry.inode()
             else:
                 ignored += 1
     return found, ignored
@@ -134,11 +178,14 @@ def list_split_images(sources: Sequence[Path]) -> SplitImages:
     """
     problems: list[ListProblem] = []
     paths: list[str] = []
+    inodes: dict[str, int] = {}
     ignored = 0
     roots, lists = [], []
     for source in sources:
         if source.is_dir():
-            found, other = _walk(source)
+            walked, other = _walk(source)
+            inodes.update(walked)
+            found = list(walked)
             roots.append(str(source))
         else:
             found, other = _read_list(source, problems)
@@ -152,4 +199,4 @@ def list_split_images(sources: Sequence[Path]) -> SplitImages:
     cut = len(os.path.join(str(root), ""))
     names = [p[cut:] for p in unique] if os.sep == "/" else [p[cut:].replace(os.sep, "/") for p in unique]
     return SplitImages(root, names, problems, {"files_ignored": ignored, "image_listed_twice": len(paths) - len(unique)},
-                       tuple(lists))
+                       tuple(lists), [inodes.get(p, -1) for p in unique])

@@ -13,8 +13,9 @@ conversion step, no JSON. Every downstream feature (mosaic, copy-paste, resume, 
 * Pixels: each image is decoded with its EXIF orientation applied, as Ultralytics decodes it (its
   coordinates refer to that image); the index's sizes are the turned ones.
 * Cache: the tables are cached as a COCO file's are (:mod:`seg_datamodule.io.coco.cache`), keyed
-  on the split's listing and on the size, times and inode of every image, label file and list:
-  a changed label file or image rebuilds it. Ultralytics' own ``labels.cache`` (a pickle) is never
+  on the split's listing, every image's inode and the size, times and inode of every label file
+  and list (:func:`_cache_key`): a changed label file, or an image added, removed or replaced by
+  a new file, rebuilds it. Ultralytics' own ``labels.cache`` (a pickle) is never
   opened.
 * Bad input: :mod:`seg_datamodule.io.yolo.errors`.
 """
@@ -42,7 +43,7 @@ from seg_datamodule.io.images import BadImageError
 from seg_datamodule.io.yolo.data_yaml import DatasetYaml, read_dataset_yaml
 from seg_datamodule.io.yolo.errors import error_from_problem
 from seg_datamodule.io.yolo.headers import read_image_header
-from seg_datamodule.io.yolo.image_lists import IMG_FORMATS, SplitImages, label_path, list_split_images
+from seg_datamodule.io.yolo.image_lists import IMG_FORMATS, SplitImages, label_paths, list_split_images
 from seg_datamodule.io.yolo.labels import parse_label_files
 from seg_datamodule.ops.geometry import instance_areas
 from seg_datamodule.ops.ragged import offsets_from_lengths
@@ -91,17 +92,59 @@ def _read_many(pairs: list[tuple[str, str]]) -> list[tuple[Any, bytes | None | O
     return [_read_one(image, label) for image, label in pairs]
 
 
-def _file_stats(paths: list[str]) -> bytes:
-    """Size, mtime, ctime and inode of each path (-1 for a missing one), packed."""
-    out = array("q")
+def _folder_inodes(folder: str) -> dict[str, int]:
+    """Every name in ``folder`` and its inode, from the directory listing alone (no stat per file)."""
+    try:
+        with os.scandir(folder) as entries:
+            return {entry.name: entry.inode() for entry in entries}
+    except OSError:
+        return {}
+
+
+def _by_folder(paths: list[str]) -> dict[str, list[str]]:
+    """``paths`` grouped by folder, each folder's names in the order given."""
+    groups: dict[str, list[str]] = {}
     for path in paths:
-        try:
-            st = os.stat(path)
-        except OSError:
-            out.extend((-1, -1, -1, -1))
-            continue
-        # A copy that keeps the old mtime (cp -p, rsync -a) still changes ctime and the inode.
-        out.extend((st.st_size, st.st_mtime_ns, st.st_ctime_ns, st.st_ino))
+        folder, _, name = path.rpartition(os.sep)
+        groups.setdefault(folder, []).append(name)
+    return groups
+
+
+def _image_inodes(listing: SplitImages, images: list[str]) -> bytes:
+    """The inode of each image (-1: missing), packed: the walk's, else one listing per folder."""
+    out = array("q", listing.inodes if len(listing.inodes) == len(images) else [-1] * len(images))
+    unknown = [i for i, inode in enumerate(out) if inode < 0]
+    if unknown:  # images a .txt list named
+        groups = _by_folder([images[i] for i in unknown])
+        found = {folder: _folder_inodes(folder) for folder in groups}
+        for i in unknown:
+            folder, _, name = images[i].rpartition(os.sep)
+            out[i] = found[folder].get(name, -1)
+    return out.tobytes()
+
+
+def _label_stats(folder: str, names: list[str]) -> bytes:
+    """Size, mtime, ctime and inode of each label file of one folder (-1 for a missing one), packed.
+
+    Stat'ed relative to the open folder, which spares the kernel the path walk.
+    """
+    out = array("q")
+    missing = (-1, -1, -1, -1)
+    try:
+        fd = os.open(folder, os.O_RDONLY)
+    except OSError:
+        return array("q", missing * len(names)).tobytes()
+    try:
+        for name in names:
+            try:
+                st = os.stat(name, dir_fd=fd)
+            except OSError:  # no label file: a background image
+                out.extend(missing)
+                continue
+            # A copy that keeps the old mtime (cp -p, rsync -a) still changes ctime and the inode.
+            out.extend((st.st_size, st.st_mtime_ns, st.st_ctime_ns, st.st_ino))
+    finally:
+        os.close(fd)
     return out.tobytes()
 
 
@@ -113,12 +156,25 @@ def _in_threads(function: Any, items: list[Any], pool: concurrent.futures.Execut
 
 def _cache_key(dataset: DatasetYaml, split: str, listing: SplitImages, images: list[str],
                labels: list[str]) -> dict[str, Any]:
+    """What must match for a cached index to serve the split.
+
+    The listing (every image's name), each image's inode, and the size, times and inode of every
+    label file and ``.txt`` list. Images are not stat'ed one by one (a stat is the warm start's
+    largest cost, ~6 us a file on a virtual machine): a new, removed or renamed image changes the
+    listing, one replaced by a new file (an export, ``rsync``, ``git``) changes its inode; an image
+    rewritten in place keeps its inode, and a changed size then stops at decoding as
+    ``image_size_mismatch``, as it does for a COCO file's images.
+    """
     digest = hashlib.blake2b(digest_size=16)
     digest.update("\0".join(listing.file_names).encode("utf-8", "surrogatepass"))
-    with concurrent.futures.ThreadPoolExecutor(_THREADS) as pool:  # stat releases the GIL
-        for group in (images, labels, [str(p) for p in listing.lists]):
-            for packed in _in_threads(_file_stats, group, pool):
-                digest.update(packed)
+    digest.update(_image_inodes(listing, images))
+    groups = list(_by_folder(labels).items()) + list(_by_folder([str(p) for p in listing.lists]).items())
+    # Each folder cut in one part per thread: a stat releases the GIL, the threads overlap them.
+    tasks = [(folder, names[k:k + part]) for folder, names in groups
+             for part in [max(1, -(-len(names) // _THREADS))] for k in range(0, len(names), part)]
+    with concurrent.futures.ThreadPoolExecutor(_THREADS) as pool:
+        for packed in pool.map(lambda task: _label_stats(*task), tasks):
+            digest.update(packed)
     return {"version": CACHE_FORMAT_VERSION, "source": "ultralytics", "data_yaml": str(dataset.file), "split": split,
             "root": str(listing.root), "class_names": list(dataset.class_names), "files": digest.hexdigest()}
 
@@ -285,7 +341,7 @@ def build_yolo_index(data_yaml: str | os.PathLike[str], split: str, options: Ind
                          f"extensions: {', '.join(sorted(IMG_FORMATS))})")
     prefix = os.path.join(str(listing.root), "")
     images = [prefix + name for name in listing.file_names]
-    labels = [label_path(p) for p in images]
+    labels = label_paths(images)
 
     def build() -> tuple[dict[str, np.ndarray], dict[str, Any]]:
         return _build_tables(dataset, listing, images, labels)

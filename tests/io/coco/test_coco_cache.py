@@ -11,10 +11,13 @@ from typing import Any
 
 import numpy as np
 import pytest
+from hypothesis import given
+from hypothesis import strategies as st
 
 from _coco_cases import _base, _set, _write, flat
 from seg_datamodule.io.coco import BadAnnotationError, CocoIndex
 from seg_datamodule.io.coco import building as building_module
+from seg_datamodule.io.coco.cache import array_checksum
 
 
 # --------------------------------------------------------------------------------------------
@@ -74,7 +77,7 @@ def test_corrupt_cache_is_rebuilt(tmp_path: Path, damage: str, caplog: pytest.Lo
         first.cache_path.write_bytes(b"not a zip file")
     elif damage == "truncate":
         first.cache_path.write_bytes(blob[: len(blob) // 2])
-    else:  # one byte inside the vertex data: caught by the zip CRC
+    else:  # one byte inside the vertex data: caught by the arrays' checksums
         k = blob.index(b"vertices.npy") + 200
         first.cache_path.write_bytes(blob[:k] + bytes([blob[k] ^ 0xFF]) + blob[k + 1 :])
     with caplog.at_level(logging.WARNING, logger="seg_datamodule.io.coco"):
@@ -339,3 +342,35 @@ def test_forged_cache_with_a_matching_key_is_rebuilt(
     assert not again.from_cache and again == first
     assert any("rebuilding" in m for m in _warnings(caplog))
     assert CocoIndex.build(path, tmp_path, cache_dir=cache).from_cache  # rewritten, good again
+
+
+@given(st.integers(1, 40), st.data())
+def test_the_checksum_tells_any_changed_byte(nbytes: int, data: st.DataObject) -> None:
+    raw = np.frombuffer(data.draw(st.binary(min_size=nbytes, max_size=nbytes)), np.uint8).copy()
+    k = data.draw(st.integers(0, nbytes - 1))
+    changed = raw.copy()
+    changed[k] ^= data.draw(st.integers(1, 255))
+    assert array_checksum(raw) != array_checksum(changed)
+    assert array_checksum(raw) == array_checksum(raw.copy())
+
+
+@pytest.mark.parametrize("member", ["compressed", "object"])
+def test_a_cache_the_writer_did_not_write_is_rebuilt(tmp_path: Path, member: str,
+                                                      caplog: pytest.LogCaptureFixture) -> None:
+    """A compressed member or an array of Python objects (a pickle) is refused, never unpickled."""
+    path = _write(tmp_path, _base())
+    cache = tmp_path / "cache"
+    first = CocoIndex.build(path, tmp_path, cache_dir=cache)
+    assert first.cache_path is not None
+    with np.load(first.cache_path, allow_pickle=False) as npz:
+        arrays = {k: npz[k] for k in npz.files}
+    if member == "compressed":
+        np.savez_compressed(first.cache_path, **arrays)
+    else:
+        arrays["labels"] = np.array([{"a": 1}], dtype=object)
+        with open(first.cache_path, "wb") as f:
+            np.savez(f, **arrays)
+    with caplog.at_level(logging.WARNING, logger="seg_datamodule.io.coco"):
+        again = CocoIndex.build(path, tmp_path, cache_dir=cache)
+    assert not again.from_cache and again == first
+    assert any("unreadable" in r.getMessage() for r in caplog.records)

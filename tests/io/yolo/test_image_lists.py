@@ -7,8 +7,11 @@ from pathlib import Path
 from types import SimpleNamespace
 
 import pytest
+from hypothesis import given
+from hypothesis import strategies as st
 
 from seg_datamodule.io.yolo import label_path, list_split_images
+from seg_datamodule.io.yolo.image_lists import label_paths
 
 
 @pytest.mark.parametrize("image, label", [
@@ -73,3 +76,14 @@ def test_an_unreadable_list_is_a_problem(tmp_path: Path) -> None:
     (tmp_path / "bad.txt").write_bytes(b"\xff\xfe images/a.jpg")
     listing = list_split_images([tmp_path / "bad.txt"])
     assert listing.file_names == [] and [p.reason for p in listing.problems] == ["image_list_unreadable"]
+
+
+_PARTS = st.sampled_from(["images", "labels", "train", "a.b", "images_2", "x"])
+_NAMES = st.sampled_from(["a.jpg", "b.v2.PNG", "images.jpg", ".c.jpg", "d.tif", "noext"])
+
+
+@given(st.lists(st.tuples(st.lists(_PARTS, max_size=4), _NAMES), max_size=12))
+def test_label_paths_equal_the_rule_per_image(items: list[tuple[list[str], str]]) -> None:
+    """The per-folder shortcut gives what the rule gives for each path (folders shared or not)."""
+    images = [os.sep + os.path.join(*parts, name) for parts, name in items]
+    assert label_paths(images) == [label_path(p) for p in images]

@@ -19,6 +19,7 @@ from pycocotools.cocoeval import COCOeval
 
 from _yolo_cases import SQUARE, TRIANGLE, make_dataset, write_image
 from seg_datamodule.io.image_ids import ImageIdClashError, stable_image_id
+from seg_datamodule.io.images import BadImageError, decode_image_with_size
 from seg_datamodule.io.yolo import BadLabelError, build_yolo_index, ground_truth
 
 
@@ -62,11 +63,41 @@ def test_the_cache_is_keyed_on_labels_and_images(tmp_path: Path) -> None:
     changed = build_yolo_index(yaml, "train", cache_dir=cache)
     assert not changed.from_cache and changed.labels(1).tolist() == [0]
     time.sleep(0.01)
-    write_image(tmp_path / "images/train/a.jpg", (50, 60))  # an image replaced
+    image = tmp_path / "images/train/a.jpg"
+    write_image(tmp_path / "new.jpg", (50, 60))
+    os.replace(tmp_path / "new.jpg", image)  # an image replaced by a new file (an export, rsync, git)
     assert build_yolo_index(yaml, "train", cache_dir=cache).image_size(0) == (50, 60)
+    # Rewritten in place (same inode, not stat'ed at start): the index keeps the size it read,
+    # and the changed size stops at decoding, named, as for a COCO file's image.
+    inode = image.stat().st_ino
+    write_image(image, (70, 40))
+    assert image.stat().st_ino == inode
+    stale = build_yolo_index(yaml, "train", cache_dir=cache)
+    assert stale.from_cache and stale.image_size(0) == (50, 60)
+    with pytest.raises(BadImageError, match="70x40") as caught:
+        decode_image_with_size(image, expected_size=stale.image_size(0))
+    assert caught.value.reason == "image_size_mismatch"
     label.unlink()  # now a background
     assert build_yolo_index(yaml, "train", cache_dir=cache).source_counts == {"image_label_missing": 1}
 
+
+
+def test_a_listed_split_is_keyed_on_its_images_and_labels(tmp_path: Path) -> None:
+    """A split given as a .txt list: an image replaced by a new file, or a label edited, rebuilds."""
+    make_dataset(tmp_path, {"a.jpg": TRIANGLE, "b.jpg": SQUARE})
+    (tmp_path / "train.txt").write_text("images/train/a.jpg\nimages/train/b.jpg\n")
+    yaml = tmp_path / "list.yaml"
+    yaml.write_text(f"path: {tmp_path}\ntrain: train.txt\nnames: [a, b]\n")
+    cache = tmp_path / "cache"
+    assert not build_yolo_index(yaml, "train", cache_dir=cache).from_cache
+    assert build_yolo_index(yaml, "train", cache_dir=cache).from_cache
+    write_image(tmp_path / "new.jpg", (50, 60))
+    os.replace(tmp_path / "new.jpg", tmp_path / "images/train/b.jpg")
+    replaced = build_yolo_index(yaml, "train", cache_dir=cache)
+    assert not replaced.from_cache and replaced.image_size(1) == (50, 60)
+    (tmp_path / "labels/train/a.txt").write_text(TRIANGLE.replace("0 ", "1 ", 1))
+    edited = build_yolo_index(yaml, "train", cache_dir=cache)
+    assert not edited.from_cache and edited.labels(0).tolist() == [1]
 
 def test_a_cache_built_in_skip_mode_raises_in_raise_mode(tmp_path: Path) -> None:
     yaml = make_dataset(tmp_path, {"a.jpg": f"{TRIANGLE}\n5 0 0 1 0 1 1\n"})
