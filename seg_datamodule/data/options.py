@@ -24,8 +24,8 @@ from seg_datamodule.ops.checks import check_bool, check_choice, check_int, check
 from seg_datamodule.transforms.albu import load_transforms, refuse_resizing
 from seg_datamodule.transforms.augment import MosaicAffine
 from seg_datamodule.transforms.hsv import HSVJitter, refuse_random_hsv
-from seg_datamodule.transforms.lsj import LargeScaleJitter
 from seg_datamodule.transforms.mixing import SampleMixing
+from seg_datamodule.transforms.steps import CanvasStep, Layout
 
 __all__ = ["MAX_AUTO_WORKERS", "AugmentOptions", "LoaderOptions", "StreamOptions", "auto_num_workers"]
 
@@ -35,9 +35,9 @@ class AugmentOptions:
     """What a training sample draws; validation reads only the canvas size from it.
 
     Attributes:
-        geometry (MosaicAffine | LargeScaleJitter): the random affine and flip of the mosaic
-            recipe, or large-scale jitter (``recipe == "lsj"``); its ``image_size`` is the
-            canvas side ``s`` (the one place it is given).
+        geometry (Layout): the tile layout: the mosaic recipe's random affine (``MosaicAffine``)
+            or large-scale jitter (``LargeScaleJitter``, ``recipe == "lsj"``); its ``image_size``
+            is the canvas side ``s`` (the one place it is given), its ``flip`` the flip step.
         mosaic (float): probability of a 4-image mosaic per training sample (mosaic recipe).
         close_mosaic (int): switch mosaic off for the last ``close_mosaic`` epochs.
         mosaic_partners (str): ``"batch"`` (the batch's other images, one decode per output
@@ -58,7 +58,7 @@ class AugmentOptions:
         FileNotFoundError: ``transforms`` names a file that does not exist.
     """
 
-    geometry: MosaicAffine | LargeScaleJitter = field(default_factory=MosaicAffine)
+    geometry: Layout = field(default_factory=MosaicAffine)
     mosaic: float = 1.0
     close_mosaic: int = 0
     mosaic_partners: Literal["batch", "uniform"] = "batch"
@@ -71,8 +71,9 @@ class AugmentOptions:
     hsv: HSVJitter | None = None
 
     def __post_init__(self) -> None:
-        if not isinstance(self.geometry, (MosaicAffine, LargeScaleJitter)):
-            raise TypeError(f"geometry must be a MosaicAffine or a LargeScaleJitter, got {type(self.geometry).__name__}")
+        if not isinstance(self.geometry, Layout):
+            raise TypeError(f"geometry must be a Layout (MosaicAffine, LargeScaleJitter), got "
+                            f"{type(self.geometry).__name__}")
         check_number("mosaic", self.mosaic, 0.0, 1.0)
         check_int("close_mosaic", self.close_mosaic, minimum=0)
         check_choice("mosaic_partners", self.mosaic_partners, ("batch", "uniform"))
@@ -94,9 +95,14 @@ class AugmentOptions:
         return int(self.geometry.image_size)
 
     @property
-    def recipe(self) -> Literal["mosaic", "lsj"]:
-        """``"lsj"`` for large-scale jitter, else ``"mosaic"``."""
-        return "lsj" if isinstance(self.geometry, LargeScaleJitter) else "mosaic"
+    def recipe(self) -> str:
+        """The layout's recipe name: ``"mosaic"`` or ``"lsj"``."""
+        return self.geometry.recipe
+
+    @property
+    def canvas_steps(self) -> tuple[CanvasStep, ...]:
+        """The plan-phase canvas steps, drawn after the layout in this order: the flip."""
+        return (self.geometry.flip,)
 
 
 #: ``num_workers: auto`` never starts more workers than this per rank (Ultralytics' cap too): each
