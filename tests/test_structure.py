@@ -111,8 +111,9 @@ def test_nothing_under_transforms_imports_data() -> None:
 
 
 def test_the_step_kinds_import_no_step() -> None:
-    """``transforms/steps.py`` (the kinds) sits below every step: it imports only structures, ops and plans."""
-    allowed = ("seg_datamodule.structures", "seg_datamodule.ops", "seg_datamodule.transforms.plan")
+    """``transforms/steps.py`` (the kinds) sits below every step: it imports only errors, structures, ops and plans."""
+    allowed = ("seg_datamodule.errors", "seg_datamodule.structures", "seg_datamodule.ops",
+               "seg_datamodule.transforms.plan")
     names = [name for _, name in _imported(PACKAGE / "transforms" / "steps.py") if name.startswith("seg_datamodule")]
     assert names and all(name.startswith(allowed) for name in names), names
 

@@ -20,7 +20,6 @@ from seg_datamodule.data.tiles import Tiles
 from seg_datamodule.structures import Polygons, Sample
 from seg_datamodule.transforms.box_only import with_box_rings, without_rings
 from seg_datamodule.transforms.albu import AlbumentationsTransform
-from seg_datamodule.transforms.hsv import HSVJitter
 from seg_datamodule.transforms.plan import TilePlan
 from seg_datamodule.transforms.polygons import drop_reasons, transform_polygons
 from seg_datamodule.transforms.steps import Canvas, CanvasStep
@@ -35,23 +34,22 @@ class SampleSteps:
     """The per-sample steps of training (validation has none and keeps every instance).
 
     Attributes:
-        transforms (AlbumentationsTransform): the user's albumentations pipeline.
-        hsv (HSVJitter | None): YOLO's HSV jitter, drawn after everything else and applied
-            last, after ``transforms`` (Ultralytics' order); with ``hsv.on_device`` the gains go
-            on the sample instead, for the accelerator.
+        pixel_steps (tuple[CanvasStep, ...]): the recipe's pixel steps, drawn and applied in order
+            after the plan-phase ones (the user's albumentations pipeline, then YOLO's HSV jitter,
+            Ultralytics' order; with ``on_device`` HSV records its gains on the sample instead).
         min_area_ratio (float): drop an instance keeping less than this fraction of its area.
         min_box_size (float): drop an instance whose box is narrower or lower than this.
     """
 
-    transforms: AlbumentationsTransform
-    hsv: HSVJitter | None
+    pixel_steps: tuple[CanvasStep, ...]
     min_area_ratio: float
     min_box_size: float
 
     @property
-    def pixel_steps(self) -> tuple[CanvasStep, ...]:
-        """The pixel steps that run, in order: the pipeline (if any), then HSV (if set)."""
-        return tuple(step for step in (self.transforms or None, self.hsv) if step is not None)
+    def transforms(self) -> AlbumentationsTransform:
+        """The albumentations step (an empty one when the recipe has none)."""
+        return next((s for s in self.pixel_steps if isinstance(s, AlbumentationsTransform)),
+                    AlbumentationsTransform(None))
 
 
 @dataclass(frozen=True)

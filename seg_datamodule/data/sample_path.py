@@ -31,7 +31,6 @@ from seg_datamodule.data.options import AugmentOptions
 from seg_datamodule.data.tiles import BadTile, Decoder, TileDraw, TileLoader, Tiles
 from seg_datamodule.io.images import IMAGE_ERROR_REASONS, BadImageError
 from seg_datamodule.structures import Sample
-from seg_datamodule.transforms.albu import AlbumentationsTransform
 from seg_datamodule.transforms.mixing import MixResult, SampleMixing
 from seg_datamodule.transforms.plan import choose_reduce, draw_batch_partners, visible_tiles
 from seg_datamodule.transforms.polygons import DROP_REASONS
@@ -80,13 +79,12 @@ class SamplePath:
                  max_retries: int) -> None:
         self.index, self.options, self.seed = index, options, seed
         self.geometry = options.geometry
-        self.canvas_steps = options.canvas_steps
+        self.recipe = options.build_recipe()
         self.sizes = np.stack([np.asarray(index.heights, np.int64), np.asarray(index.widths, np.int64)], axis=1)
         self.skip_bad = index.on_bad_sample == "skip"
         self.images = ImageSource(index, cache_images)
         self.tiles = TileLoader(self.geometry, self.sizes, self.skip_bad, max_retries)
-        self.steps = SampleSteps(AlbumentationsTransform(options.transforms), options.hsv,
-                                 options.min_area_ratio, options.min_box_size)
+        self.steps = SampleSteps(self.recipe.pixel_steps, options.min_area_ratio, options.min_box_size)
         self.mixing = SampleMixing(options.copy_paste, options.copy_paste_mode, options.mixup,
                                    options.min_area_ratio, options.min_box_size)
 
@@ -137,7 +135,7 @@ class SamplePath:
         elif not mosaic:
             ids = ids[:1]
         draw = self.geometry.draw(rng, mosaic)
-        return TileDraw(ids, draw, draw_canvas_steps(self.canvas_steps, rng))
+        return TileDraw(ids, draw, draw_canvas_steps(self.recipe.canvas_steps, rng))
 
     def _alone(self, key: SampleKey, counts: Counts, decodes: Counts) -> tuple[np.random.Generator, Sample]:
         rng = self.generator(key)

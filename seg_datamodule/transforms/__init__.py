@@ -15,6 +15,7 @@ from seg_datamodule.transforms.copy_paste import paste_instances, paste_mask
 from seg_datamodule.transforms.lsj import LargeScaleJitter, LSJDraw, lsj_layout
 from seg_datamodule.transforms.mixing import MixDraw, MixResult, SampleMixing
 from seg_datamodule.transforms.mixup import mixup_samples
+from seg_datamodule.transforms.recipe import Recipe, RecipeError, Step
 from seg_datamodule.transforms.plan import TilePlan, choose_reduce, letterbox_layout, mosaic_layout, snap_for_resize
 from seg_datamodule.transforms.polygons import DROP_REASONS, drop_reasons, transform_polygons
 from seg_datamodule.transforms.warp import FILL_VALUE, warp_tiles
@@ -38,7 +39,10 @@ __all__ = [
     "RandomAffine",
     "RandomFlipLR",
     "RandomHSV",
+    "Recipe",
+    "RecipeError",
     "SampleMixing",
+    "Step",
     "TilePlan",
     "choose_reduce",
     "drop_reasons",

@@ -21,7 +21,7 @@ from seg_datamodule.compat import warn_if_albumentationsx, warn_unverified
 from seg_datamodule.ops.checks import check_number
 from seg_datamodule.structures import Polygons
 from seg_datamodule.transforms.hsv import hsv_jitter
-from seg_datamodule.transforms.steps import Canvas, CanvasStep, DrawPhase
+from seg_datamodule.transforms.steps import Canvas, CanvasStep, DrawPhase, step_arguments
 
 __all__ = ["AlbumentationsTransform", "RandomHSV", "load_transforms", "refuse_resizing",
            "seeding_problem"]
@@ -189,8 +189,9 @@ class AlbumentationsTransform(CanvasStep):
     phase: ClassVar[DrawPhase] = "pixels"
 
     def __init__(self, transforms: A.BaseCompose | str | Path | None) -> None:
-        self.transforms = load_transforms(transforms)
-        refuse_resizing(self.transforms)
+        with step_arguments("AlbumentationsTransform"):
+            self.transforms = load_transforms(transforms)
+            refuse_resizing(self.transforms)
         self.geometric = self.transforms is not None and _is_geometric(self.transforms)
         self._runner: A.BaseCompose | None = self.transforms
         if self.geometric:

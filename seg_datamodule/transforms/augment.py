@@ -19,7 +19,7 @@ import numpy as np
 from seg_datamodule.ops.affine import compose_affine, make_affine
 from seg_datamodule.ops.checks import check_int, check_number
 from seg_datamodule.transforms.plan import TilePlan, letterbox_layout, mosaic_layout, snap_for_resize
-from seg_datamodule.transforms.steps import Canvas, CanvasStep, DrawPhase, Layout
+from seg_datamodule.transforms.steps import Canvas, CanvasStep, DrawPhase, Layout, step_arguments
 
 __all__ = ["GlobalDraw", "Letterbox", "MosaicAffine", "RandomAffine", "RandomFlipLR"]
 
@@ -124,7 +124,8 @@ class RandomFlipLR(CanvasStep):
     phase: ClassVar[DrawPhase] = "plan"
 
     def __init__(self, p: float = 0.5) -> None:
-        self.p = check_number("p", p, 0.0, 1.0)
+        with step_arguments("RandomFlipLR"):
+            self.p = check_number("p", p, 0.0, 1.0)
 
     def __repr__(self) -> str:
         return f"RandomFlipLR(p={self.p})"
@@ -227,10 +228,11 @@ class MosaicAffine(Layout):
         shear: float = 0.0,
         flip_lr: float = 0.5,
     ) -> None:
-        self.image_size = check_int("image_size", image_size, 1)
-        self.affine = RandomAffine(degrees=degrees, translate=translate, scale=scale, shear=shear)
-        self.flip = RandomFlipLR(flip_lr)
-        self.letterbox = Letterbox(image_size)
+        with step_arguments("MosaicAffine"):
+            self.image_size = check_int("image_size", image_size, 1)
+            self.affine = RandomAffine(degrees=degrees, translate=translate, scale=scale, shear=shear)
+            self.flip = RandomFlipLR(flip_lr)
+            self.letterbox = Letterbox(image_size)
 
     def __repr__(self) -> str:
         return f"MosaicAffine(image_size={self.image_size}, {self.affine!r}, {self.flip!r})"

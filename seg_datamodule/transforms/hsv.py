@@ -29,7 +29,7 @@ import numpy as np
 import torch
 
 from seg_datamodule.ops.checks import check_number
-from seg_datamodule.transforms.steps import Canvas, CanvasStep, DrawPhase
+from seg_datamodule.transforms.steps import Canvas, CanvasStep, DrawPhase, step_arguments
 
 __all__ = ["CPU_THREADS", "HSVJitter", "apply_pending_hsv", "hsv_jitter", "hsv_jitter_batch_", "hsv_luts",
            "refuse_random_hsv"]
@@ -98,13 +98,14 @@ class HSVJitter(CanvasStep):
     phase: ClassVar[DrawPhase] = "pixels"
 
     def __init__(self, gains: Sequence[float] = (0.015, 0.7, 0.4), on_device: bool = False) -> None:
-        if isinstance(gains, (str, bytes)) or not isinstance(gains, Sequence) or len(gains) != 3:
-            raise TypeError(f"hsv must be three numbers (hgain, sgain, vgain), got {gains!r}")
-        h, s, v = (check_number(f"hsv {name}", g) for name, g in zip(("hgain", "sgain", "vgain"), gains))
-        if not isinstance(on_device, bool):
-            raise TypeError(f"hsv_on_device must be a bool, got {on_device!r}")
-        self.gains = (h, s, v)
-        self.on_device = on_device
+        with step_arguments("HSVJitter"):
+            if isinstance(gains, (str, bytes)) or not isinstance(gains, Sequence) or len(gains) != 3:
+                raise TypeError(f"hsv must be three numbers (hgain, sgain, vgain), got {gains!r}")
+            h, s, v = (check_number(f"hsv {name}", g) for name, g in zip(("hgain", "sgain", "vgain"), gains))
+            if not isinstance(on_device, bool):
+                raise TypeError(f"hsv_on_device must be a bool, got {on_device!r}")
+            self.gains = (h, s, v)
+            self.on_device = on_device
 
     def __repr__(self) -> str:
         return f"HSVJitter(gains={self.gains}, on_device={self.on_device})"

@@ -19,7 +19,7 @@ import numpy as np
 from seg_datamodule.ops.checks import check_int, check_number
 from seg_datamodule.transforms.augment import Letterbox, RandomFlipLR
 from seg_datamodule.transforms.plan import TilePlan, snap_for_resize
-from seg_datamodule.transforms.steps import Layout
+from seg_datamodule.transforms.steps import Layout, step_arguments
 
 __all__ = ["LSJDraw", "LargeScaleJitter", "lsj_layout"]
 
@@ -86,15 +86,16 @@ class LargeScaleJitter(Layout):
     recipe: ClassVar[str] = "lsj"
 
     def __init__(self, image_size: int = 1024, scale: tuple[float, float] = (0.1, 2.0), flip_lr: float = 0.5) -> None:
-        self.image_size = check_int("image_size", image_size, 1)
-        if not isinstance(scale, Sequence) or isinstance(scale, str) or len(scale) != 2:
-            raise TypeError(f"lsj_scale must be a pair (low, high), got {scale!r}")
-        lo, hi = (check_number("lsj_scale", s) for s in scale)
-        if not 0 < lo <= hi:
-            raise ValueError(f"lsj_scale must satisfy 0 < low <= high, got {scale!r}")
-        self.scale = (lo, hi)
-        self.flip = RandomFlipLR(flip_lr)
-        self.letterbox = Letterbox(image_size)
+        with step_arguments("LargeScaleJitter"):
+            self.image_size = check_int("image_size", image_size, 1)
+            if not isinstance(scale, Sequence) or isinstance(scale, str) or len(scale) != 2:
+                raise TypeError(f"lsj_scale must be a pair (low, high), got {scale!r}")
+            lo, hi = (check_number("lsj_scale", s) for s in scale)
+            if not 0 < lo <= hi:
+                raise ValueError(f"lsj_scale must satisfy 0 < low <= high, got {scale!r}")
+            self.scale = (lo, hi)
+            self.flip = RandomFlipLR(flip_lr)
+            self.letterbox = Letterbox(image_size)
 
     def __repr__(self) -> str:
         return f"LargeScaleJitter(image_size={self.image_size}, scale={self.scale}, {self.flip!r})"

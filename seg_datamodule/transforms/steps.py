@@ -19,18 +19,44 @@ sample meets them:
 from __future__ import annotations
 
 import abc
+import contextlib
 from dataclasses import dataclass
-from typing import Any, ClassVar, Literal, Protocol, Sequence
+from typing import Any, ClassVar, Iterator, Literal, Protocol, Sequence
 
 import numpy as np
 
+from seg_datamodule.errors import UserInputError
 from seg_datamodule.structures import Polygons
 from seg_datamodule.transforms.plan import TilePlan
 
-__all__ = ["Canvas", "CanvasStep", "DrawPhase", "GroupStep", "Layout", "draw_canvas_steps"]
+__all__ = ["Canvas", "CanvasStep", "DrawPhase", "GroupStep", "Layout", "StepTypeError", "StepValueError",
+           "draw_canvas_steps", "step_arguments"]
 
 #: When a step draws: ``"plan"`` before any decode (with the layout), ``"pixels"`` after decode.
 DrawPhase = Literal["plan", "pixels"]
+
+
+class StepValueError(UserInputError, ValueError):
+    """A step's argument has a bad value; the message starts with the step's class name."""
+
+
+class StepTypeError(UserInputError, TypeError):
+    """A step's argument has the wrong type; the message starts with the step's class name."""
+
+
+@contextlib.contextmanager
+def step_arguments(step: str) -> Iterator[None]:
+    """Around a step's ``__init__`` checks: a ``ValueError`` / ``TypeError`` they raise is re-raised as
+    :class:`StepValueError` / :class:`StepTypeError` naming ``step``, so a YAML recipe's mistake
+    reads ``RandomFlipLR: p must be ...`` on one line (an error already naming a step passes as is)."""
+    try:
+        yield
+    except UserInputError:
+        raise
+    except TypeError as err:
+        raise StepTypeError(f"{step}: {err}") from err
+    except ValueError as err:
+        raise StepValueError(f"{step}: {err}") from err
 
 
 @dataclass(frozen=True)
