@@ -9,12 +9,13 @@ generator passed in (``hsv`` also applies recorded gains to a batch on its devic
 
 from seg_datamodule.transforms.albu import AlbumentationsTransform, RandomHSV, load_transforms
 from seg_datamodule.transforms.hsv import HSVJitter, hsv_jitter, hsv_jitter_batch_
-from seg_datamodule.transforms.steps import Canvas, CanvasStep, GroupStep, Layout
+from seg_datamodule.transforms.steps import Canvas, CanvasStep, DrawPhase, GroupStep, Layout
 from seg_datamodule.transforms.augment import GlobalDraw, Letterbox, MosaicAffine, RandomAffine, RandomFlipLR
 from seg_datamodule.transforms.copy_paste import paste_instances, paste_mask
 from seg_datamodule.transforms.lsj import LargeScaleJitter, LSJDraw, lsj_layout
 from seg_datamodule.transforms.mixing import MixDraw, MixResult, SampleMixing
 from seg_datamodule.transforms.mixup import mixup_samples
+from seg_datamodule.transforms.orient import RandomFlipUD, RandomRotate90
 from seg_datamodule.transforms.recipe import Recipe, RecipeError, Step
 from seg_datamodule.transforms.plan import TilePlan, choose_reduce, letterbox_layout, mosaic_layout, snap_for_resize
 from seg_datamodule.transforms.polygons import DROP_REASONS, drop_reasons, transform_polygons
@@ -25,6 +26,7 @@ __all__ = [
     "Canvas",
     "CanvasStep",
     "DROP_REASONS",
+    "DrawPhase",
     "FILL_VALUE",
     "GlobalDraw",
     "GroupStep",
@@ -38,7 +40,9 @@ __all__ = [
     "MosaicAffine",
     "RandomAffine",
     "RandomFlipLR",
+    "RandomFlipUD",
     "RandomHSV",
+    "RandomRotate90",
     "Recipe",
     "RecipeError",
     "SampleMixing",
