@@ -21,9 +21,9 @@ import albumentations as A
 from lightning.fabric.utilities.data import suggested_max_num_workers
 
 from seg_datamodule.ops.checks import check_bool, check_choice, check_int, check_number
-from seg_datamodule.transforms.albu import AlbumentationsTransform, load_transforms, refuse_resizing
+from seg_datamodule.transforms.albu import AlbumentationsTransform, load_transforms, refuse_random_hsv, refuse_resizing
 from seg_datamodule.transforms.augment import MosaicAffine
-from seg_datamodule.transforms.hsv import HSVJitter, refuse_random_hsv
+from seg_datamodule.transforms.hsv import HSVJitter
 from seg_datamodule.transforms.mixing import SampleMixing
 from seg_datamodule.transforms.recipe import Recipe, RecipeError
 from seg_datamodule.transforms.steps import Layout

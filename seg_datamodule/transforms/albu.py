@@ -12,7 +12,7 @@ from __future__ import annotations
 import random
 from dataclasses import replace
 from pathlib import Path
-from typing import ClassVar
+from typing import Any, ClassVar
 
 import albumentations as A
 import numpy as np
@@ -23,7 +23,7 @@ from seg_datamodule.structures import Polygons
 from seg_datamodule.transforms.hsv import hsv_jitter
 from seg_datamodule.transforms.steps import Canvas, CanvasStep, DrawPhase, step_arguments
 
-__all__ = ["AlbumentationsTransform", "RandomHSV", "load_transforms", "refuse_resizing",
+__all__ = ["AlbumentationsTransform", "RandomHSV", "load_transforms", "refuse_random_hsv", "refuse_resizing",
            "seeding_problem"]
 
 warn_if_albumentationsx()  # same import name, AGPL-3.0: say so once
@@ -62,6 +62,26 @@ class RandomHSV(A.ImageOnlyTransform):
     def get_transform_init_args_names(self) -> tuple[str, ...]:
         """Arguments ``A.save`` records (``p`` is added by albumentations)."""
         return ("hgain", "sgain", "vgain")
+
+
+def refuse_random_hsv(transforms: Any) -> None:
+    """Raise if an albumentations pipeline holds a ``RandomHSV`` (the DataModule's ``hsv`` is set).
+
+    Args:
+        transforms: an albumentations ``BaseCompose`` (nested ones are searched) or None.
+
+    Raises:
+        ValueError: ``transforms`` contains :class:`RandomHSV`.
+    """
+
+    def walk(t: Any) -> bool:
+        return isinstance(t, RandomHSV) or any(walk(c) for c in getattr(t, "transforms", None) or ())
+
+    if transforms is not None and walk(transforms):
+        raise ValueError(
+            "transforms contains RandomHSV and hsv is set: the colours would be jittered twice; "
+            "remove RandomHSV from the pipeline (hsv replaces it) or set hsv to None"
+        )
 
 
 def load_transforms(transforms: A.BaseCompose | str | Path | None) -> A.BaseCompose | None:

@@ -31,8 +31,7 @@ import torch
 from seg_datamodule.ops.checks import check_number
 from seg_datamodule.transforms.steps import Canvas, CanvasStep, DrawPhase, step_arguments
 
-__all__ = ["CPU_THREADS", "HSVJitter", "apply_pending_hsv", "hsv_jitter", "hsv_jitter_batch_", "hsv_luts",
-           "refuse_random_hsv"]
+__all__ = ["CPU_THREADS", "HSVJitter", "apply_pending_hsv", "hsv_jitter", "hsv_jitter_batch_", "hsv_luts"]
 
 _SHIFT = 12  # OpenCV's fixed-point shift in RGB2HSV_b
 _ROUND = 1 << (_SHIFT - 1)
@@ -120,27 +119,6 @@ class HSVJitter(CanvasStep):
         if self.on_device:
             return replace(canvas, hsv_gains=params)
         return replace(canvas, image=hsv_jitter(canvas.image, params))
-
-
-def refuse_random_hsv(transforms: Any) -> None:
-    """Raise if an albumentations pipeline holds a ``RandomHSV`` (the DataModule's ``hsv`` is set).
-
-    Args:
-        transforms: an albumentations ``BaseCompose`` (nested ones are searched) or None.
-
-    Raises:
-        ValueError: ``transforms`` contains :class:`~seg_datamodule.transforms.albu.RandomHSV`.
-    """
-    from seg_datamodule.transforms.albu import RandomHSV  # albu imports albumentations
-
-    def walk(t: Any) -> bool:
-        return isinstance(t, RandomHSV) or any(walk(c) for c in getattr(t, "transforms", None) or ())
-
-    if transforms is not None and walk(transforms):
-        raise ValueError(
-            "transforms contains RandomHSV and hsv is set: the colours would be jittered twice; "
-            "remove RandomHSV from the pipeline (hsv replaces it) or set hsv to None"
-        )
 
 
 def hsv_luts(gains: torch.Tensor) -> torch.Tensor:

@@ -25,8 +25,8 @@ from dataclasses import dataclass
 from typing import Sequence, Union
 
 from seg_datamodule.errors import UserInputError
-from seg_datamodule.transforms.albu import AlbumentationsTransform
-from seg_datamodule.transforms.hsv import HSVJitter, refuse_random_hsv
+from seg_datamodule.transforms.albu import AlbumentationsTransform, refuse_random_hsv
+from seg_datamodule.transforms.hsv import HSVJitter
 from seg_datamodule.transforms.steps import CanvasStep, Layout
 
 __all__ = ["Recipe", "RecipeError", "Step"]
