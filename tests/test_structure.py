@@ -3,8 +3,9 @@
 What ``../shared/STYLE.md`` asks and issue 25 made checkable:
 
 * every module under ~400 lines (:data:`MAX_LINES`);
-* imports run ``io -> transforms -> data``: nothing under ``seg_datamodule/io/`` imports
-  ``seg_datamodule.data`` (not even lazily inside a function);
+* imports run ``io -> transforms -> data``: nothing under ``seg_datamodule/io/`` or
+  ``seg_datamodule/transforms/`` imports ``seg_datamodule.data`` (not even lazily inside a
+  function), and the step kinds (``transforms/steps.py``) import none of the steps;
 * no function or method takes more than :data:`MAX_PARAMS` parameters (every parameter counts:
   ``self``, positional, keyword-only, ``*args``, ``**kwargs``), except the public ``__init__`` of
   the DataModule and of the LightningModules, whose flat arguments are YAML keys
@@ -88,6 +89,33 @@ def test_nothing_under_io_imports_data() -> None:
                 if name.startswith("..") and "data" in name.split("."):  # a relative climb into data/
                     offenders.append(f"{path.relative_to(ROOT)}:{node.lineno} imports {name}")
     assert not offenders, "io/ must not import data/ (imports run io -> transforms -> data):\n" + "\n".join(offenders)
+
+
+def _imported(path: Path) -> list[tuple[int, str]]:
+    """``(line, module)`` of every import in ``path``, lazy ones included (relative ones as written)."""
+    out = []
+    for node in ast.walk(ast.parse(path.read_text())):
+        if isinstance(node, ast.ImportFrom) and node.module:
+            out.append((node.lineno, node.module if node.level == 0 else "." * node.level + node.module))
+        elif isinstance(node, ast.Import):
+            out.extend((node.lineno, alias.name) for alias in node.names)
+    return out
+
+
+def test_nothing_under_transforms_imports_data() -> None:
+    """Steps run in the data path but know nothing of it: ``data/`` executes them, not the reverse."""
+    offenders = [f"{path.relative_to(ROOT)}:{line} imports {name}"
+                 for path in sorted((PACKAGE / "transforms").rglob("*.py")) for line, name in _imported(path)
+                 if name.startswith(("seg_datamodule.data", ".")) or name == "seg_datamodule.data"]
+    assert not offenders, "transforms/ must not import data/ (nor import relatively):\n" + "\n".join(offenders)
+
+
+def test_the_step_kinds_import_no_step() -> None:
+    """``transforms/steps.py`` (the kinds) sits below every step: it imports only errors, structures, ops and plans."""
+    allowed = ("seg_datamodule.errors", "seg_datamodule.structures", "seg_datamodule.ops",
+               "seg_datamodule.transforms.plan")
+    names = [name for _, name in _imported(PACKAGE / "transforms" / "steps.py") if name.startswith("seg_datamodule")]
+    assert names and all(name.startswith(allowed) for name in names), names
 
 
 def test_no_function_takes_more_than_eight_parameters() -> None:

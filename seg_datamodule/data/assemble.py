@@ -19,10 +19,10 @@ from seg_datamodule.data.loading import FederatedIndex, ImageIndex, ImageSource
 from seg_datamodule.data.tiles import Tiles
 from seg_datamodule.structures import Polygons, Sample
 from seg_datamodule.transforms.box_only import with_box_rings, without_rings
-from seg_datamodule.transforms.albu import AlbumentationsTransform, hsv_jitter
-from seg_datamodule.transforms.hsv import HSVJitter
+from seg_datamodule.transforms.albu import AlbumentationsTransform
 from seg_datamodule.transforms.plan import TilePlan
 from seg_datamodule.transforms.polygons import drop_reasons, transform_polygons
+from seg_datamodule.transforms.steps import Canvas, CanvasStep
 from seg_datamodule.transforms.warp import FILL_VALUE, warp_tiles
 
 __all__ = ["Frame", "SampleSteps", "TileTargets", "assemble_sample", "empty_sample", "federated_labels",
@@ -34,18 +34,22 @@ class SampleSteps:
     """The per-sample steps of training (validation has none and keeps every instance).
 
     Attributes:
-        transforms (AlbumentationsTransform): the user's albumentations pipeline.
-        hsv (HSVJitter | None): YOLO's HSV jitter, drawn after everything else and applied
-            last, after ``transforms`` (Ultralytics' order); with ``hsv.on_device`` the gains go
-            on the sample instead, for the accelerator.
+        pixel_steps (tuple[CanvasStep, ...]): the recipe's pixel steps, drawn and applied in order
+            after the plan-phase ones (the user's albumentations pipeline, then YOLO's HSV jitter,
+            Ultralytics' order; with ``on_device`` HSV records its gains on the sample instead).
         min_area_ratio (float): drop an instance keeping less than this fraction of its area.
         min_box_size (float): drop an instance whose box is narrower or lower than this.
     """
 
-    transforms: AlbumentationsTransform
-    hsv: HSVJitter | None
+    pixel_steps: tuple[CanvasStep, ...]
     min_area_ratio: float
     min_box_size: float
+
+    @property
+    def transforms(self) -> AlbumentationsTransform:
+        """The albumentations step (an empty one when the recipe has none)."""
+        return next((s for s in self.pixel_steps if isinstance(s, AlbumentationsTransform)),
+                    AlbumentationsTransform(None))
 
 
 @dataclass(frozen=True)
@@ -119,7 +123,7 @@ def assemble_sample(
     targets: TileTargets,
     steps: SampleSteps | None,
     rng: np.random.Generator | None,
-    flip: bool,
+    drawn: tuple[tuple[CanvasStep, object], ...] = (),
     frame: Frame | None = None,
 ) -> tuple[Sample, np.ndarray]:
     """Warp the tiles into one canvas and carry every instance of every tile through.
@@ -130,7 +134,8 @@ def assemble_sample(
         steps (SampleSteps | None): training's per-sample steps; None (validation) runs none
             and drops only degenerate or outside instances.
         rng (numpy.random.Generator | None): the sample's generator, for ``steps``.
-        flip (bool): mirror the canvas horizontally.
+        drawn (tuple[tuple[CanvasStep, object], ...]): the canvas steps drawn in the plan phase
+            (the flip) with their parameters, applied in order after the warp.
         frame (Frame | None): where a letterboxed image sits (validation).
 
     Returns:
@@ -155,24 +160,18 @@ def assemble_sample(
     # 3. Polygons: clip to each tile's region, map, clip to the output.
     polygons, area_before, area_after = transform_polygons(list(targets.polygons), plan)
 
-    # 4. Horizontal flip: mirror pixels and vertices (exact; no resample).
-    if flip:
-        w = plan.output_size[1]
-        image = cv2.flip(image, 1, dst=image)  # in place: the canvas is ours
-        crowd = None if crowd is None else cv2.flip(crowd, 1, dst=crowd)
-        polygons = polygons.flip_lr(w)
+    canvas = Canvas(image, polygons, crowd, area_before, area_after)
+    # 4. The canvas steps drawn before decode (the flip): exact on the output, no resample.
+    for step, params in drawn:
+        canvas = step.apply(canvas, params)
 
-    # 5. The per-sample steps (training only).
-    hsv_gains = None
+    # 5. The pixel steps (training only), each drawn now, in order: albumentations, then HSV
+    # (Ultralytics' order; HSV drawn after every other draw, so setting it changes no other).
     if steps is not None and rng is not None:
-        image, polygons, crowd, area_before, area_after = _user_transforms(
-            steps.transforms, rng, image, polygons, crowd, (area_before, area_after))
-        # YOLO's HSV jitter last (after albumentations, as Ultralytics runs it), drawn after every
-        # other draw so that setting it changes no other augmentation.
-        if steps.hsv is not None:
-            hsv_gains = steps.hsv.draw(rng)
-            if not steps.hsv.on_device:
-                image, hsv_gains = hsv_jitter(image, hsv_gains), None
+        for step in steps.pixel_steps:
+            canvas = step.apply(canvas, step.draw(rng))
+    image, polygons, crowd = canvas.image, canvas.polygons, canvas.crowd
+    area_before, area_after, hsv_gains = canvas.area_before, canvas.area_after, canvas.hsv_gains
 
     # 6. Drop what is degenerate, outside, mostly cut off or tiny (validation keeps tiny instances:
     # losses see every target there).
@@ -197,33 +196,6 @@ def assemble_sample(
         **({} if frame is None else {"scale": frame.scale, "pad": frame.pad, "orig_size": frame.orig_size}),
     )
     return sample, codes
-
-
-def _user_transforms(
-    transforms: AlbumentationsTransform,
-    rng: np.random.Generator,
-    image: np.ndarray,
-    polygons: Polygons,
-    crowd: np.ndarray | None,
-    areas: tuple[np.ndarray, np.ndarray],
-) -> tuple[np.ndarray, Polygons, np.ndarray | None, np.ndarray, np.ndarray]:
-    """The user's albumentations pipeline: geometric steps move the vertices as keypoints, then
-    the polygons are clipped to the image again; returns image, polygons, crowd and the areas
-    before and after clipping."""
-    area_before, area_after = areas
-    if not transforms:
-        return image, polygons, crowd, area_before, area_after
-    if not transforms.geometric:
-        return transforms(rng, image)[0], polygons, crowd, area_before, area_after
-    image, vertices, crowd = transforms(rng, image, polygons.vertices, crowd)
-    unclipped = Polygons(vertices, polygons.ring_offsets, polygons.instance_offsets)
-    polygons = unclipped.clip((0.0, 0.0, float(image.shape[1]), float(image.shape[0])))
-    moved, after = unclipped.areas(), polygons.areas()
-    # Compound the two clips' ratios: before * (moved / area_after) is the area the final clip
-    # should be compared with.
-    with np.errstate(divide="ignore", invalid="ignore"):
-        area_before = np.where(area_after > 0, area_before * moved / area_after, area_before)
-    return image, polygons, crowd, area_before, after
 
 
 def federated_labels(index: FederatedIndex, ids: np.ndarray) -> tuple[np.ndarray, np.ndarray]:

@@ -51,9 +51,7 @@ from seg_datamodule.data.splits import check_dataset_keys, check_pair
 from seg_datamodule.io.coco import CocoIndex, IndexOptions
 from seg_datamodule.io.input_paths import check_input_path
 from seg_datamodule.ops.checks import check_choice, check_int, check_number
-from seg_datamodule.transforms.augment import MosaicAffine
-from seg_datamodule.transforms.hsv import HSVJitter
-from seg_datamodule.transforms.lsj import LargeScaleJitter
+from seg_datamodule.transforms import HSVJitter, LargeScaleJitter, MosaicAffine, Recipe, Step
 
 __all__ = ["AUTO_CACHE_MAX_IMAGES", "COCOSegDataModule"]
 
@@ -138,10 +136,10 @@ class COCOSegDataModule(DataSources, LoaderHooks, CountsHooks, LightningDataModu
         cache_images: decoded images kept per worker (LRU); 0 keeps none. ``None`` (default)
             caches a dataset of at most ``AUTO_CACHE_MAX_IMAGES`` images whole and nothing of a
             larger one (a cache far smaller than the dataset is rarely hit; ~1 MB per image).
-        recipe: ``"mosaic"`` (default): mosaic + random affine + flip; ``"lsj"``: large-scale
-            jitter of one image (scale in ``lsj_scale`` of ``image_size``, fixed-size crop, pad,
-            flip; ``mosaic``, ``close_mosaic``, ``degrees``, ``translate``, ``scale`` and
-            ``shear`` do not apply). See :mod:`~seg_datamodule.transforms.lsj`.
+        recipe: ``"mosaic"`` (default): mosaic + random affine + flip; ``"lsj"``: large-scale jitter of one image
+            (``lsj_scale`` of ``image_size``, crop, pad, flip; the mosaic and affine keys do not apply); or a list
+            of steps, a Layout first (``class_path`` / ``init_args``; ``transforms``, ``hsv`` and the geometry keys
+            then do not apply). See :mod:`~seg_datamodule.transforms.lsj`, :mod:`~seg_datamodule.transforms.recipe`.
         lsj_scale: LSJ's scale range ``(low, high)`` as factors of ``image_size``.
         copy_paste: probability per training sample of pasting a random subset of another
             canvas's instances (pixels exactly where their polygons cover pixel centres); the
@@ -211,7 +209,7 @@ class COCOSegDataModule(DataSources, LoaderHooks, CountsHooks, LightningDataModu
         mosaic: float = 1.0,
         close_mosaic: int = 0,
         mosaic_partners: Literal["batch", "uniform"] = "batch",
-        recipe: Literal["mosaic", "lsj"] = "mosaic",
+        recipe: Literal["mosaic", "lsj"] | list[Step] = "mosaic",
         lsj_scale: tuple[float, float] = (0.1, 2.0),
         copy_paste: float = 0.0,
         copy_paste_mode: Literal["flip", "batch"] = "flip",
@@ -276,7 +274,8 @@ class COCOSegDataModule(DataSources, LoaderHooks, CountsHooks, LightningDataModu
             check_input_path(f"{split}_ann", ann, "file")
             check_input_path(f"{split}_images", images, "folder")
         # Storage options may hold credentials: kept out of checkpoints' hyperparameters.
-        self.save_hyperparameters(ignore=["transforms", "stream_storage_options"])
+        self.save_hyperparameters(ignore=["transforms", "stream_storage_options",
+                                          *([] if isinstance(recipe, str) else ["recipe"])])  # a list: objects
         self.train_ann, self.train_images = train_ann, train_images
         self.val_ann, self.val_images = val_ann, val_images
         self.test_ann, self.test_images = test_ann, test_images
@@ -288,14 +287,15 @@ class COCOSegDataModule(DataSources, LoaderHooks, CountsHooks, LightningDataModu
                                           crowd_as_instances=crowd_as_instances, box_only=box_only)
         self.loader_options = LoaderOptions(batch_size, batch_size if val_batch_size is None else val_batch_size,
                                             num_workers, mask_stride, pin_memory, persistent_workers, prefetch_factor)
-        check_choice("recipe", recipe, ("mosaic", "lsj"))
-        geometry: MosaicAffine | LargeScaleJitter = (
+        listed = None if isinstance(recipe, str) else Recipe.from_steps(recipe, image_size)  # a YAML list of steps
+        check_choice("recipe", "mosaic" if listed else recipe, ("mosaic", "lsj"))
+        geometry = listed.layout if listed else (
             LargeScaleJitter(image_size, tuple(lsj_scale), flip_lr) if recipe == "lsj" else
             MosaicAffine(image_size=image_size, degrees=degrees, translate=translate, scale=tuple(scale),
                          shear=shear, flip_lr=flip_lr))
         jitter = None if hsv is None else HSVJitter(hsv, on_device=hsv_on_device)
         self.augment = AugmentOptions(geometry, mosaic, close_mosaic, mosaic_partners, copy_paste, copy_paste_mode,
-                                      mixup, min_area_ratio, min_box_size, transforms, jitter)
+                                      mixup, min_area_ratio, min_box_size, transforms, jitter, listed)
         self.stream_options = None if train_stream is None else StreamOptions(
             train_stream, stream_cache_dir, stream_max_cache_size, dict(stream_storage_options or {}))
         self.stream_meta: dict[str, Any] | None = None

@@ -39,7 +39,6 @@ from seg_datamodule.data.sample_path import Counts, SampleKey, SamplePath
 from seg_datamodule.io.images import IMAGE_ERROR_REASONS
 from seg_datamodule.ops.checks import check_bool, check_choice, check_int
 from seg_datamodule.structures import Sample, SampleBatch
-from seg_datamodule.transforms.hsv import refuse_random_hsv
 from seg_datamodule.transforms.polygons import DROP_REASONS
 
 __all__ = ["ADDED_KEYS", "COUNT_KEYS", "DECODE_KEYS", "ImageIndex", "SegDataset", "worker_init_fn"]
@@ -121,8 +120,6 @@ class SegDataset(Dataset[Sample]):
         self.cache_images = check_int("cache_images", cache_images, minimum=0)
         self.max_retries = check_int("max_retries", max_retries, minimum=0)
         self.path = SamplePath(index, augment, self.seed, self.cache_images, self.max_retries)
-        if augment.hsv is not None:
-            refuse_random_hsv(self.path.steps.transforms.transforms)
         # Shared state, read by (persistent) workers: the epoch and the run's epochs; counts.
         self._state = SharedEpoch(None if max_epochs is None else check_int("max_epochs", max_epochs, 1))
         self.counter = SkipCounter(COUNT_KEYS)
@@ -140,7 +137,7 @@ class SegDataset(Dataset[Sample]):
             f"SegDataset({len(self)} images, {mode}, image_size={self.image_size}, "
             f"mosaic={a.mosaic}, mosaic_partners={a.mosaic_partners!r}, "
             f"close_mosaic={a.close_mosaic}, {a.geometry!r}, {self.path.mixing!r}, "
-            f"transforms={self.path.steps.transforms.transforms!r}, hsv={a.hsv!r})"
+            f"transforms={self.path.steps.transforms.transforms!r}, hsv={self.path.recipe.hsv!r})"
         )
 
     @property

@@ -19,7 +19,6 @@ from seg_datamodule.data.collate import DEFAULT_BUFFER_SLOTS, DetectionCollate, 
 from seg_datamodule.data.loading import worker_init_fn
 from seg_datamodule.data.options import LoaderOptions
 from seg_datamodule.data.shm import SHM_PATH, free_shared_memory, slots_that_fit
-from seg_datamodule.transforms.lsj import LargeScaleJitter
 
 __all__ = ["LoaderPlan", "batch_estimate", "batch_targets", "loader_kwargs", "shm_slots"]
 
@@ -78,7 +77,7 @@ def batch_estimate(plan: LoaderPlan, canvas_size: tuple[int, int]) -> int | None
     augment = getattr(plan.dataset, "augment", None)
     tiles, mixing = 1, 1.0
     if getattr(plan.dataset, "train", False) and augment is not None:
-        if augment.mosaic > 0 and not isinstance(augment.geometry, LargeScaleJitter):
+        if augment.mosaic > 0 and augment.geometry.mosaic_capable:
             tiles = 4
         mixing = (1.0 + augment.copy_paste) * (1.0 + augment.mixup)
     targets = batch_targets(counts, plan.batch_size, tiles, mixing)

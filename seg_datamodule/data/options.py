@@ -21,11 +21,12 @@ import albumentations as A
 from lightning.fabric.utilities.data import suggested_max_num_workers
 
 from seg_datamodule.ops.checks import check_bool, check_choice, check_int, check_number
-from seg_datamodule.transforms.albu import load_transforms, refuse_resizing
+from seg_datamodule.transforms.albu import AlbumentationsTransform, load_transforms, refuse_random_hsv, refuse_resizing
 from seg_datamodule.transforms.augment import MosaicAffine
-from seg_datamodule.transforms.hsv import HSVJitter, refuse_random_hsv
-from seg_datamodule.transforms.lsj import LargeScaleJitter
+from seg_datamodule.transforms.hsv import HSVJitter
 from seg_datamodule.transforms.mixing import SampleMixing
+from seg_datamodule.transforms.recipe import Recipe, RecipeError
+from seg_datamodule.transforms.steps import Layout
 
 __all__ = ["MAX_AUTO_WORKERS", "AugmentOptions", "LoaderOptions", "StreamOptions", "auto_num_workers"]
 
@@ -35,9 +36,9 @@ class AugmentOptions:
     """What a training sample draws; validation reads only the canvas size from it.
 
     Attributes:
-        geometry (MosaicAffine | LargeScaleJitter): the random affine and flip of the mosaic
-            recipe, or large-scale jitter (``recipe == "lsj"``); its ``image_size`` is the
-            canvas side ``s`` (the one place it is given).
+        geometry (Layout): the tile layout: the mosaic recipe's random affine (``MosaicAffine``)
+            or large-scale jitter (``LargeScaleJitter``, ``recipe == "lsj"``); its ``image_size``
+            is the canvas side ``s`` (the one place it is given), its ``flip`` the flip step.
         mosaic (float): probability of a 4-image mosaic per training sample (mosaic recipe).
         close_mosaic (int): switch mosaic off for the last ``close_mosaic`` epochs.
         mosaic_partners (str): ``"batch"`` (the batch's other images, one decode per output
@@ -50,15 +51,19 @@ class AugmentOptions:
         transforms (albumentations.BaseCompose | str | None): the user's per-sample pipeline, or
             a file ``A.load`` reads.
         hsv (HSVJitter | None): YOLO's HSV gain jitter, in the workers or on the accelerator.
+        steps (Recipe | None): a recipe given as a list of steps (:meth:`from_recipe`); then
+            ``geometry`` is its layout and ``transforms`` and ``hsv`` are None (they are steps of
+            it). None: the recipe is the flat fields' (:meth:`build_recipe`).
 
     Raises:
         TypeError: a field has the wrong type.
         ValueError: a field is out of range, ``transforms`` resizes, or holds a ``RandomHSV``
-            while ``hsv`` is set.
+            while ``hsv`` is set; with ``steps``, ``geometry`` is not its layout or ``transforms`` /
+            ``hsv`` are set (a :class:`~seg_datamodule.transforms.recipe.RecipeError`).
         FileNotFoundError: ``transforms`` names a file that does not exist.
     """
 
-    geometry: MosaicAffine | LargeScaleJitter = field(default_factory=MosaicAffine)
+    geometry: Layout = field(default_factory=MosaicAffine)
     mosaic: float = 1.0
     close_mosaic: int = 0
     mosaic_partners: Literal["batch", "uniform"] = "batch"
@@ -69,10 +74,12 @@ class AugmentOptions:
     min_box_size: float = 2.0
     transforms: A.BaseCompose | str | None = None
     hsv: HSVJitter | None = None
+    steps: Recipe | None = None
 
     def __post_init__(self) -> None:
-        if not isinstance(self.geometry, (MosaicAffine, LargeScaleJitter)):
-            raise TypeError(f"geometry must be a MosaicAffine or a LargeScaleJitter, got {type(self.geometry).__name__}")
+        if not isinstance(self.geometry, Layout):
+            raise TypeError(f"geometry must be a Layout (MosaicAffine, LargeScaleJitter), got "
+                            f"{type(self.geometry).__name__}")
         check_number("mosaic", self.mosaic, 0.0, 1.0)
         check_int("close_mosaic", self.close_mosaic, minimum=0)
         check_choice("mosaic_partners", self.mosaic_partners, ("batch", "uniform"))
@@ -87,6 +94,26 @@ class AugmentOptions:
         refuse_resizing(pipeline)
         if self.hsv is not None:  # one HSV jitter: hsv, or a RandomHSV in the pipeline
             refuse_random_hsv(pipeline)
+        if self.steps is not None:
+            if not isinstance(self.steps, Recipe):
+                raise TypeError(f"steps must be a Recipe or None, got {type(self.steps).__name__}")
+            if self.geometry is not self.steps.layout:
+                raise RecipeError("geometry must be the recipe's layout (recipe step 0) when steps is given")
+            if self.transforms is not None or self.hsv is not None:
+                raise RecipeError("transforms and hsv are steps of a recipe list (AlbumentationsTransform, "
+                                  "HSVJitter): leave them None when steps is given")
+
+    @classmethod
+    def from_recipe(cls, recipe: Recipe, **fields: object) -> AugmentOptions:
+        """The options of a recipe list: its layout as ``geometry``, the other fields as given."""
+        return cls(recipe.layout, steps=recipe, **fields)  # type: ignore[arg-type]
+
+    def build_recipe(self) -> Recipe:
+        """The steps a training sample runs: ``steps``, or the flat fields' recipe (the layout, its
+        flip, the albumentations pipeline if any, HSV if set). Builds the pipeline's step: call once."""
+        if self.steps is not None:
+            return self.steps
+        return Recipe.from_flat(self.geometry, AlbumentationsTransform(self.transforms), self.hsv)
 
     @property
     def image_size(self) -> int:
@@ -94,9 +121,9 @@ class AugmentOptions:
         return int(self.geometry.image_size)
 
     @property
-    def recipe(self) -> Literal["mosaic", "lsj"]:
-        """``"lsj"`` for large-scale jitter, else ``"mosaic"``."""
-        return "lsj" if isinstance(self.geometry, LargeScaleJitter) else "mosaic"
+    def recipe(self) -> str:
+        """The layout's recipe name: ``"mosaic"`` or ``"lsj"``."""
+        return self.geometry.recipe
 
 
 #: ``num_workers: auto`` never starts more workers than this per rank (Ultralytics' cap too): each

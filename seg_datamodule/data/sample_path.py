@@ -31,10 +31,10 @@ from seg_datamodule.data.options import AugmentOptions
 from seg_datamodule.data.tiles import BadTile, Decoder, TileDraw, TileLoader, Tiles
 from seg_datamodule.io.images import IMAGE_ERROR_REASONS, BadImageError
 from seg_datamodule.structures import Sample
-from seg_datamodule.transforms.albu import AlbumentationsTransform
 from seg_datamodule.transforms.mixing import MixResult, SampleMixing
 from seg_datamodule.transforms.plan import choose_reduce, draw_batch_partners, visible_tiles
 from seg_datamodule.transforms.polygons import DROP_REASONS
+from seg_datamodule.transforms.steps import draw_canvas_steps
 
 __all__ = ["Counts", "SampleKey", "SamplePath"]
 
@@ -79,12 +79,12 @@ class SamplePath:
                  max_retries: int) -> None:
         self.index, self.options, self.seed = index, options, seed
         self.geometry = options.geometry
+        self.recipe = options.build_recipe()
         self.sizes = np.stack([np.asarray(index.heights, np.int64), np.asarray(index.widths, np.int64)], axis=1)
         self.skip_bad = index.on_bad_sample == "skip"
         self.images = ImageSource(index, cache_images)
         self.tiles = TileLoader(self.geometry, self.sizes, self.skip_bad, max_retries)
-        self.steps = SampleSteps(AlbumentationsTransform(options.transforms), options.hsv,
-                                 options.min_area_ratio, options.min_box_size)
+        self.steps = SampleSteps(self.recipe.pixel_steps, options.min_area_ratio, options.min_box_size)
         self.mixing = SampleMixing(options.copy_paste, options.copy_paste_mode, options.mixup,
                                    options.min_area_ratio, options.min_box_size)
 
@@ -127,14 +127,15 @@ class SamplePath:
 
     def draw_tiles(self, rng: np.random.Generator, key: SampleKey, ids: np.ndarray | None = None) -> TileDraw:
         """The sample's tiles: mosaic or not (one draw, always), its images (``ids``, or drawn
-        uniformly over the dataset for a mosaic), then the geometry."""
+        uniformly over the dataset for a mosaic), the layout, then the plan-phase canvas steps."""
         mosaic = bool(rng.random() < self.options.mosaic) and key.mosaic_allowed
         if ids is None:
             ids = (self.geometry.draw_indices(rng, key.index, len(self.sizes)) if mosaic
                    else np.array([key.index], np.int64))
         elif not mosaic:
             ids = ids[:1]
-        return TileDraw(ids, self.geometry.draw(rng, mosaic))
+        draw = self.geometry.draw(rng, mosaic)
+        return TileDraw(ids, draw, draw_canvas_steps(self.recipe.canvas_steps, rng))
 
     def _alone(self, key: SampleKey, counts: Counts, decodes: Counts) -> tuple[np.random.Generator, Sample]:
         rng = self.generator(key)
@@ -165,7 +166,7 @@ class SamplePath:
         tiles = self.tiles.load(draw, decoder, rng, f"sample {key.index} (epoch {key.epoch})")
         self._settle(tiles.bad, counts)
         targets = fetch_targets(self.index, self.images, tiles.ids, tiles.visible)
-        sample, codes = assemble_sample(tiles, targets, self.steps, rng, flip=draw.draw.flip)
+        sample, codes = assemble_sample(tiles, targets, self.steps, rng, draw.canvas)
         _count_codes(codes, counts)
         return sample
 
@@ -184,7 +185,7 @@ class SamplePath:
             return empty_sample(int(self.index.image_ids[i]), self.options.image_size, frame), counts
         tiles = Tiles(np.array([i], np.int64), plan, (image,), (reduce,))
         targets = fetch_targets(self.index, self.images, tiles.ids, tiles.visible)
-        sample, codes = assemble_sample(tiles, targets, None, None, flip=False, frame=frame)
+        sample, codes = assemble_sample(tiles, targets, None, None, frame=frame)
         _count_codes(codes, counts)
         return sample, counts
 

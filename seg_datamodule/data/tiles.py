@@ -13,14 +13,13 @@ follows the replacement (its size changes where the tile lands).
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Protocol
+from typing import Any, Protocol
 
 import numpy as np
 
 from seg_datamodule.io.images import BadImageError
-from seg_datamodule.transforms.augment import GlobalDraw, MosaicAffine
-from seg_datamodule.transforms.lsj import LargeScaleJitter, LSJDraw
 from seg_datamodule.transforms.plan import TilePlan, choose_reduce, visible_tiles
+from seg_datamodule.transforms.steps import CanvasStep, Layout
 
 __all__ = ["BadTile", "Decoder", "TileDraw", "TileLoader", "Tiles", "other_index"]
 
@@ -38,11 +37,14 @@ class TileDraw:
 
     Attributes:
         ids (ndarray[K] int64): image index per tile (the sample's own image first).
-        draw (GlobalDraw | LSJDraw): the geometry's random part (mosaic centre, affine, flip).
+        draw: the layout's random part (its ``draw``: mosaic centre and affine, or LSJ's scale and crop).
+        canvas (tuple[tuple[CanvasStep, Any], ...]): the plan-phase canvas steps (the flip) with
+            their draws, applied after the warp.
     """
 
     ids: np.ndarray
-    draw: GlobalDraw | LSJDraw
+    draw: Any
+    canvas: tuple[tuple[CanvasStep, Any], ...] = ()
 
 
 @dataclass(frozen=True)
@@ -83,14 +85,14 @@ class TileLoader:
     """Plans and decodes a sample's tiles over one index's image sizes.
 
     Args:
-        geometry (MosaicAffine | LargeScaleJitter): what turns a draw and image sizes into a plan.
+        geometry (Layout): what turns a draw and image sizes into a plan.
         sizes (ndarray[I, 2] int64): (H, W) of every image of the index.
         replace_bad (bool): replace an image that fails to load by another (``"skip"``); else
             the first bad image ends the load.
         max_retries (int): bad images tolerated per sample before giving up.
     """
 
-    def __init__(self, geometry: MosaicAffine | LargeScaleJitter, sizes: np.ndarray, replace_bad: bool,
+    def __init__(self, geometry: Layout, sizes: np.ndarray, replace_bad: bool,
                  max_retries: int) -> None:
         self.geometry, self.sizes = geometry, sizes
         self.replace_bad, self.max_retries = replace_bad, max_retries

@@ -1,49 +1,32 @@
-"""Pixel-level augmentation: YOLO's HSV jitter and the user's albumentations pipeline.
+"""The user's albumentations pipeline as a step, and YOLO's HSV jitter as an albumentations transform.
 
 :class:`AlbumentationsTransform` runs an ``albumentations.Compose`` with its random state seeded
 from the sample's own generator (albumentations 2.0.8 otherwise gives every forked worker the same
-stream); geometric steps move the polygon vertices as keypoints, and the caller clips them again.
+stream); geometric steps move the polygon vertices as keypoints, which are then clipped again.
+:class:`RandomHSV` wraps the HSV kernel of :mod:`~seg_datamodule.transforms.hsv` for users who
+keep it in a saved pipeline.
 """
 
 from __future__ import annotations
 
 import random
+from dataclasses import replace
 from pathlib import Path
+from typing import Any, ClassVar
 
 import albumentations as A
-import cv2
 import numpy as np
 
 from seg_datamodule.compat import warn_if_albumentationsx, warn_unverified
 from seg_datamodule.ops.checks import check_number
+from seg_datamodule.structures import Polygons
+from seg_datamodule.transforms.hsv import hsv_jitter
+from seg_datamodule.transforms.steps import Canvas, CanvasStep, DrawPhase, step_arguments
 
-__all__ = ["AlbumentationsTransform", "RandomHSV", "hsv_jitter", "load_transforms", "refuse_resizing",
+__all__ = ["AlbumentationsTransform", "RandomHSV", "load_transforms", "refuse_random_hsv", "refuse_resizing",
            "seeding_problem"]
 
 warn_if_albumentationsx()  # same import name, AGPL-3.0: say so once
-
-
-def hsv_jitter(image: np.ndarray, gains: np.ndarray) -> np.ndarray:
-    """YOLO's HSV jitter: shift hue, scale saturation and value, with lookup tables.
-
-    Args:
-        image (ndarray[H, W, 3] uint8): RGB image.
-        gains (ndarray[3] float): hue shift as a fraction of the hue circle, and saturation and
-            value gains minus one (``0`` changes nothing), as Ultralytics' ``RandomHSV`` draws them.
-
-    Returns:
-        ndarray[H, W, 3] uint8: the jittered RGB image (a new array).
-    """
-    hsv = cv2.cvtColor(image, cv2.COLOR_RGB2HSV)
-    x = np.arange(256, dtype=np.float64)
-    lut = np.empty((1, 256, 3), np.uint8)
-    lut[0, :, 0] = ((x + gains[0] * 180) % 180).astype(np.uint8)
-    lut[0, :, 1] = np.clip(x * (gains[1] + 1), 0, 255).astype(np.uint8)
-    lut[0, :, 2] = np.clip(x * (gains[2] + 1), 0, 255).astype(np.uint8)
-    lut[0, 0, 1] = 0  # keep pure greys grey (Ultralytics 8.3.79)
-    # One 3-channel lookup in place: half the cost of split / 3 x LUT / merge.
-    cv2.LUT(hsv, lut, dst=hsv)
-    return cv2.cvtColor(hsv, cv2.COLOR_HSV2RGB, dst=hsv)
 
 
 class RandomHSV(A.ImageOnlyTransform):
@@ -79,6 +62,26 @@ class RandomHSV(A.ImageOnlyTransform):
     def get_transform_init_args_names(self) -> tuple[str, ...]:
         """Arguments ``A.save`` records (``p`` is added by albumentations)."""
         return ("hgain", "sgain", "vgain")
+
+
+def refuse_random_hsv(transforms: Any) -> None:
+    """Raise if an albumentations pipeline holds a ``RandomHSV`` (the DataModule's ``hsv`` is set).
+
+    Args:
+        transforms: an albumentations ``BaseCompose`` (nested ones are searched) or None.
+
+    Raises:
+        ValueError: ``transforms`` contains :class:`RandomHSV`.
+    """
+
+    def walk(t: Any) -> bool:
+        return isinstance(t, RandomHSV) or any(walk(c) for c in getattr(t, "transforms", None) or ())
+
+    if transforms is not None and walk(transforms):
+        raise ValueError(
+            "transforms contains RandomHSV and hsv is set: the colours would be jittered twice; "
+            "remove RandomHSV from the pipeline (hsv replaces it) or set hsv to None"
+        )
 
 
 def load_transforms(transforms: A.BaseCompose | str | Path | None) -> A.BaseCompose | None:
@@ -177,8 +180,8 @@ def seeding_problem(pipeline: A.BaseCompose) -> str | None:
     return f"set_random_state did not reach {', '.join(missed)}" if missed else None
 
 
-class AlbumentationsTransform:
-    """Per-sample albumentations pipeline, seeded from the sample's generator.
+class AlbumentationsTransform(CanvasStep):
+    """Per-sample albumentations pipeline, seeded from the sample's generator: a pixel step.
 
     Pixel-only pipelines (all ``ImageOnlyTransform``: colour, blur, noise, ...) see the image
     alone. A pipeline with geometric (``DualTransform``) steps also carries the polygon vertices
@@ -203,9 +206,12 @@ class AlbumentationsTransform:
         ValueError: the pipeline resizes (:func:`refuse_resizing`).
     """
 
+    phase: ClassVar[DrawPhase] = "pixels"
+
     def __init__(self, transforms: A.BaseCompose | str | Path | None) -> None:
-        self.transforms = load_transforms(transforms)
-        refuse_resizing(self.transforms)
+        with step_arguments("AlbumentationsTransform"):
+            self.transforms = load_transforms(transforms)
+            refuse_resizing(self.transforms)
         self.geometric = self.transforms is not None and _is_geometric(self.transforms)
         self._runner: A.BaseCompose | None = self.transforms
         if self.geometric:
@@ -247,7 +253,39 @@ class AlbumentationsTransform:
         """
         if self._runner is None:
             return image, vertices, crowd_mask
-        seeds = rng.integers(0, 2**63, size=2)  # drawn either way, so the sample's later draws stay put
+        return self._run(self.draw(rng), image, vertices, crowd_mask)
+
+    def draw(self, rng: np.random.Generator) -> np.ndarray:
+        """The pipeline's two seeds, ``int64 (2,)`` (drawn whether or not they reach it, so the
+        sample's later draws stay put)."""
+        return rng.integers(0, 2**63, size=2)
+
+    def apply(self, canvas: Canvas, params: np.ndarray) -> Canvas:
+        """Run the pipeline on the canvas with the seeds ``params``; a geometric pipeline moves the
+        vertices, which are then clipped to the image again (the areas compounded for the drops)."""
+        if not self.geometric:
+            return replace(canvas, image=self._run(params, canvas.image)[0])
+        polygons = canvas.polygons
+        image, vertices, crowd = self._run(params, canvas.image, polygons.vertices, canvas.crowd)
+        unclipped = Polygons(vertices, polygons.ring_offsets, polygons.instance_offsets)
+        clipped = unclipped.clip((0.0, 0.0, float(image.shape[1]), float(image.shape[0])))
+        moved, after = unclipped.areas(), clipped.areas()
+        # Compound the two clips' ratios: before * (moved / area_after) is the area the final clip
+        # should be compared with.
+        with np.errstate(divide="ignore", invalid="ignore"):
+            before = np.where(canvas.area_after > 0, canvas.area_before * moved / canvas.area_after,
+                              canvas.area_before)
+        return replace(canvas, image=image, polygons=clipped, crowd=crowd, area_before=before, area_after=after)
+
+    def _run(
+        self,
+        seeds: np.ndarray,
+        image: np.ndarray,
+        vertices: np.ndarray | None = None,
+        crowd_mask: np.ndarray | None = None,
+    ) -> tuple[np.ndarray, np.ndarray | None, np.ndarray | None]:
+        """The pipeline once, its generators seeded from ``seeds`` (see :meth:`__call__`)."""
+        assert self._runner is not None, "an empty pipeline is not run"
         if self._seeded:
             self._runner.set_random_state(np.random.default_rng(seeds[0]), random.Random(int(seeds[1])))
         if not self.geometric:

@@ -10,14 +10,16 @@ exactly, no resample).
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-from typing import Sequence
+from dataclasses import dataclass, replace
+from typing import ClassVar, Sequence
 
+import cv2
 import numpy as np
 
 from seg_datamodule.ops.affine import compose_affine, make_affine
 from seg_datamodule.ops.checks import check_int, check_number
 from seg_datamodule.transforms.plan import TilePlan, letterbox_layout, mosaic_layout, snap_for_resize
+from seg_datamodule.transforms.steps import Canvas, CanvasStep, DrawPhase, Layout, step_arguments
 
 __all__ = ["GlobalDraw", "Letterbox", "MosaicAffine", "RandomAffine", "RandomFlipLR"]
 
@@ -105,11 +107,12 @@ class RandomAffine:
         )
 
 
-class RandomFlipLR:
+class RandomFlipLR(CanvasStep):
     """Horizontal flip with probability ``p``: the output canvas mirrored, ``x -> W - x``.
 
     Mirroring pixel ``k`` onto ``W - 1 - k`` and vertices with ``x -> W - x`` (continuous pixels)
-    is exact for both, and costs one copy, not a resample.
+    is exact for both, and costs one copy, not a resample. Drawn in the plan phase, after the
+    layout; applied after the warp (folding it into the matrix would change which tiles snap).
 
     Args:
         p (float): probability of flipping.
@@ -118,8 +121,11 @@ class RandomFlipLR:
         ValueError: ``p`` is not in ``[0, 1]``.
     """
 
+    phase: ClassVar[DrawPhase] = "plan"
+
     def __init__(self, p: float = 0.5) -> None:
-        self.p = check_number("p", p, 0.0, 1.0)
+        with step_arguments("RandomFlipLR"):
+            self.p = check_number("p", p, 0.0, 1.0)
 
     def __repr__(self) -> str:
         return f"RandomFlipLR(p={self.p})"
@@ -129,26 +135,32 @@ class RandomFlipLR:
         """The flip of a canvas ``width`` wide as an affine, ``float64 (2, 3)``."""
         return np.array([[-1.0, 0.0, float(width)], [0.0, 1.0, 0.0]])
 
-    def sample(self, rng: np.random.Generator) -> bool:
+    def draw(self, rng: np.random.Generator) -> bool:
         """Draw whether to flip (one number from ``rng``)."""
         return bool(rng.random() < self.p)
+
+    def apply(self, canvas: Canvas, params: bool) -> Canvas:
+        """Mirror the pixels and crowd regions (in place: the canvas is the sample's) and the vertices."""
+        if not params:
+            return canvas
+        crowd = None if canvas.crowd is None else cv2.flip(canvas.crowd, 1, dst=canvas.crowd)
+        return replace(canvas, image=cv2.flip(canvas.image, 1, dst=canvas.image), crowd=crowd,
+                       polygons=canvas.polygons.flip_lr(canvas.image.shape[1]))
 
 
 @dataclass(frozen=True)
 class GlobalDraw:
-    """The random part of one training sample's geometry.
+    """The random part of one training sample's placement (the flip is its own step's draw).
 
     Attributes:
         center (tuple[float, float] | None): mosaic centre on the ``2s x 2s`` canvas; ``None``
             for a single letterboxed image.
         matrix (ndarray[2, 3] float64): canvas pixels -> output pixels (the random affine; for a
             mosaic it puts the centre on an integer output point, see :meth:`MosaicAffine.draw`).
-        flip (bool): mirror the output horizontally.
     """
 
     center: tuple[float, float] | None
     matrix: np.ndarray
-    flip: bool = False
 
 
 class Letterbox:
@@ -187,8 +199,8 @@ class Letterbox:
         return TilePlan(placement[None], region[None], (s, s)), scale, pad
 
 
-class MosaicAffine:
-    """YOLO 4-image mosaic (or one letterboxed image), random affine and flip, drawn together.
+class MosaicAffine(Layout):
+    """YOLO 4-image mosaic (or one letterboxed image) and random affine, drawn together.
 
     The mosaic centre is drawn in the middle half of a ``2s x 2s`` canvas; the four images are
     scaled to long side ``s`` and placed around it; the affine maps the canvas centre to the
@@ -198,11 +210,14 @@ class MosaicAffine:
     Args:
         image_size (int): ``s``, the output side.
         degrees, translate, scale, shear: see :class:`RandomAffine`.
-        flip_lr (float): probability of a horizontal flip.
+        flip_lr (float): probability of a horizontal flip (:attr:`flip`, a canvas step of its own).
 
     Raises:
         TypeError, ValueError: a parameter is out of range (see :class:`RandomAffine`).
     """
+
+    mosaic_capable: ClassVar[bool] = True
+    recipe: ClassVar[str] = "mosaic"
 
     def __init__(
         self,
@@ -213,10 +228,11 @@ class MosaicAffine:
         shear: float = 0.0,
         flip_lr: float = 0.5,
     ) -> None:
-        self.image_size = check_int("image_size", image_size, 1)
-        self.affine = RandomAffine(degrees=degrees, translate=translate, scale=scale, shear=shear)
-        self.flip = RandomFlipLR(flip_lr)
-        self.letterbox = Letterbox(image_size)
+        with step_arguments("MosaicAffine"):
+            self.image_size = check_int("image_size", image_size, 1)
+            self.affine = RandomAffine(degrees=degrees, translate=translate, scale=scale, shear=shear)
+            self.flip = RandomFlipLR(flip_lr)
+            self.letterbox = Letterbox(image_size)
 
     def __repr__(self) -> str:
         return f"MosaicAffine(image_size={self.image_size}, {self.affine!r}, {self.flip!r})"
@@ -231,7 +247,7 @@ class MosaicAffine:
         return np.concatenate([[int(first)], others]).astype(np.int64)
 
     def draw(self, rng: np.random.Generator, mosaic: bool) -> GlobalDraw:
-        """Draw the centre (mosaic only), the affine and the flip, in that order.
+        """Draw the centre (mosaic only), then the affine (the flip step draws after them).
 
         For a mosaic the affine's translation is moved (by under half a pixel) so the centre
         lands on an integer output point: there the four tiles meet, and
@@ -247,10 +263,10 @@ class MosaicAffine:
         if center is not None:
             landed = affine[:, :2] @ np.asarray(center) + affine[:, 2]
             affine[:, 2] += np.round(landed) - landed
-        return GlobalDraw(center=center, matrix=affine, flip=self.flip.sample(rng))
+        return GlobalDraw(center=center, matrix=affine)
 
     def plan(self, draw: GlobalDraw, image_sizes: np.ndarray, snap: bool = True) -> TilePlan:
-        """Tile plan for the drawn geometry and the tiles' original sizes (flip not included).
+        """Tile plan for the drawn geometry and the tiles' original sizes (the flip is not in it).
 
         Args:
             draw (GlobalDraw): from :meth:`draw`.

@@ -1,9 +1,10 @@
-"""YOLO's HSV gain jitter owned by the data path: per-sample gains, and a batched torch kernel.
+"""YOLO's HSV gain jitter: the one step, and its two kernels (numpy in the workers, torch on a device).
 
-:class:`HSVJitter` holds the gain ranges and draws each sample's three gains from the sample's own
-generator (so they do not depend on the worker that builds it); :func:`hsv_jitter_batch_`
-applies gains to a ``(B, 3, H, W)`` uint8 batch in place, on whatever device the batch is on,
-and gives what :func:`~seg_datamodule.transforms.albu.hsv_jitter` (OpenCV) gives for the same
+:class:`HSVJitter` is the step: it holds the gain ranges, draws each sample's three gains from the
+sample's own generator (so they do not depend on the worker that builds it) and applies them in
+the worker (:func:`hsv_jitter`, OpenCV) or records them on the canvas for the device.
+:func:`hsv_jitter_batch_` applies gains to a ``(B, 3, H, W)`` uint8 batch in place, on whatever
+device the batch is on, and gives what :func:`hsv_jitter` gives for the same
 gains: it follows OpenCV's 8-bit ``RGB2HSV`` integer arithmetic exactly, the same lookup tables
 (built in float64 as numpy builds them), and OpenCV's SIMD ``HSV2RGB`` float arithmetic (its
 fused multiply-adds emulated in float64, its final truncation), so on the x86 OpenCV builds this
@@ -20,14 +21,17 @@ from __future__ import annotations
 
 import contextlib
 import functools
-from typing import Any, Iterator, Sequence
+from dataclasses import replace
+from typing import Any, ClassVar, Iterator, Sequence
 
+import cv2
 import numpy as np
 import torch
 
 from seg_datamodule.ops.checks import check_number
+from seg_datamodule.transforms.steps import Canvas, CanvasStep, DrawPhase, step_arguments
 
-__all__ = ["CPU_THREADS", "HSVJitter", "apply_pending_hsv", "hsv_jitter_batch_", "hsv_luts", "refuse_random_hsv"]
+__all__ = ["CPU_THREADS", "HSVJitter", "apply_pending_hsv", "hsv_jitter", "hsv_jitter_batch_", "hsv_luts"]
 
 _SHIFT = 12  # OpenCV's fixed-point shift in RGB2HSV_b
 _ROUND = 1 << (_SHIFT - 1)
@@ -46,11 +50,36 @@ _DEVICE_CHUNK_PIXELS = 1 << 24
 CPU_THREADS = 1
 
 
-class HSVJitter:
-    """YOLO's HSV gain ranges, and each sample's draw: ``uniform(-1, 1, 3) * (h, s, v)``.
+def hsv_jitter(image: np.ndarray, gains: np.ndarray) -> np.ndarray:
+    """YOLO's HSV jitter: shift hue, scale saturation and value, with lookup tables.
+
+    Args:
+        image (ndarray[H, W, 3] uint8): RGB image.
+        gains (ndarray[3] float): hue shift as a fraction of the hue circle, and saturation and
+            value gains minus one (``0`` changes nothing), as Ultralytics' ``RandomHSV`` draws them.
+
+    Returns:
+        ndarray[H, W, 3] uint8: the jittered RGB image (a new array).
+    """
+    hsv = cv2.cvtColor(image, cv2.COLOR_RGB2HSV)
+    x = np.arange(256, dtype=np.float64)
+    lut = np.empty((1, 256, 3), np.uint8)
+    lut[0, :, 0] = ((x + gains[0] * 180) % 180).astype(np.uint8)
+    lut[0, :, 1] = np.clip(x * (gains[1] + 1), 0, 255).astype(np.uint8)
+    lut[0, :, 2] = np.clip(x * (gains[2] + 1), 0, 255).astype(np.uint8)
+    lut[0, 0, 1] = 0  # keep pure greys grey (Ultralytics 8.3.79)
+    # One 3-channel lookup in place: half the cost of split / 3 x LUT / merge.
+    cv2.LUT(hsv, lut, dst=hsv)
+    return cv2.cvtColor(hsv, cv2.COLOR_HSV2RGB, dst=hsv)
+
+
+class HSVJitter(CanvasStep):
+    """YOLO's HSV jitter as a pixel step: each sample's gains ``uniform(-1, 1, 3) * (h, s, v)``.
 
     The draw is Ultralytics' ``RandomHSV`` (and :class:`~seg_datamodule.transforms.albu.RandomHSV`)
-    one, in float64, from the generator passed in.
+    one, in float64, from the generator passed in. It runs last, after the albumentations step
+    (Ultralytics' order), and draws after every other per-sample step, so setting it changes no
+    other augmentation.
 
     Args:
         gains (Sequence[float]): ``(hgain, sgain, vgain)``: hue shift range as a fraction of the
@@ -65,14 +94,17 @@ class HSVJitter:
         ValueError: a gain is negative or not finite.
     """
 
+    phase: ClassVar[DrawPhase] = "pixels"
+
     def __init__(self, gains: Sequence[float] = (0.015, 0.7, 0.4), on_device: bool = False) -> None:
-        if isinstance(gains, (str, bytes)) or not isinstance(gains, Sequence) or len(gains) != 3:
-            raise TypeError(f"hsv must be three numbers (hgain, sgain, vgain), got {gains!r}")
-        h, s, v = (check_number(f"hsv {name}", g) for name, g in zip(("hgain", "sgain", "vgain"), gains))
-        if not isinstance(on_device, bool):
-            raise TypeError(f"hsv_on_device must be a bool, got {on_device!r}")
-        self.gains = (h, s, v)
-        self.on_device = on_device
+        with step_arguments("HSVJitter"):
+            if isinstance(gains, (str, bytes)) or not isinstance(gains, Sequence) or len(gains) != 3:
+                raise TypeError(f"hsv must be three numbers (hgain, sgain, vgain), got {gains!r}")
+            h, s, v = (check_number(f"hsv {name}", g) for name, g in zip(("hgain", "sgain", "vgain"), gains))
+            if not isinstance(on_device, bool):
+                raise TypeError(f"hsv_on_device must be a bool, got {on_device!r}")
+            self.gains = (h, s, v)
+            self.on_device = on_device
 
     def __repr__(self) -> str:
         return f"HSVJitter(gains={self.gains}, on_device={self.on_device})"
@@ -81,26 +113,12 @@ class HSVJitter:
         """One sample's gains, ``float64 (3,)`` (three numbers drawn from ``rng``)."""
         return rng.uniform(-1, 1, 3) * self.gains
 
-
-def refuse_random_hsv(transforms: Any) -> None:
-    """Raise if an albumentations pipeline holds a ``RandomHSV`` (the DataModule's ``hsv`` is set).
-
-    Args:
-        transforms: an albumentations ``BaseCompose`` (nested ones are searched) or None.
-
-    Raises:
-        ValueError: ``transforms`` contains :class:`~seg_datamodule.transforms.albu.RandomHSV`.
-    """
-    from seg_datamodule.transforms.albu import RandomHSV  # albu imports albumentations
-
-    def walk(t: Any) -> bool:
-        return isinstance(t, RandomHSV) or any(walk(c) for c in getattr(t, "transforms", None) or ())
-
-    if transforms is not None and walk(transforms):
-        raise ValueError(
-            "transforms contains RandomHSV and hsv is set: the colours would be jittered twice; "
-            "remove RandomHSV from the pipeline (hsv replaces it) or set hsv to None"
-        )
+    def apply(self, canvas: Canvas, params: np.ndarray) -> Canvas:
+        """Jitter the canvas with the gains ``params`` (:func:`hsv_jitter`), or, ``on_device``,
+        record them on it for :func:`hsv_jitter_batch_` on the accelerator."""
+        if self.on_device:
+            return replace(canvas, hsv_gains=params)
+        return replace(canvas, image=hsv_jitter(canvas.image, params))
 
 
 def hsv_luts(gains: torch.Tensor) -> torch.Tensor:
@@ -195,7 +213,7 @@ def _tables(device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
 def hsv_jitter_batch_(images: torch.Tensor, gains: torch.Tensor) -> torch.Tensor:
     """YOLO's HSV jitter on a batch, in place, on the batch's device.
 
-    Equals :func:`~seg_datamodule.transforms.albu.hsv_jitter` applied to each image with its
+    Equals :func:`hsv_jitter` applied to each image with its
     gains, within one grey level per channel (bit for bit where OpenCV fuses multiply-adds and
     truncates, as its x86 SIMD build does); greys stay grey. Per pixel it is two lookups in
     tables of every colour (built once per process, on the CPU, and kept on each device) and

@@ -4,41 +4,38 @@ One image is resized by a random factor of the ``s x s`` target (keeping its asp
 ``k = u * s / max(H, W)``, ``u`` uniform in ``lsj_scale``, Detectron2's ``ResizeScale``), then a
 fixed ``s x s`` window is cut at a random whole-pixel offset where the resized image is larger
 (``FixedSizeCrop``), padded with the mosaic fill at the right and bottom where it is smaller,
-then flipped. :class:`LargeScaleJitter` offers the dataset the interface of
-:class:`~seg_datamodule.transforms.augment.MosaicAffine` (``draw`` / ``plan`` / ``letterbox``), so
-the same single-resample warp, exact polygon clip and drop reasons apply; it never builds a mosaic.
+then flipped. :class:`LargeScaleJitter` is a :class:`~seg_datamodule.transforms.steps.Layout`
+as :class:`~seg_datamodule.transforms.augment.MosaicAffine` is, so the same single-resample warp,
+exact polygon clip and drop reasons apply; it never builds a mosaic.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Sequence
+from typing import ClassVar, Sequence
 
 import numpy as np
 
 from seg_datamodule.ops.checks import check_int, check_number
 from seg_datamodule.transforms.augment import Letterbox, RandomFlipLR
 from seg_datamodule.transforms.plan import TilePlan, snap_for_resize
+from seg_datamodule.transforms.steps import Layout, step_arguments
 
 __all__ = ["LSJDraw", "LargeScaleJitter", "lsj_layout"]
 
 
 @dataclass(frozen=True)
 class LSJDraw:
-    """The random part of one LSJ sample.
+    """The random part of one LSJ sample's placement (the flip is its own step's draw).
 
     Attributes:
         scale (float): the factor ``u`` of the target size.
         offset (tuple[float, float]): where the crop starts, as fractions in ``[0, 1)`` of the
             room the resized image leaves (x, y).
-        flip (bool): mirror the output horizontally.
-        center (None): no mosaic (what the dataset reads to tell a mosaic draw).
     """
 
     scale: float
     offset: tuple[float, float]
-    flip: bool = False
-    center: None = None
 
 
 def lsj_layout(
@@ -71,30 +68,34 @@ def lsj_layout(
     return matrix, region
 
 
-class LargeScaleJitter:
+class LargeScaleJitter(Layout):
     """LSJ geometry for ``SegDataset(index, AugmentOptions(LargeScaleJitter(s)))`` (the DataModule's
     ``recipe="lsj"``): scale jitter, fixed-size crop, flip.
 
     Args:
         image_size (int): ``s``, the output side.
         scale (tuple[float, float]): the range of ``u`` (Detectron2: ``(0.1, 2.0)``).
-        flip_lr (float): probability of a horizontal flip.
+        flip_lr (float): probability of a horizontal flip (:attr:`flip`, a canvas step of its own).
 
     Raises:
         TypeError, ValueError: ``image_size`` is not a positive int, ``scale`` not a pair
             ``0 < low <= high``.
     """
 
+    mosaic_capable: ClassVar[bool] = False
+    recipe: ClassVar[str] = "lsj"
+
     def __init__(self, image_size: int = 1024, scale: tuple[float, float] = (0.1, 2.0), flip_lr: float = 0.5) -> None:
-        self.image_size = check_int("image_size", image_size, 1)
-        if not isinstance(scale, Sequence) or isinstance(scale, str) or len(scale) != 2:
-            raise TypeError(f"lsj_scale must be a pair (low, high), got {scale!r}")
-        lo, hi = (check_number("lsj_scale", s) for s in scale)
-        if not 0 < lo <= hi:
-            raise ValueError(f"lsj_scale must satisfy 0 < low <= high, got {scale!r}")
-        self.scale = (lo, hi)
-        self.flip = RandomFlipLR(flip_lr)
-        self.letterbox = Letterbox(image_size)
+        with step_arguments("LargeScaleJitter"):
+            self.image_size = check_int("image_size", image_size, 1)
+            if not isinstance(scale, Sequence) or isinstance(scale, str) or len(scale) != 2:
+                raise TypeError(f"lsj_scale must be a pair (low, high), got {scale!r}")
+            lo, hi = (check_number("lsj_scale", s) for s in scale)
+            if not 0 < lo <= hi:
+                raise ValueError(f"lsj_scale must satisfy 0 < low <= high, got {scale!r}")
+            self.scale = (lo, hi)
+            self.flip = RandomFlipLR(flip_lr)
+            self.letterbox = Letterbox(image_size)
 
     def __repr__(self) -> str:
         return f"LargeScaleJitter(image_size={self.image_size}, scale={self.scale}, {self.flip!r})"
@@ -104,13 +105,13 @@ class LargeScaleJitter:
         return np.array([int(first)], np.int64)
 
     def draw(self, rng: np.random.Generator, mosaic: bool = False) -> LSJDraw:
-        """Draw the scale, the crop offset (x, y) and the flip, in that order (four numbers)."""
+        """Draw the scale and the crop offset (x, y) (three numbers; the flip step draws after them)."""
         u = rng.random(3)
         scale = self.scale[0] + u[0] * (self.scale[1] - self.scale[0])
-        return LSJDraw(scale=float(scale), offset=(float(u[1]), float(u[2])), flip=self.flip.sample(rng))
+        return LSJDraw(scale=float(scale), offset=(float(u[1]), float(u[2])))
 
     def plan(self, draw: LSJDraw, image_sizes: np.ndarray, snap: bool = True) -> TilePlan:
-        """The one-tile plan of the draw for the image's original size (flip not included).
+        """The one-tile plan of the draw for the image's original size (the flip is not in it).
 
         Args:
             draw (LSJDraw): from :meth:`draw`.

@@ -332,7 +332,8 @@ def test_geometric_albumentations_are_clipped_again() -> None:
 
 
 def test_random_hsv_is_ultralytics_hsv_and_serialises(tmp_path: Path) -> None:
-    from seg_datamodule.transforms.albu import RandomHSV, hsv_jitter
+    from seg_datamodule.transforms.albu import RandomHSV
+    from seg_datamodule.transforms.hsv import hsv_jitter
 
     rng = np.random.default_rng(0)
     image = rng.integers(0, 256, (37, 50, 3), dtype=np.uint8)
@@ -398,7 +399,7 @@ def test_argument_errors() -> None:
         SegDataset(index, AugmentOptions(mosaic=1.5))
     with pytest.raises(ValueError, match="scale must satisfy"):
         SegDataset(index, AugmentOptions(MosaicAffine(scale=(1.5, 0.5))))
-    with pytest.raises(TypeError, match="geometry must be a MosaicAffine or a LargeScaleJitter, got dict"):
+    with pytest.raises(TypeError, match=r"geometry must be a Layout \(MosaicAffine, LargeScaleJitter\), got dict"):
         SegDataset(index, AugmentOptions({}))  # type: ignore[arg-type]
     with pytest.raises(TypeError, match="augment must be an AugmentOptions or None, got dict"):
         SegDataset(index, {"mosaic": 0.5})  # type: ignore[arg-type]

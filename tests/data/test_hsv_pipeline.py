@@ -17,8 +17,8 @@ from seg_datamodule.data.collate import DetectionCollate
 from seg_datamodule.data.datamodule import COCOSegDataModule
 from seg_datamodule.models import YolactLite
 from seg_datamodule.structures import Polygons, Sample
-from seg_datamodule.transforms.albu import RandomHSV, hsv_jitter
-from seg_datamodule.transforms.hsv import HSVJitter
+from seg_datamodule.transforms.albu import RandomHSV
+from seg_datamodule.transforms.hsv import HSVJitter, hsv_jitter
 
 HSV = (0.1, 0.7, 0.4)
 # Pixel-only steps whose outcome depends on when the jitter runs (it runs after them).

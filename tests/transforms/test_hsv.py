@@ -12,8 +12,8 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from seg_datamodule.transforms.albu import RandomHSV, hsv_jitter
-from seg_datamodule.transforms.hsv import HSVJitter, apply_pending_hsv, hsv_jitter_batch_, hsv_luts, refuse_random_hsv
+from seg_datamodule.transforms.albu import RandomHSV, refuse_random_hsv
+from seg_datamodule.transforms.hsv import HSVJitter, apply_pending_hsv, hsv_jitter, hsv_jitter_batch_, hsv_luts
 
 
 def _numpy_luts(gains: np.ndarray) -> np.ndarray:

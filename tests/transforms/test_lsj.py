@@ -91,8 +91,8 @@ def test_scales_cover_the_range_and_flip_is_drawn() -> None:
     draws = [geo.draw(np.random.default_rng(s)) for s in range(300)]
     scales = np.array([d.scale for d in draws])
     assert 0.1 <= scales.min() < 0.2 and 1.9 < scales.max() <= 2.0
-    assert 100 < sum(d.flip for d in draws) < 200
-    assert all(d.center is None for d in draws)
+    assert 100 < sum(geo.flip.draw(np.random.default_rng(s)) for s in range(300)) < 200
+    assert not geo.mosaic_capable and geo.recipe == "lsj"
     plan = geo.plan(LSJDraw(0.1, (0.0, 0.0)), np.array([[480, 640]]))
     assert plan.output_size == (640, 640) and plan.matrices[0, 0, 0] == pytest.approx(0.1, rel=1e-2)
 
@@ -105,9 +105,9 @@ def test_lsj_recipe_in_the_dataset_and_argument_errors() -> None:
     assert "LargeScaleJitter" in repr(ds)
     batch = ds.__getitems__([(0, 0), (1, 0)])
     assert all(s.image.shape == (64, 64, 3) for s in batch)
-    # The recipe is the geometry's type: a MosaicAffine is the mosaic recipe, anything else is refused.
+    # The recipe is the layout's: a MosaicAffine is the mosaic recipe, anything but a Layout is refused.
     assert AugmentOptions(MosaicAffine(64)).recipe == "mosaic"
-    with pytest.raises(TypeError, match="geometry must be a MosaicAffine or a LargeScaleJitter, got str"):
+    with pytest.raises(TypeError, match=r"geometry must be a Layout \(MosaicAffine, LargeScaleJitter\), got str"):
         AugmentOptions("lsj")  # type: ignore[arg-type]
     for scale, err in (((0.5,), TypeError), ((2.0, 1.0), ValueError), ((0.0, 1.0), ValueError), ("ab", TypeError)):
         with pytest.raises(err, match="lsj_scale"):

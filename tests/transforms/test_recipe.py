@@ -1,0 +1,54 @@
+"""A recipe is a checked list of steps: what cannot run is refused when it is built, naming the step."""
+
+from __future__ import annotations
+
+import albumentations as A
+import pytest
+
+from seg_datamodule.errors import UserInputError
+from seg_datamodule.transforms import (AlbumentationsTransform, HSVJitter, LargeScaleJitter, MosaicAffine,
+                                       RandomFlipLR, RandomHSV)
+from seg_datamodule.transforms.recipe import Recipe, RecipeError
+
+
+def test_a_list_splits_into_layout_plan_steps_and_pixel_steps() -> None:
+    layout, flip, hsv = MosaicAffine(64), RandomFlipLR(0.5), HSVJitter()
+    blur = AlbumentationsTransform(A.Compose([A.Blur()]))
+    recipe = Recipe.from_steps([layout, flip, blur, hsv])
+    assert recipe.layout is layout and recipe.canvas_steps == (flip,) and recipe.pixel_steps == (blur, hsv)
+    assert recipe.steps == (layout, flip, blur, hsv) and recipe.hsv is hsv
+    assert Recipe.from_steps([LargeScaleJitter(64)]).steps[0].recipe == "lsj"
+
+
+def test_the_flat_keys_build_the_recipe_they_always_ran() -> None:
+    layout, hsv = MosaicAffine(64, flip_lr=0.3), HSVJitter()
+    recipe = Recipe.from_flat(layout, AlbumentationsTransform(None), hsv)
+    assert recipe.canvas_steps == (layout.flip,) and recipe.pixel_steps == (hsv,)
+    assert Recipe.from_flat(layout, None, None).pixel_steps == ()
+
+
+@pytest.mark.parametrize(("steps", "message"), [
+    ([], r"non-empty list"),
+    ([RandomFlipLR(0.5)], r"recipe step 0 \(RandomFlipLR\) must be a Layout"),
+    ([MosaicAffine(64), LargeScaleJitter(64)], r"recipe step 1 \(LargeScaleJitter\) is a second Layout"),
+    ([MosaicAffine(64), "blur"], r"recipe step 1 \(str\) is neither a Layout nor a CanvasStep"),
+    ([MosaicAffine(64), HSVJitter(), RandomFlipLR(0.5)],
+     r"recipe step 2 \(RandomFlipLR\) draws before decode .* after recipe step 1 \(HSVJitter\)"),
+    ([MosaicAffine(64), HSVJitter(), HSVJitter((0.1, 0.1, 0.1))],
+     r"recipe step 2 \(HSVJitter\) is a second HSV step \(recipe step 1 \(HSVJitter\) is one\)"),
+    ([MosaicAffine(64), AlbumentationsTransform(A.Compose([RandomHSV()])), HSVJitter()],
+     r"recipe step 1 \(AlbumentationsTransform\): .*jittered twice"),
+])
+def test_what_cannot_run_is_refused_naming_the_step(steps: list, message: str) -> None:
+    with pytest.raises(RecipeError, match=message) as info:
+        Recipe.from_steps(steps)
+    assert isinstance(info.value, UserInputError) and isinstance(info.value, ValueError)
+
+
+def test_a_step_refuses_its_own_bad_arguments_naming_itself() -> None:
+    with pytest.raises(UserInputError, match=r"RandomFlipLR: p must be .*1\.5"):
+        RandomFlipLR(1.5)
+    with pytest.raises(UserInputError, match=r"AlbumentationsTransform: transforms must not resize \(Resize\)"):
+        AlbumentationsTransform(A.Compose([A.Resize(32, 32)]))
+    with pytest.raises(UserInputError, match=r"HSVJitter: hsv sgain"):
+        HSVJitter((0.1, -1.0, 0.1))
