@@ -248,6 +248,7 @@ class COCOSegDataModule(LightningDataModule):
     train_index = _Forward("sources")
     val_index = _Forward("sources")
     test_index = _Forward("sources")
+    loader_options = _Forward("loaders")  # one home: a new value (loader-bench's num_workers) reaches the loaders
     train_dataset = _Forward("loaders")
     val_dataset = _Forward("loaders")
     test_dataset = _Forward("loaders")
@@ -348,8 +349,8 @@ class COCOSegDataModule(LightningDataModule):
         # The flat keys as one typed object per layer, built once here.
         self.index_options = IndexOptions(on_bad_sample, drop_crowd, drop_empty, verify_images, cache_dir, use_cache,
                                           crowd_as_instances=crowd_as_instances, box_only=box_only)
-        self.loader_options = LoaderOptions(batch_size, batch_size if val_batch_size is None else val_batch_size,
-                                            num_workers, mask_stride, pin_memory, persistent_workers, prefetch_factor)
+        loader_options = LoaderOptions(batch_size, batch_size if val_batch_size is None else val_batch_size,
+                                       num_workers, mask_stride, pin_memory, persistent_workers, prefetch_factor)
         check_choice("recipe", recipe, ("mosaic", "lsj"))
         geometry: MosaicAffine | LargeScaleJitter = (
             LargeScaleJitter(image_size, tuple(lsj_scale), flip_lr) if recipe == "lsj" else
@@ -363,7 +364,7 @@ class COCOSegDataModule(LightningDataModule):
         # The collaborators: where the data comes from, the loaders, and where every annotation went.
         self.sources = SplitSources(paths, self.index_options, stream_storage_options, type(self).fallback_splits,
                                     demo_dir)
-        self.loaders = LoaderFactory(self.augment, self.loader_options, self.seed, self.stream_options,
+        self.loaders = LoaderFactory(self.augment, loader_options, self.seed, self.stream_options,
                                      self.on_resume_mismatch, repeat_factor_threshold)
         self.counts = RunCounts(self.sources, self.loaders)
 

@@ -32,7 +32,8 @@ from seg_datamodule.io.coco import CocoIndex, IndexOptions
 from seg_datamodule.io.predict_source import PredictImages, images_from_index, list_image_folder
 from seg_datamodule.io.yolo import DatasetYaml, build_yolo_index, ground_truth, read_dataset_yaml
 
-__all__ = ["CategoriesUnknownError", "MissingSplitError", "SPLITS", "STAGE_SPLITS", "SplitPaths", "SplitSources"]
+__all__ = ["CategoriesUnknownError", "Fallback", "MissingSplitError", "SPLITS", "STAGE_SPLITS", "SplitPaths",
+           "SplitSources"]
 
 #: The splits, in the order their files name the DataModule's categories.
 SPLITS: tuple[str, ...] = ("train", "val", "test", "predict")

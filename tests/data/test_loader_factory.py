@@ -70,6 +70,11 @@ def test_the_factory_alone_makes_the_datamodules_batches(coco_mini: Path, tmp_pa
     assert all(_same(a, b) for a, b in zip(alone, held, strict=True))
     assert sum(int(b.boxes_per_image.sum()) for b in alone) > 0  # batches with targets, not empty ones
 
+    # The loader options have one home: a new value (as loader-bench sets num_workers) reaches the loaders.
+    dm.loader_options = dataclasses.replace(dm.loader_options, batch_size=2)
+    assert dm.loaders.loader_options.batch_size == 2 and dm.batch_size == 2
+    assert len(next(iter(dm.train_dataloader())).image_ids) == 2
+
 
 def test_a_kept_loader_state_resumes_where_the_run_stopped(coco_mini: Path, tmp_path: Path) -> None:
     factory, index = _factory(coco_mini, tmp_path)
