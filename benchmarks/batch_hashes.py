@@ -243,7 +243,7 @@ def run(kwargs: dict[str, Any], epochs: int, workers: int, draws: _DrawLog) -> d
     device.update(json.dumps(counts, sort_keys=True).encode())
     decodes = {}
     if stage == "fit":
-        decodes = {k: v for k, v in dm._counts_of("train", dm.train_dataset).items() if k in _DECODES}
+        decodes = {k: v for k, v in dm.counts.counts_of("train").items() if k in _DECODES}
     draw_digest, generators = draws.digest()
     return {"batches": batches, "sha256": h.hexdigest()[:32], "device": device.hexdigest()[:32],
             "draws": draw_digest, "generators": generators, "counts": counts, "decodes": decodes}

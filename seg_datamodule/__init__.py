@@ -13,6 +13,7 @@ from seg_datamodule.io.images import BadImageError
 from seg_datamodule.data.sampler import EpochShardSampler
 from seg_datamodule.data.dataset import SegDataset
 from seg_datamodule.data.datamodule import COCOSegDataModule
+from seg_datamodule.demo.data import ensure_demo_dataset
 from seg_datamodule.profiling import StepTimeAccumulator, StepTimeProfiler, plot_step_split
 from seg_datamodule.evaluation import COCOMaskMAP, COCOResultsWriter
 from seg_datamodule.checkpointing import InterruptCheckpoint
@@ -38,5 +39,9 @@ __all__ = [
     "rasterize_flat",
     "rasterize_polygons",
 ]
+
+# With no split named the DataModule trains on the embedded demo dataset; it is wired here, above
+# both, because data/ does not import the demo.
+COCOSegDataModule.fallback_splits = ensure_demo_dataset
 
 __version__ = "0.1.0"

@@ -16,15 +16,23 @@ resumed from any checkpoint, mid-epoch included, continues with exactly the batc
 uninterrupted run would have seen.
 
 The splits come from COCO JSON files or an Ultralytics ``data.yaml`` (``dataset``: :mod:`seg_datamodule.io.yolo`).
-Held-out data (:mod:`~seg_datamodule.data.module_sources`): ``test_ann`` / ``test_images`` for
+Held-out data (:mod:`~seg_datamodule.data.sources`): ``test_ann`` / ``test_images`` for
 ``trainer.test`` (letterboxed like validation; an image-info file without annotations works), and
 ``predict_images`` (a folder, or with ``predict_ann`` a COCO JSON's images) for ``trainer.predict``
 (:mod:`~seg_datamodule.data.predict`). Each stage builds only the splits it reads, so a DataModule
 naming only ``val_ann`` / ``val_images`` validates a checkpoint; the categories come from the
-first split named, or the checkpoint (:mod:`~seg_datamodule.data.module_sources`). Before any
+first split named, or the checkpoint (:mod:`~seg_datamodule.data.sources`). Before any
 worker starts, setup stops a split with no image to use and warns when many are missing.
 
-When no split at all is named the module uses the embedded demo dataset (:mod:`~seg_datamodule.demo.data`).
+When no split at all is named the module uses the embedded demo dataset (:mod:`~seg_datamodule.demo.data`),
+through :attr:`COCOSegDataModule.fallback_splits`, which the package sets on import (``data/`` does
+not import the demo).
+
+The module holds three collaborators, each usable alone: :class:`~seg_datamodule.data.sources.SplitSources`
+(which splits, the indices, the categories), :class:`~seg_datamodule.data.loader_factory.LoaderFactory`
+(the datasets, samplers and DataLoaders, the train loader's state) and
+:class:`~seg_datamodule.data.run_counts.RunCounts` (where every annotation went, the report); the
+Lightning hooks here are thin adapters to them.
 With ``train_stream`` training streams LitData chunks written by ``seg-datamodule convert``
 (:mod:`~seg_datamodule.io.stream`) through the same dataset and collate.
 """
@@ -32,36 +40,63 @@ With ``train_stream`` training streams LitData chunks written by ``seg-datamodul
 from __future__ import annotations
 
 import logging
-from typing import Any, Literal
+from dataclasses import replace
+from typing import Any, ClassVar, Literal
 
 import albumentations as A
-import numpy as np
 from lightning.pytorch import LightningDataModule
+from lightning.pytorch.utilities import rank_zero_info
+from lightning.pytorch.utilities.model_helpers import is_overridden
+from torch.utils.data import DataLoader
 
-from seg_datamodule.data.accounting import ConsumedCounts
-from seg_datamodule.data.dataset import SegDataset
-from seg_datamodule.data.module_counts import CountsHooks
-from seg_datamodule.data.module_loaders import LoaderHooks
-from seg_datamodule.data.module_sources import STAGE_SPLITS, DataSources
+from seg_datamodule.console import print_summary
+from seg_datamodule.data.loader_factory import AUTO_CACHE_MAX_IMAGES, LoaderContext, LoaderFactory
 from seg_datamodule.data.options import AugmentOptions, LoaderOptions, StreamOptions
-from seg_datamodule.data.predict import PredictDataset
-from seg_datamodule.data.repeat_factors import fit_repeat_factors
-from seg_datamodule.data.resume import ResumableDataLoader
+from seg_datamodule.data.resume import batch_counts
+from seg_datamodule.data.run_counts import RunCounts
+from seg_datamodule.data.sources import STAGE_SPLITS, Fallback, SplitPaths, SplitSources
 from seg_datamodule.data.splits import check_dataset_keys, check_pair
-from seg_datamodule.io.coco import CocoIndex, IndexOptions
+from seg_datamodule.io.coco import IndexOptions
 from seg_datamodule.io.input_paths import check_input_path
 from seg_datamodule.ops.checks import check_choice, check_int, check_number
 from seg_datamodule.transforms import HSVJitter, LargeScaleJitter, MosaicAffine, Recipe, Step
+from seg_datamodule.transforms.hsv import apply_pending_hsv
 
 __all__ = ["AUTO_CACHE_MAX_IMAGES", "COCOSegDataModule"]
-
-#: With ``cache_images=None``, datasets up to this many images are cached whole in each worker.
-AUTO_CACHE_MAX_IMAGES = 512
 
 log = logging.getLogger(__name__)
 
 
-class COCOSegDataModule(DataSources, LoaderHooks, CountsHooks, LightningDataModule):
+class _Forward:
+    """An attribute of the DataModule kept by one of its collaborators (``owner``), read and written there."""
+
+    def __init__(self, owner: str) -> None:
+        self.owner = owner
+
+    def __set_name__(self, cls: type, name: str) -> None:
+        self.name = name
+
+    def __get__(self, obj: Any, cls: type | None = None) -> Any:
+        return self if obj is None else getattr(getattr(obj, self.owner), self.name)
+
+    def __set__(self, obj: Any, value: Any) -> None:
+        setattr(getattr(obj, self.owner), self.name, value)
+
+
+class _PathKey(_Forward):
+    """A split path key, kept in the sources' frozen :class:`~seg_datamodule.data.sources.SplitPaths`."""
+
+    def __init__(self) -> None:
+        super().__init__("sources")
+
+    def __get__(self, obj: Any, cls: type | None = None) -> Any:
+        return self if obj is None else getattr(obj.sources.paths, self.name)
+
+    def __set__(self, obj: Any, value: Any) -> None:
+        obj.sources.paths = replace(obj.sources.paths, **{self.name: value})
+
+
+class COCOSegDataModule(LightningDataModule):
     """Instance-segmentation batches from COCO-format data, masks rasterised in the workers.
 
     Every file and folder given is checked here: a missing one (or a folder where a file belongs)
@@ -187,6 +222,39 @@ class COCOSegDataModule(DataSources, LoaderHooks, CountsHooks, LightningDataModu
             ``train_stream``.
     """
 
+    #: What stands in when no split is named: ``fallback_splits(demo_dir)`` gives the train and val
+    #: paths. The package sets it to :func:`~seg_datamodule.demo.data.ensure_demo_dataset` on import,
+    #: so that ``data/`` does not import the demo; None: a stage without its split is refused.
+    fallback_splits: ClassVar[Fallback | None] = None
+
+    # The path keys, kept by the sources (a new value replaces the sources' paths).
+    train_ann = _PathKey()
+    train_images = _PathKey()
+    val_ann = _PathKey()
+    val_images = _PathKey()
+    test_ann = _PathKey()
+    test_images = _PathKey()
+    predict_images = _PathKey()
+    predict_ann = _PathKey()
+    dataset = _PathKey()
+    train_split = _PathKey()
+    val_split = _PathKey()
+    test_split = _PathKey()
+    train_stream = _PathKey()
+    # What the collaborators build and hold, read (and written) through the DataModule as before.
+    demo_dir = _Forward("sources")
+    stream_meta = _Forward("sources")
+    train_index = _Forward("sources")
+    val_index = _Forward("sources")
+    test_index = _Forward("sources")
+    loader_options = _Forward("loaders")  # one home: a new value (loader-bench's num_workers) reaches the loaders
+    train_dataset = _Forward("loaders")
+    val_dataset = _Forward("loaders")
+    test_dataset = _Forward("loaders")
+    predict_dataset = _Forward("loaders")
+    repeat_factors = _Forward("loaders")
+    consumed = _Forward("counts")
+
     def __init__(
         self,
         train_ann: str | None = None,
@@ -262,7 +330,6 @@ class COCOSegDataModule(DataSources, LoaderHooks, CountsHooks, LightningDataModu
                 raise ValueError("repeat_factor_threshold must be in (0, 1] and needs train_ann (not "
                                  f"train_stream), got {repeat_factor_threshold!r}")
         self.repeat_factor_threshold = repeat_factor_threshold
-        self.repeat_factors: np.ndarray | None = None
         check_pair("test", test_ann, test_images)
         if predict_ann is not None and predict_images is None:
             raise ValueError("predict_ann needs predict_images, the folder its file_name values are in")
@@ -276,17 +343,14 @@ class COCOSegDataModule(DataSources, LoaderHooks, CountsHooks, LightningDataModu
         # Storage options may hold credentials: kept out of checkpoints' hyperparameters.
         self.save_hyperparameters(ignore=["transforms", "stream_storage_options",
                                           *([] if isinstance(recipe, str) else ["recipe"])])  # a list: objects
-        self.train_ann, self.train_images = train_ann, train_images
-        self.val_ann, self.val_images = val_ann, val_images
-        self.test_ann, self.test_images = test_ann, test_images
-        self.predict_images, self.predict_ann = predict_images, predict_ann
-        self.dataset, self.train_split, self.val_split, self.test_split = dataset, train_split, val_split, test_split
-        self.train_stream, self.demo_dir, self.cache_images = train_stream, demo_dir, cache_images
+        paths = SplitPaths(train_ann, train_images, val_ann, val_images, test_ann, test_images, predict_images,
+                           predict_ann, dataset, train_split, val_split, test_split, train_stream)
+        self.cache_images = cache_images
         # The flat keys as one typed object per layer, built once here.
         self.index_options = IndexOptions(on_bad_sample, drop_crowd, drop_empty, verify_images, cache_dir, use_cache,
                                           crowd_as_instances=crowd_as_instances, box_only=box_only)
-        self.loader_options = LoaderOptions(batch_size, batch_size if val_batch_size is None else val_batch_size,
-                                            num_workers, mask_stride, pin_memory, persistent_workers, prefetch_factor)
+        loader_options = LoaderOptions(batch_size, batch_size if val_batch_size is None else val_batch_size,
+                                       num_workers, mask_stride, pin_memory, persistent_workers, prefetch_factor)
         listed = None if isinstance(recipe, str) else Recipe.from_steps(recipe, image_size)  # a YAML list of steps
         check_choice("recipe", "mosaic" if listed else recipe, ("mosaic", "lsj"))
         geometry = listed.layout if listed else (
@@ -298,21 +362,12 @@ class COCOSegDataModule(DataSources, LoaderHooks, CountsHooks, LightningDataModu
                                       mixup, min_area_ratio, min_box_size, transforms, jitter, listed)
         self.stream_options = None if train_stream is None else StreamOptions(
             train_stream, stream_cache_dir, stream_max_cache_size, dict(stream_storage_options or {}))
-        self.stream_meta: dict[str, Any] | None = None
-        self.train_index: CocoIndex | None = None
-        self.val_index: CocoIndex | None = None
-        self.train_dataset: SegDataset | None = None
-        self._train_loader: ResumableDataLoader | None = None
-        self._loader_state: dict[str, Any] | None = None
-        self.val_dataset: SegDataset | None = None
-        self.test_index: CocoIndex | None = None
-        self.test_dataset: SegDataset | None = None
-        self.predict_dataset: PredictDataset | None = None
-        self._predict_index: CocoIndex | None = None
-        self._checkpoint_categories: tuple[list[int], list[str]] | None = None
-        self._checked_splits: set[str] = set()
-        #: The validation and test batches the loops consumed, per split (the last run of each).
-        self.consumed = ConsumedCounts()
+        # The collaborators: where the data comes from, the loaders, and where every annotation went.
+        self.sources = SplitSources(paths, self.index_options, stream_storage_options, type(self).fallback_splits,
+                                    demo_dir)
+        self.loaders = LoaderFactory(self.augment, loader_options, self.seed, self.stream_options,
+                                     self.on_resume_mismatch, repeat_factor_threshold)
+        self.counts = RunCounts(self.sources, self.loaders)
 
     # ------------------------------------------------------------------ options, read back
 
@@ -347,54 +402,196 @@ class COCOSegDataModule(DataSources, LoaderHooks, CountsHooks, LightningDataModu
         """``"raise"`` or ``"skip"`` (the indices' and so the datasets')."""
         return self.index_options.on_bad_sample
 
+    # ------------------------------------------------------------------ sources and categories
+
+    @property
+    def category_ids(self) -> list[int]:
+        """COCO category id of each label ``0..C-1`` (sorted; see :mod:`~seg_datamodule.data.sources`)."""
+        return self.sources.category_ids
+
+    @property
+    def num_classes(self) -> int:
+        """C, the number of categories (contiguous labels ``0..C-1``)."""
+        return self.sources.num_classes
+
+    @property
+    def class_names(self) -> list[str]:
+        """Category names in label order."""
+        return self.sources.class_names
+
+    @property
+    def category_source(self) -> str | None:
+        """Where the categories come from (a file, the stream, ``"the checkpoint restored"``), or None yet."""
+        return self.sources.category_source
+
+    def categories_state(self) -> dict[str, Any]:
+        """``{"categories": {"ids", "names"}}`` for a checkpoint (:meth:`SplitSources.categories_state`)."""
+        return self.sources.categories_state()
+
+    def restore_categories(self, state: dict[str, Any]) -> None:
+        """Take a checkpoint's categories, or check them against the files' (:meth:`SplitSources.restore_categories`)."""
+        self.sources.restore_categories(state)
+
+    def evaluation_file(self, stage: str) -> str | None:
+        """The COCO / LVIS JSON that scores ``stage`` (:meth:`SplitSources.evaluation_file`)."""
+        return self.sources.evaluation_file(stage)
+
     # ------------------------------------------------------------------ Lightning hooks
 
     def prepare_data(self) -> None:
         """Generate the demo data and write the index caches of the stage's splits (once per node)."""
-        self._build_indices(self._stage())
+        self.sources.build(self._stage())
 
     def setup(self, stage: str) -> None:
         """Build what ``stage`` reads, and check its image folders before any worker starts."""
-        self._build_indices(stage)
-        self._check_images(stage)
+        self.sources.build(stage)
+        self.sources.check_images(stage)
         if stage == "fit":
             self._setup_train()
         if stage in ("fit", "validate"):
-            self._setup_val()
+            self.loaders.setup_eval("val", self.sources.val_index)
         elif stage == "test":
-            self._setup_test()
-        elif stage == "predict":
-            self._setup_predict()
+            self.loaders.setup_eval("test", self.sources.split_index("test"))
+        elif stage == "predict" and self.predict_dataset is None:
+            self.loaders.setup_predict(self.sources.predict_images(), self.on_bad_sample)
         for split in STAGE_SPLITS.get(stage, ()):  # a new run of an evaluation stage counts afresh
             if split != "train":
                 self.consumed.reset(split)
+
+    def _stage(self) -> str | None:
+        """The Trainer's stage (``"fit"``, ``"validate"``, ...), or None without a Trainer."""
+        fn = None if self.trainer is None else self.trainer.state.fn
+        return None if fn is None else str(getattr(fn, "value", fn))
 
     def _setup_train(self) -> None:
         max_epochs = None
         if self.trainer is not None and self.trainer.max_epochs is not None and self.trainer.max_epochs > 0:
             max_epochs = int(self.trainer.max_epochs)
-        if self.train_dataset is None:
-            index: Any = self.train_index
-            cache_images = self.cache_images
-            if self.stream_meta is not None:  # a window over each streamed batch; nothing to cache
-                from seg_datamodule.io.stream import window_from_meta
+        index: Any = self.sources.train_index
+        cache_images = self.cache_images
+        if self.train_dataset is None and self.stream_meta is not None:  # a window over each streamed batch
+            from seg_datamodule.io.stream import window_from_meta
 
-                index, cache_images = window_from_meta(self.stream_meta, self.train_stream, self.on_bad_sample), 0
-            if cache_images is None:
-                cache_images = len(index) if len(index) <= AUTO_CACHE_MAX_IMAGES else 0
-            self.train_dataset = SegDataset(index, self.augment, train=True, seed=self.seed,
-                                            cache_images=cache_images, max_epochs=max_epochs)
-        elif max_epochs is not None:  # set up before a Trainer was attached, or a new Trainer
-            self.train_dataset.set_max_epochs(max_epochs)
-        if self.repeat_factor_threshold is not None:  # every epoch's own length (the Trainer reloads)
-            self.repeat_factors = fit_repeat_factors(self.repeat_factors, self.train_index,
-                                                     self.repeat_factor_threshold, self.trainer)
+            index, cache_images = window_from_meta(self.stream_meta, self.train_stream, self.on_bad_sample), 0
+        self.loaders.setup_train(index, cache_images, max_epochs)
+        self.loaders.fit_repeat_factors(self.sources.train_index, self.trainer)
+
+    def _world_size(self) -> int:
+        return 1 if self.trainer is None else int(self.trainer.world_size)
+
+    def train_dataloader(self) -> DataLoader:
+        if self.train_dataset is None:
+            self.setup("fit")
+        return self.loaders.train_loader_for(LoaderContext.of(self.trainer))
+
+    def val_dataloader(self) -> DataLoader | list:
+        if self.val_dataset is None and (self.val_ann is not None or (self.dataset and self.val_split)):
+            self.setup("validate")
+        return [] if self.val_dataset is None else self.loaders.eval_loader("val", LoaderContext.of(self.trainer))
+
+    def test_dataloader(self) -> DataLoader | list:
+        """The ``test_ann`` split, in order, letterboxed (as :meth:`val_dataloader`); ``[]`` without one."""
+        self.loaders.setup_eval("test", self.sources.split_index("test"))
+        return [] if self.test_dataset is None else self.loaders.eval_loader("test", LoaderContext.of(self.trainer))
+
+    def predict_dataloader(self) -> DataLoader:
+        """``predict_images`` in order, letterboxed, without targets (see :mod:`~seg_datamodule.data.predict`).
+
+        Raises:
+            ValueError: no ``predict_images`` was given.
+        """
+        if self.predict_dataset is None:
+            self.loaders.setup_predict(self.sources.predict_images(), self.on_bad_sample)
+        return self.loaders.predict_loader(LoaderContext.of(self.trainer))
+
+    def on_after_batch_transfer(self, batch: Any, dataloader_idx: int) -> Any:
+        """Count a consumed evaluation batch, apply the batch's pending HSV jitter (``hsv_on_device``)
+        on its device, then run the model's hook.
+
+        Lightning calls this for the batches its loops take, so an evaluation batch's counts are
+        added here (:class:`~seg_datamodule.data.accounting.ConsumedCounts`), not when a worker
+        builds it. Lightning runs only the DataModule's hook when both define it, so the model's
+        own ``on_after_batch_transfer`` is called from here, after the jitter.
+        """
+        trainer = self.trainer
+        split = None if trainer is None else (
+            "val" if trainer.validating or trainer.sanity_checking else "test" if trainer.testing else None)
+        if split is not None:
+            run = "sanity" if trainer.sanity_checking else (str(trainer.state.fn), trainer.global_step,
+                                                            trainer.current_epoch)
+            self.consumed.add(split, run, batch_counts(batch))
+        batch = apply_pending_hsv(batch)
+        model = None if trainer is None else trainer.lightning_module
+        if model is not None and is_overridden("on_after_batch_transfer", model):
+            batch = model.on_after_batch_transfer(batch, dataloader_idx)
+        return batch
+
+    def stepping_batches(self) -> int | float:
+        """``trainer.estimated_stepping_batches``, with every epoch's own length under repeat-factor
+        sampling (:meth:`LoaderFactory.stepping_batches`)."""
+        return self.loaders.stepping_batches(self.trainer)
+
+    def loader_state(self) -> dict[str, Any]:
+        """The train loader's state, also kept by the DataModule so a resume can apply it early enough.
+
+        Lightning saves the loader's own ``state_dict`` with the fit loop and restores it in
+        ``FitLoop.setup_data``; but when ``configure_optimizers`` reads
+        ``trainer.estimated_stepping_batches`` (any schedule sized to the run, as
+        :class:`~seg_datamodule.demo.model.YolactLite` does), ``setup_data`` runs before the
+        loops are restored, creates and starts the iterator, and is then skipped, so that state
+        would never reach the loader. The DataModule's state is restored before that point.
+        """
+        return self.loaders.loader_state()
+
+    def keep_loader_state(self, state_dict: dict[str, Any]) -> None:
+        """Keep the train loader's state for the next ``train_dataloader()`` (see :meth:`loader_state`)."""
+        self.loaders.keep_loader_state(state_dict)
 
     def state_dict(self) -> dict[str, Any]:
-        """The train loader's state (:meth:`LoaderHooks.loader_state`) and the categories, for checkpoints."""
+        """The train loader's state (:meth:`loader_state`) and the categories, for checkpoints."""
         return {**self.loader_state(), **self.categories_state()}
 
     def load_state_dict(self, state_dict: dict[str, Any]) -> None:
         """Check (or, for a folder to predict, take) the checkpoint's categories; keep the loader's state."""
         self.restore_categories(state_dict)
         self.keep_loader_state(state_dict)
+
+    # ------------------------------------------------------------------ where the annotations went
+
+    @property
+    def skip_counts(self) -> dict[str, dict[str, int]]:
+        """Where every annotation went, by source and reason.
+
+        ``train_index`` / ``val_index``: annotations and images left out of the index at setup
+        (``on_bad_sample="skip"``, ``drop_crowd``, ``drop_empty``). ``train`` / ``val``: per
+        annotation of every tile drawn, ``kept`` (in the sample) or the reason it was dropped
+        (outside the canvas, clipped below ``min_area_ratio``, a tiny box, a bad image).
+        Each batch carries its counts, and only the batches a loop took are counted (not those
+        the workers built ahead), for any ``num_workers``: ``train`` over the run (a resumed run
+        continues the count saved in the checkpoint), ``val`` and ``test`` over the last
+        validation or test run (the sanity check is a run of its own). Under DDP each rank counts
+        its own shard.
+        """
+        return self.counts.skip_counts(self._world_size())
+
+    def report(self) -> str:
+        """A human-readable summary of :attr:`skip_counts` and the training decodes per image."""
+        return self.counts.report(self._world_size())
+
+    def teardown(self, stage: str) -> None:
+        if stage == "fit":
+            self._print_report("")
+
+    def on_exception(self, exception: BaseException) -> None:
+        """The end-of-fit report, also when ``fit`` stops on Ctrl-C or an exception (so far)."""
+        trainer = getattr(self, "trainer", None)
+        if trainer is None or trainer.state.fn != "fit" or trainer.global_step == 0:
+            return  # nothing trained: the exception's own line says what happened
+        try:
+            self._print_report(f", until {type(exception).__name__} stopped fit")
+        except Exception as error:  # never hide the exception being handled
+            rank_zero_info(f"seg_datamodule: no report of where the annotations went: {error!r}")
+
+    def _print_report(self, when: str) -> None:
+        print_summary(getattr(self, "trainer", None),
+                      f"seg_datamodule: where the annotations went (by reason){when}\n{self.report()}")

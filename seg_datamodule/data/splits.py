@@ -1,6 +1,6 @@
 """The checks every split of the DataModule passes: given in pairs (or by a data.yaml), the same categories, images to use.
 
-The splits themselves are built by :mod:`~seg_datamodule.data.module_sources`: the ``test`` split
+The splits themselves are built by :mod:`~seg_datamodule.data.sources`: the ``test`` split
 is a COCO JSON (instances, or an image-info file without ``annotations`` such as COCO test-dev)
 plus its folder, indexed like validation (negatives kept) and letterboxed without augmentation by
 :class:`~seg_datamodule.data.dataset.SegDataset` (``train=False``); ``predict`` is a folder of

@@ -15,7 +15,7 @@ import lightning as L
 import pytest
 
 from seg_datamodule import COCOSegDataModule
-from seg_datamodule.data.module_sources import CategoriesUnknownError, MissingSplitError
+from seg_datamodule.data.sources import CategoriesUnknownError, MissingSplitError
 from seg_datamodule.data.splits import CategoryMismatchError, EmptySplitError
 from seg_datamodule.errors import UserInputError
 from seg_datamodule.evaluation import NothingScoredError

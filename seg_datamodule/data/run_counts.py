@@ -1,0 +1,89 @@
+"""Where every annotation of a DataModule's run went: per source and reason, and the report.
+
+:class:`RunCounts` is a collaborator of :class:`~seg_datamodule.data.datamodule.COCOSegDataModule`
+that works alone too: it reads the counts kept by the indices (:class:`~seg_datamodule.data.sources.SplitSources`),
+the datasets' shared counters and the train loader's :class:`~seg_datamodule.data.resume.DeliveredCounts`
+(:class:`~seg_datamodule.data.loader_factory.LoaderFactory`), and holds the evaluation batches
+the loops consumed (:class:`~seg_datamodule.data.accounting.ConsumedCounts`).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from seg_datamodule.data.accounting import ConsumedCounts, format_report
+from seg_datamodule.data.dataset import COUNT_KEYS, DECODE_KEYS
+from seg_datamodule.data.loader_factory import LoaderFactory
+from seg_datamodule.data.repeat_factors import describe_repeat_factors
+from seg_datamodule.data.sources import SplitSources
+
+__all__ = ["RunCounts"]
+
+
+class RunCounts:
+    """``skip_counts`` and the report of one DataModule's sources and loaders.
+
+    Args:
+        sources (SplitSources): the indices (what was left out at setup).
+        loaders (LoaderFactory): the datasets and the train loader (what the batches kept and dropped).
+        consumed (ConsumedCounts | None): the evaluation batches the loops consumed; None: a new one.
+    """
+
+    def __init__(self, sources: SplitSources, loaders: LoaderFactory, consumed: ConsumedCounts | None = None) -> None:
+        self.sources, self.loaders = sources, loaders
+        #: The validation and test batches the loops consumed, per split (the last run of each).
+        self.consumed = ConsumedCounts() if consumed is None else consumed
+
+    def skip_counts(self, world_size: int = 1) -> dict[str, dict[str, int]]:
+        """Where every annotation went, by source and reason (see ``COCOSegDataModule.skip_counts``).
+
+        Args:
+            world_size: the run's processes (LitData drops a tail per epoch that does not split over them).
+        """
+        sources, loaders = self.sources, self.loaders
+        out: dict[str, dict[str, int]] = {}
+        for name, index in (("train_index", sources.train_index), ("val_index", sources.val_index),
+                            ("test_index", sources.test_index)):
+            if index is not None:
+                out[name] = {**index.skip_counts, **index.dropped_counts}
+        meta = sources.stream_meta
+        if meta is not None:  # skipped at conversion; per epoch, LitData's DDP tail
+            from seg_datamodule.io.stream import stream_drop_count
+
+            out["train_index"] = {**meta["skip_counts"], **meta["dropped_counts"],
+                                  "image_ddp_tail_per_epoch": stream_drop_count(
+                                      meta["num_records"], world_size, loaders.loader_options.batch_size)}
+        for name, dataset in (("train", loaders.train_dataset), ("val", loaders.val_dataset),
+                              ("test", loaders.test_dataset)):
+            if dataset is not None:
+                out[name] = {key: 0 for key in COUNT_KEYS} | {
+                    k: v for k, v in self.counts_of(name).items() if k in COUNT_KEYS
+                }
+        return out
+
+    def counts_of(self, name: str) -> dict[str, int]:
+        """Training: the batches trained on (exact across a resume); else the last run's consumed batches."""
+        if name != "train":
+            return self.consumed.counts(name)
+        if self.loaders.train_loader is not None:
+            return self.loaders.train_loader.delivered_counts
+        dataset = self.loaders.train_dataset
+        return {} if dataset is None else dataset.counts | dataset.decode_counts
+
+    def report(self, world_size: int = 1) -> str:
+        """A human-readable summary of :meth:`skip_counts` and the training decodes per image."""
+        loaders = self.loaders
+        dataset = loaders.train_dataset
+        decodes: dict[str, Any] | None = None
+        recipe = "mosaic"
+        if dataset is not None:
+            counts = self.counts_of("train")
+            decodes = {key: counts.get(key, 0) for key in DECODE_KEYS}
+            augment, recipe = dataset.augment, dataset.augment.recipe
+            partners = f"mosaic_partners={augment.mosaic_partners!r}, " if recipe == "mosaic" and augment.mosaic else ""
+            decodes["setting"] = f"recipe={recipe!r}, {partners}cache_images={dataset.cache_images}"
+        report = format_report(self.skip_counts(world_size), decodes, recipe)
+        if loaders.repeat_factors is not None and loaders.repeat_factor_threshold is not None:
+            drawn = None if loaders.train_loader is None else len(loaders.train_loader.sampler)
+            report += "\n" + describe_repeat_factors(loaders.repeat_factors, loaders.repeat_factor_threshold, drawn)
+        return report
