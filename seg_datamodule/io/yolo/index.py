@@ -169,7 +169,8 @@ def _cache_key(dataset: DatasetYaml, split: str, listing: SplitImages, images: l
     digest.update("\0".join(listing.file_names).encode("utf-8", "surrogatepass"))
     digest.update(_image_inodes(listing, images))
     groups = list(_by_folder(labels).items()) + list(_by_folder([str(p) for p in listing.lists]).items())
-    # Each folder cut in one part per thread: a stat releases the GIL, the threads overlap them.
+    # Each folder cut in one part per thread: a stat releases the GIL, so on a machine with cores to
+    # spare the threads overlap them (on a 2-core VM they did not: wall time = CPU time).
     tasks = [(folder, names[k:k + part]) for folder, names in groups
              for part in [max(1, -(-len(names) // _THREADS))] for k in range(0, len(names), part)]
     with concurrent.futures.ThreadPoolExecutor(_THREADS) as pool:
