@@ -9,7 +9,7 @@ format version: a file that changed is rebuilt and the cache overwritten; a cach
 read (truncated, a member compressed or of another size than its header says) is rebuilt too.
 Writes are atomic (temporary file + ``os.replace``), so ranks that build at once do not tear it.
 Hashing the content instead would cost ~1 s per start on a 600 MB file; for the same reason the
-arrays are read straight into place (:func:`_read_stored_npz`: one ``readinto`` per array), not
+arrays are read straight into place (:func:`_read_member`: one ``readinto`` per array), not
 through :func:`numpy.load`'s zip reader, whose CRC pass over every byte cost 1.2 s of a 5 s warm
 start on a 422 MiB index. Instead each array's sum and XOR of its 64-bit words, kept in the
 metadata (:func:`array_checksum`, at memory speed), catch a damaged byte.
