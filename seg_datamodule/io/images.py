@@ -12,6 +12,8 @@ PIL (``Image.draft`` if reduced)   1.73   1.35   1.25   1.15
 ``torchvision.io.decode_jpeg``     1.39   --     --     --
 =================================  =====  =====  =====  =====
 
+Where OpenCV has ``IMREAD_COLOR_RGB`` the decoder writes RGB itself, saving the whole-image
+``cvtColor`` of the first row (the same pixels bit for bit; older OpenCV keeps the conversion).
 All three wrap libjpeg-turbo and give bit-identical pixels. torchvision ties OpenCV at full size
 (1.40 once made HWC numpy; other runs had it 3% behind) but cannot decode at reduced scale, and
 PIL is slower at full size and clips 16-bit ``I;16`` PNGs; OpenCV is as fast as the fastest at
@@ -73,11 +75,36 @@ MAX_IMAGE_PIXELS = 1 << 30
 REDUCE_FACTORS: tuple[int, ...] = (1, 2, 4, 8)
 
 _REDUCED_FLAG = {
+    1: cv2.IMREAD_COLOR,
     2: cv2.IMREAD_REDUCED_COLOR_2,
     4: cv2.IMREAD_REDUCED_COLOR_4,
     8: cv2.IMREAD_REDUCED_COLOR_8,
 }
 _IGNORE_ORIENTATION = cv2.IMREAD_IGNORE_ORIENTATION
+
+#: ``cv2.IMREAD_COLOR_RGB`` where the installed OpenCV has it (the 4.12 and 5.0 wheels; not 4.9 or
+#: 4.10.0.84): the decoder writes RGB itself (libjpeg-turbo's ``JCS_EXT_RGB``) instead of BGR
+#: followed by a whole-image ``cvtColor``. Same pixels bit for bit on every format and reduce
+#: factor tested (``tests/io/test_images.py``); None: decode BGR and convert.
+_IMREAD_COLOR_RGB: int | None = getattr(cv2, "IMREAD_COLOR_RGB", None)
+
+
+def _imdecode_rgb(buf: np.ndarray, reduce: int) -> np.ndarray | None:
+    """``cv2.imdecode`` to RGB at DCT scale ``reduce`` (1 for a full decode), orientation ignored.
+
+    Returns:
+        ndarray[h, w, 3] uint8 RGB, or None when OpenCV cannot decode ``buf``.
+
+    Raises:
+        cv2.error: as ``cv2.imdecode``.
+    """
+    rgb_flag = _IMREAD_COLOR_RGB
+    if rgb_flag is None:
+        bgr = cv2.imdecode(buf, _REDUCED_FLAG[reduce] | _IGNORE_ORIENTATION)
+        return None if bgr is None else cv2.cvtColor(bgr, cv2.COLOR_BGR2RGB)
+    # OpenCV refuses IMREAD_COLOR_BGR (the low bit of IMREAD_REDUCED_COLOR_*) together with
+    # IMREAD_COLOR_RGB; the scale is read from the other bits alone (loadsave.cpp).
+    return cv2.imdecode(buf, (_REDUCED_FLAG[reduce] & ~cv2.IMREAD_COLOR) | rgb_flag | _IGNORE_ORIENTATION)
 
 
 def reduced_size(size: tuple[int, int], reduce: int) -> tuple[int, int]:
@@ -220,7 +247,7 @@ def decode_image_bytes(
         raise BadImageError(f"{_describe(name)} is empty", path=name, reason="image_truncated")
     is_jpeg = buf.size >= 3 and bytes(buf[:3]) == b"\xff\xd8\xff"
     stored: tuple[int, int] | None = None
-    flags = cv2.IMREAD_COLOR | _IGNORE_ORIENTATION
+    scale = 1
     scaled = False  # decoded by libjpeg at reduced scale: the stored size comes from the header
     if is_jpeg:
         stored, complete = _jpeg_header(bytes(data))
@@ -233,29 +260,29 @@ def decode_image_bytes(
             )
     _check_header(data, name, expected_size)  # before decoding: a header may claim 30000x30000
     if is_jpeg and reduce > 1 and stored is not None:
-        flags = _REDUCED_FLAG[reduce] | _IGNORE_ORIENTATION
+        scale = reduce
         scaled = True
     try:
-        bgr = cv2.imdecode(buf, flags)
+        rgb = _imdecode_rgb(buf, scale)
     except cv2.error as err:  # e.g. a header announcing absurd dimensions
         raise BadImageError(
             f"{_describe(name)} is corrupt: OpenCV cannot decode it ({err.msg or err})",
             path=name,
             reason="image_corrupt",
         ) from None
-    if bgr is None:
+    if rgb is None:
         # A JPEG reaching here has its end-of-image marker (truncation was ruled out above).
         what = "corrupt" if is_jpeg else "corrupt, truncated or in an unsupported format"
         raise BadImageError(
             f"{_describe(name)} is {what}: OpenCV cannot decode it", path=name, reason="image_corrupt"
         )
     if not scaled:
-        stored = (int(bgr.shape[0]), int(bgr.shape[1]))
+        stored = (int(rgb.shape[0]), int(rgb.shape[1]))
     target = reduced_size(stored, reduce)
-    if bgr.shape[:2] != target:
+    if rgb.shape[:2] != target:
         # Non-JPEG (or a JPEG libjpeg would not scale): shrink the full decode to the contract.
-        bgr = cv2.resize(bgr, (target[1], target[0]), interpolation=cv2.INTER_AREA)
-    return cv2.cvtColor(bgr, cv2.COLOR_BGR2RGB), stored
+        rgb = cv2.resize(rgb, (target[1], target[0]), interpolation=cv2.INTER_AREA)
+    return rgb, stored
 
 
 def read_image_file(path: str | os.PathLike[str], *, max_bytes: int | None = None, head: int | None = None) -> bytes:
