@@ -18,7 +18,9 @@ Each measurement runs in a fresh Python process, so times and peak RSS are its o
 in ``--rounds`` rounds alternating which goes first (the files may be colder for the first
 reader); the fastest round is reported with every round's time (``*``: read first). Then once:
 
-3. ours warm (the cache from the last cold build) and Ultralytics warm (its cache present);
+3. ours warm (the cache from the last cold build), once per ``index_check`` (``--check``, default
+   both: ``files`` stats every label file, ``folders`` only the folders; a first ``folders``
+   start records the folders in the cache, untimed), and Ultralytics warm (its cache present);
 4. 4 DataLoader workers reading every image's polygons from the index for an epoch: the workers'
    total PSS after the first batch and after the epoch (the COCO index's test, bench_coco_index.py).
 
@@ -31,6 +33,7 @@ Usage::
 
     python benchmarks/bench_yolo_index.py                       # full scale (writes ~236k files, ~1.5 GB, once)
     python benchmarks/bench_yolo_index.py --images 2000         # quick run
+    python benchmarks/bench_yolo_index.py --check folders       # the warm row of one index_check only
     python benchmarks/bench_yolo_index.py --loader              # the loader comparison
 """
 
@@ -108,7 +111,7 @@ def _rss_mib() -> float:
     return psutil.Process().memory_info().rss / 2**20
 
 
-def phase_ultralytics(yaml: Path, _: Path, cold: bool) -> dict[str, Any]:
+def phase_ultralytics(yaml: Path, _: Path, cold: bool, __: str = "files") -> dict[str, Any]:
     os.environ.setdefault("YOLO_OFFLINE", "1")
     import contextlib
     import io
@@ -130,21 +133,21 @@ def phase_ultralytics(yaml: Path, _: Path, cold: bool) -> dict[str, Any]:
             "rss_growth_mib": _rss_mib() - rss, "instances": sum(len(lb["cls"]) for lb in dataset.labels)}
 
 
-def phase_ours(yaml: Path, cache_dir: Path, cold: bool) -> dict[str, Any]:
+def phase_ours(yaml: Path, cache_dir: Path, cold: bool, check: str = "files") -> dict[str, Any]:
     from seg_datamodule.io.yolo import build_yolo_index
 
     if cold:
         shutil.rmtree(cache_dir, ignore_errors=True)
     rss = _rss_mib()
     start = time.perf_counter()
-    index = build_yolo_index(yaml, "train", cache_dir=cache_dir)
+    index = build_yolo_index(yaml, "train", cache_dir=cache_dir, index_check=check)
     seconds = time.perf_counter() - start
     assert index.from_cache != cold
     return {"seconds": seconds, "images": index.num_images, "instances": index.num_instances,
             "peak_rss_mib": _peak_rss_mib(), "rss_growth_mib": _rss_mib() - rss, "index_mib": index.nbytes / 2**20}
 
 
-def phase_workers(yaml: Path, cache_dir: Path, cold: bool) -> dict[str, Any]:
+def phase_workers(yaml: Path, cache_dir: Path, cold: bool, _: str = "files") -> dict[str, Any]:
     sys.path.insert(0, str(Path(__file__).resolve().parent))
     from bench_coco_index import _PolygonEpoch, _workers_pss
 
@@ -156,13 +159,29 @@ def phase_workers(yaml: Path, cache_dir: Path, cold: bool) -> dict[str, Any]:
 PHASES = {"ultralytics": phase_ultralytics, "ours": phase_ours, "workers": phase_workers}
 
 
-def _run_phase(name: str, yaml: Path, cache_dir: Path, cold: bool = True) -> dict[str, Any]:
-    cmd = [sys.executable, __file__, "--phase", name, "--yaml", str(yaml), "--cache-dir", str(cache_dir)]
+def _run_phase(name: str, yaml: Path, cache_dir: Path, cold: bool = True, check: str = "files") -> dict[str, Any]:
+    cmd = [sys.executable, __file__, "--phase", name, "--yaml", str(yaml), "--cache-dir", str(cache_dir),
+           "--check", check]
     out = subprocess.run(cmd + (["--cold"] if cold else []), check=True, capture_output=True, text=True)
     return json.loads(out.stdout.strip().splitlines()[-1])
 
 
-def bench_index(yaml: Path, cache_dir: Path, rounds: int) -> None:
+def _warm_by_folders(yaml: Path, cache_dir: Path) -> dict[str, Any]:
+    """A warm start with ``index_check="folders"``, after one untimed start that records the folders.
+
+    Folders modified within the racy margin of that record would send the timed start the full
+    path: a freshly generated split waits that margin out first.
+    """
+    from seg_datamodule.io.yolo.folder_check import RACY_NS
+
+    root = yaml.parent
+    newest = max(os.stat(root / part / "train").st_mtime_ns for part in ("images", "labels"))
+    time.sleep(max(0.0, (newest + RACY_NS - time.time_ns()) / 1e9 + 0.1))
+    _run_phase("ours", yaml, cache_dir, cold=False, check="folders")
+    return _run_phase("ours", yaml, cache_dir, cold=False, check="folders")
+
+
+def bench_index(yaml: Path, cache_dir: Path, rounds: int, checks: tuple[str, ...] = ("files", "folders")) -> None:
     try:
         import ultralytics  # noqa: F401
         have_ultralytics = True
@@ -189,8 +208,11 @@ def bench_index(yaml: Path, cache_dir: Path, rounds: int) -> None:
     if times["ultralytics"]:
         ratio = min(s for s, _ in times["ours"]) / min(s for s, _ in times["ultralytics"])
         print(f"ours / Ultralytics, cold: {ratio:.2f}x (goal: at most 0.5x)")
-    warm = _run_phase("ours", yaml, cache_dir, cold=False)
-    print(f"ours, warm (cached): {warm['seconds']:.3f} s (goal: under 1 s), index {warm['index_mib']:.1f} MiB")
+    for check in checks:
+        warm = (_warm_by_folders(yaml, cache_dir) if check == "folders"
+                else _run_phase("ours", yaml, cache_dir, cold=False))
+        print(f"ours, warm (cached), index_check={check}: {warm['seconds']:.3f} s (goal: under 1 s), "
+              f"index {warm['index_mib']:.1f} MiB")
     if have_ultralytics:
         their_warm = _run_phase("ultralytics", yaml, cache_dir, cold=False)["seconds"]
         print(f"Ultralytics, warm (its labels cache): {their_warm:.3f} s")
@@ -283,13 +305,15 @@ def main() -> None:
     parser.add_argument("--batches", type=int, default=20, help="loader batches timed")
     parser.add_argument("--warmup", type=int, default=3, help="loader batches before the timer")
     parser.add_argument("--repeat", type=int, default=3, help="loader runs per source")
+    parser.add_argument("--check", choices=["files", "folders"], default=None,
+                        help="the warm row of this index_check only (default: both)")
     parser.add_argument("--phase", choices=sorted(PHASES), help=argparse.SUPPRESS)
     parser.add_argument("--yaml", type=Path, help=argparse.SUPPRESS)
     parser.add_argument("--cache-dir", type=Path, help=argparse.SUPPRESS)
     parser.add_argument("--cold", action="store_true", help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.phase:
-        print(json.dumps(PHASES[args.phase](args.yaml, args.cache_dir, args.cold)))
+        print(json.dumps(PHASES[args.phase](args.yaml, args.cache_dir, args.cold, args.check or "files")))
         return
     from seg_datamodule.io.paths import cache_root
 
@@ -298,7 +322,8 @@ def main() -> None:
         bench_loader(workdir, args)
         return
     yaml = make_dataset(workdir, args.images, args.size)
-    bench_index(yaml, workdir / f"cache-{args.images}", args.rounds)
+    bench_index(yaml, workdir / f"cache-{args.images}", args.rounds,
+                ("files", "folders") if args.check is None else (args.check,))
 
 
 if __name__ == "__main__":

@@ -168,6 +168,9 @@ class COCOSegDataModule(LightningDataModule):
         cache_dir: where the annotation index cache lives (default: the user cache dir).
         use_cache: read and write the index cache; False builds in memory every time (an
             unwritable cache location falls back to that by itself, with one warning).
+        index_check: what a start checks before a cached Ultralytics index serves: ``"files"``
+            (default: every label file) or ``"folders"`` (the folders alone; misses a label file
+            rewritten in place; see ``IndexOptions.index_check``).
         cache_images: decoded images kept per worker (LRU); 0 keeps none. ``None`` (default)
             caches a dataset of at most ``AUTO_CACHE_MAX_IMAGES`` images whole and nothing of a
             larger one (a cache far smaller than the dataset is rarely hit; ~1 MB per image).
@@ -300,6 +303,7 @@ class COCOSegDataModule(LightningDataModule):
         verify_images: bool = False,
         cache_dir: str | None = None,
         use_cache: bool = True,
+        index_check: Literal["files", "folders"] = "files",
         cache_images: int | None = None,
         on_resume_mismatch: Literal["raise", "restart"] = "raise",
         pin_memory: bool = True,
@@ -348,7 +352,8 @@ class COCOSegDataModule(LightningDataModule):
         self.cache_images = cache_images
         # The flat keys as one typed object per layer, built once here.
         self.index_options = IndexOptions(on_bad_sample, drop_crowd, drop_empty, verify_images, cache_dir, use_cache,
-                                          crowd_as_instances=crowd_as_instances, box_only=box_only)
+                                          crowd_as_instances=crowd_as_instances, box_only=box_only,
+                                          index_check=index_check)
         loader_options = LoaderOptions(batch_size, batch_size if val_batch_size is None else val_batch_size,
                                        num_workers, mask_stride, pin_memory, persistent_workers, prefetch_factor)
         listed = None if isinstance(recipe, str) else Recipe.from_steps(recipe, image_size)  # a YAML list of steps

@@ -101,6 +101,16 @@ def test_keys_that_contradict_are_named(both, tmp_path: Path) -> None:
         dm.setup("fit")
 
 
+def test_the_index_check_key_is_checked_and_forwarded(both, tmp_path: Path) -> None:
+    yaml, _, _ = both
+    with pytest.raises(ValueError, match=r"index_check must be one of \['files', 'folders'\], got 'dirs'"):
+        _dm(tmp_path, dataset=str(yaml), index_check="dirs")
+    for _ in range(2):
+        dm = _dm(tmp_path, dataset=str(yaml), index_check="folders", train_split=None, test_split=None)
+        dm.setup("validate")
+    assert dm.index_options.index_check == "folders" and dm.val_index.from_cache and len(dm.val_dataset) == 16
+
+
 def test_validate_alone_needs_no_training_split(both, tmp_path: Path) -> None:
     yaml, _, _ = both
     dm = _dm(tmp_path, dataset=str(yaml), train_split=None, test_split=None)

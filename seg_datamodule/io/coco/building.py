@@ -50,10 +50,20 @@ class IndexOptions:
         box_only (str): annotations with a box and no mask: ``"drop"`` them, counted as
             ``"box_only"`` in ``dropped_counts``, or ``"keep"`` them as targets without a ring
             (``DetectionBatch.has_mask`` False: a box loss, no mask loss).
+        index_check (str): what a start checks before an Ultralytics split's cached index serves
+            it (a COCO file's cache is keyed on the file alone either way). ``"files"`` (the
+            default): the walk of the image folders and every label file's size, times and inode.
+            ``"folders"``: only the times and inode of each folder the split reads, its ``.txt``
+            lists and the data.yaml, the listing coming from the cache (no walk, no stat per file:
+            a warm start of a COCO-sized split goes under a second). It sees every image or label
+            file added, removed, renamed or replaced, but not a label file rewritten in place
+            (an editor saving into the same file): touch its folder, or use ``"files"`` or
+            ``use_cache=False`` once, to rebuild (:mod:`~seg_datamodule.io.yolo.folder_check`).
 
     Raises:
         TypeError, ValueError: ``on_bad_sample`` is not a str, or neither ``"raise"`` nor ``"skip"``;
-            the same for ``box_only`` (``"drop"`` or ``"keep"``).
+            the same for ``box_only`` (``"drop"`` or ``"keep"``) and ``index_check`` (``"files"``
+            or ``"folders"``).
         TypeError: a flag is not a bool.
         ValueError: ``crowd_as_instances`` and ``drop_crowd`` both set.
     """
@@ -66,10 +76,12 @@ class IndexOptions:
     use_cache: bool = True
     crowd_as_instances: bool = False
     box_only: Literal["drop", "keep"] = "drop"
+    index_check: Literal["files", "folders"] = "files"
 
     def __post_init__(self) -> None:
         check_choice("on_bad_sample", self.on_bad_sample, ("raise", "skip"))
         check_choice("box_only", self.box_only, ("drop", "keep"))
+        check_choice("index_check", self.index_check, ("files", "folders"))
         for name in ("drop_crowd", "drop_empty", "verify_images", "use_cache", "crowd_as_instances"):
             check_bool(name, getattr(self, name))
         if self.crowd_as_instances and self.drop_crowd:

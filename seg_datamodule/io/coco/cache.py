@@ -42,7 +42,8 @@ import numpy as np
 from seg_datamodule.io.coco.tables import TABLE_KEYS, check_tables
 from seg_datamodule.io.paths import cache_root, file_lock, make_private_dirs
 
-__all__ = ["CACHE_FORMAT_VERSION", "array_checksum", "cached_tables", "cached_tables_at", "default_cache_dir", "read_cache", "write_cache"]
+__all__ = ["CACHE_FORMAT_VERSION", "array_checksum", "cached_tables", "cached_tables_at", "default_cache_dir", "read_cache",
+           "read_cache_where", "write_cache"]
 
 Tables = tuple[dict[str, np.ndarray], dict[str, Any]]
 
@@ -77,14 +78,28 @@ def cache_path(cache_dir: Path, ann_file: Path) -> Path:
 
 def read_cache(path: Path, key: Mapping[str, Any]) -> Tables | None:
     """The cached tables, or None when absent, stale or unreadable (then it is rebuilt)."""
+    return read_cache_where(path, lambda meta: meta.get("key") == dict(key))
+
+
+def read_cache_where(path: Path, accept: Callable[[dict[str, Any]], bool]) -> Tables | None:
+    """The cached tables when ``accept(meta)`` says the cache still serves (its metadata, read first), else None.
+
+    Args:
+        path: the cache file.
+        accept: True when the cache's metadata (its ``key`` and whatever its writer recorded)
+            matches the source; it must not raise. :func:`read_cache` compares the key.
+
+    Returns:
+        (tables, meta), or None when absent, stale, unreadable or failing its checks.
+    """
     if not path.is_file():
         return None
     try:
         with open(path, "rb") as f:
             members = _stored_members(f)
             meta = json.loads(_read_member(f, members["meta"]).tobytes().decode("utf-8"))
-            if meta.get("key") != dict(key):
-                _log.info("index cache %s is stale (annotation file changed); rebuilding", path)
+            if not isinstance(meta, dict) or not accept(meta):
+                _log.info("index cache %s is stale (its source changed); rebuilding", path)
                 return None
             missing = [k for k in TABLE_KEYS if k not in members]
             tables = {k: _read_member(f, members[k]) for k in TABLE_KEYS if k not in missing}

@@ -57,6 +57,7 @@ class SplitImages(NamedTuple):
         lists (tuple[Path, ...]): the ``.txt`` lists read.
         inodes (list[int]): each image's inode as its folder's listing gave it (no stat), -1
             for an image a ``.txt`` list named.
+        folders (tuple[str, ...]): every folder the walk listed (absolute), sorted.
     """
 
     root: Path
@@ -65,6 +66,7 @@ class SplitImages(NamedTuple):
     counts: dict[str, int]
     lists: tuple[Path, ...]
     inodes: list[int] = []
+    folders: tuple[str, ...] = ()
 
 
 def label_path(image_path: str) -> str:
@@ -108,8 +110,10 @@ def _is_image(name: str) -> bool:
     return name.rpartition(".")[2].lower() in IMG_FORMATS and "." in name
 
 
-def _walk(folder: Path) -> tuple[dict[str, int], int]:
+def _walk(folder: Path, walked: list[str]) -> tuple[dict[str, int], int]:
     """Image files below ``folder`` (absolute paths, with the inode the listing gives) and the number of other files.
+
+    Every folder listed is appended to ``walked``.
 
     One ``scandir`` per folder (what ``os.walk`` does, without building its lists); a symlinked
     folder is not entered, as with ``os.walk``.
@@ -123,6 +127,7 @@ def _walk(folder: Path) -> tuple[dict[str, int], int]:
             entries = list(os.scandir(parent))
         except OSError:
             continue  # as os.walk: an unreadable folder lists nothing
+        walked.append(parent)
         prefix = os.path.join(parent, "")
         for entry in entries:
             name = entry.name
@@ -180,10 +185,10 @@ def list_split_images(sources: Sequence[Path]) -> SplitImages:
     paths: list[str] = []
     inodes: dict[str, int] = {}
     ignored = 0
-    roots, lists = [], []
+    roots, lists, folders = [], [], []
     for source in sources:
         if source.is_dir():
-            walked, other = _walk(source)
+            walked, other = _walk(source, folders)
             inodes.update(walked)
             found = list(walked)
             roots.append(str(source))
@@ -199,4 +204,4 @@ def list_split_images(sources: Sequence[Path]) -> SplitImages:
     cut = len(os.path.join(str(root), ""))
     names = [p[cut:] for p in unique] if os.sep == "/" else [p[cut:].replace(os.sep, "/") for p in unique]
     return SplitImages(root, names, problems, {"files_ignored": ignored, "image_listed_twice": len(paths) - len(unique)},
-                       tuple(lists), [inodes.get(p, -1) for p in unique])
+                       tuple(lists), [inodes.get(p, -1) for p in unique], tuple(sorted(set(folders))))

@@ -15,17 +15,19 @@ conversion step, no JSON. Every downstream feature (mosaic, copy-paste, resume, 
 * Cache: the tables are cached as a COCO file's are (:mod:`seg_datamodule.io.coco.cache`), keyed
   on the split's listing, every image's inode and the size, times and inode of every label file
   and list (:func:`_cache_key`): a changed label file, or an image added, removed or replaced by
-  a new file, rebuilds it. Ultralytics' own ``labels.cache`` (a pickle) is never
-  opened.
+  a new file, rebuilds it. With ``index_check="folders"`` a warm start checks the folders alone
+  (:mod:`~seg_datamodule.io.yolo.folder_check`). Ultralytics' ``labels.cache`` (a pickle) is never opened.
 * Bad input: :mod:`seg_datamodule.io.yolo.errors`.
 """
 
 from __future__ import annotations
 
 import concurrent.futures
+import contextlib
 import hashlib
 import logging
 import os
+import time
 from array import array
 from collections import Counter
 from pathlib import Path
@@ -35,13 +37,15 @@ import numpy as np
 
 from seg_datamodule.io.coco import CocoIndex, IndexOptions
 from seg_datamodule.io.coco.building import merge_options
-from seg_datamodule.io.coco.cache import CACHE_FORMAT_VERSION, cached_tables_at, default_cache_dir
+from seg_datamodule.io.coco.cache import CACHE_FORMAT_VERSION, cached_tables_at, default_cache_dir, write_cache
 from seg_datamodule.io.coco.errors import MAX_EXAMPLES
 from seg_datamodule.io.coco.tables import assemble, box_only_chunk
 from seg_datamodule.io.image_ids import assign_image_ids
 from seg_datamodule.io.images import BadImageError
+from seg_datamodule.io.paths import file_lock
 from seg_datamodule.io.yolo.data_yaml import DatasetYaml, read_dataset_yaml
 from seg_datamodule.io.yolo.errors import error_from_problem
+from seg_datamodule.io.yolo.folder_check import cached_by_folders, folder_record
 from seg_datamodule.io.yolo.headers import read_image_header
 from seg_datamodule.io.yolo.image_lists import IMG_FORMATS, SplitImages, label_paths, list_split_images
 from seg_datamodule.io.yolo.labels import parse_label_files
@@ -306,6 +310,46 @@ def _with_listing(meta: dict[str, Any], listing: SplitImages) -> dict[str, Any]:
             "source_counts": {k: int(v) for k, v in source.items() if v}}
 
 
+def _check_listing(listing: SplitImages, dataset: DatasetYaml, split: str, options: IndexOptions) -> None:
+    """Raise the first bad line of a ``.txt`` list (``on_bad_sample="raise"``), or that the split lists no image."""
+    if listing.problems and options.on_bad_sample == "raise":
+        first = listing.problems[0]
+        raise error_from_problem({"kind": "line", "message": first.message, "reason": first.reason,
+                                  "file": first.source, "line": first.line})
+    if not listing.file_names:
+        raise ValueError(f"{dataset.file}: split {split!r} lists no image ({', '.join(map(str, dataset.sources(split)))}; "
+                         f"extensions: {', '.join(sorted(IMG_FORMATS))})")
+
+
+def _tables(dataset: DatasetYaml, split: str, listing: SplitImages, path: Path | None, options: IndexOptions,
+            taken_ns: int) -> tuple[tuple[dict[str, np.ndarray], dict[str, Any]], tuple[bool, Path | None]]:
+    """The split's tables by the full path: from a cache its per-file key matches, else built (and cached).
+
+    With ``index_check="folders"`` the cache also gets a folder record (:func:`folder_record`),
+    rewritten when a cache served by the per-file key lacks a current one.
+    """
+    prefix = os.path.join(str(listing.root), "")
+    images = [prefix + name for name in listing.file_names]
+    labels = label_paths(images)
+    record = None
+    if path is not None and options.index_check == "folders":
+        record = folder_record(dataset, dataset.sources(split), listing, images, labels, taken_ns)
+
+    def build() -> tuple[dict[str, np.ndarray], dict[str, Any]]:
+        tables, meta = _build_tables(dataset, listing, images, labels)
+        return tables, meta if record is None else {**meta, "folders": record}
+
+    if path is None:
+        return build(), (False, None)
+    key = _cache_key(dataset, split, listing, images, labels)
+    (tables, meta), from_cache, written = cached_tables_at(path, key, build)
+    if from_cache and record is not None and meta.get("folders") != record:
+        meta = {**meta, "folders": record}
+        with contextlib.suppress(OSError), file_lock(path.with_name(path.name + ".lock")):
+            write_cache(path, tables, meta)  # the next start is warm again
+    return (tables, meta), (from_cache, written)
+
+
 def build_yolo_index(data_yaml: str | os.PathLike[str], split: str, options: IndexOptions | None = None,
                      **fields: Any) -> CocoIndex:
     """The index of one split of an Ultralytics dataset (see the module docstring), cached.
@@ -332,29 +376,19 @@ def build_yolo_index(data_yaml: str | os.PathLike[str], split: str, options: Ind
     """
     options = merge_options(options, fields, "build_yolo_index()")
     dataset = read_dataset_yaml(data_yaml)
-    listing = list_split_images(dataset.sources(split))
-    if listing.problems and options.on_bad_sample == "raise":
-        first = listing.problems[0]
-        raise error_from_problem({"kind": "line", "message": first.message, "reason": first.reason,
-                                  "file": first.source, "line": first.line})
-    if not listing.file_names:
-        raise ValueError(f"{dataset.file}: split {split!r} lists no image ({', '.join(map(str, dataset.sources(split)))}; "
-                         f"extensions: {', '.join(sorted(IMG_FORMATS))})")
-    prefix = os.path.join(str(listing.root), "")
-    images = [prefix + name for name in listing.file_names]
-    labels = label_paths(images)
-
-    def build() -> tuple[dict[str, np.ndarray], dict[str, Any]]:
-        return _build_tables(dataset, listing, images, labels)
-
-    cached: tuple[bool, Path | None] = (False, None)
-    if options.use_cache:
-        cache_dir = default_cache_dir() if options.cache_dir is None else Path(options.cache_dir)
-        key = _cache_key(dataset, split, listing, images, labels)
-        (tables, meta), from_cache, path = cached_tables_at(_cache_file(cache_dir, dataset, split), key, build)
-        cached = (from_cache, path)
+    sources = dataset.sources(split)
+    path = None if not options.use_cache else _cache_file(
+        default_cache_dir() if options.cache_dir is None else Path(options.cache_dir), dataset, split)
+    warm = None if path is None or options.index_check == "files" else cached_by_folders(path, dataset, split, sources)
+    if warm is not None:  # no walk, no stat per file
+        tables, meta, listing = warm
+        _check_listing(listing, dataset, split, options)
+        cached: tuple[bool, Path | None] = (True, path)
     else:
-        tables, meta = build()
+        taken_ns = time.time_ns()  # before the walk: what changes after it is newer (the racy rule)
+        listing = list_split_images(sources)
+        _check_listing(listing, dataset, split, options)
+        (tables, meta), cached = _tables(dataset, split, listing, path, options, taken_ns)
     if options.on_bad_sample == "raise" and meta.get("first_problem") is not None:
         raise error_from_problem(meta["first_problem"])
     index = CocoIndex.from_tables(tables, _with_listing(meta, listing), dataset.file, listing.root, options, cached)
