@@ -89,8 +89,9 @@ import cv2
 import torch
 from torch.utils.data import DataLoader, RandomSampler
 
-import seg_datamodule.data.assemble as assemble_module
+import seg_datamodule.data.pipeline as assemble_module  # warp_tiles, transform_polygons, drop_reasons run there
 import seg_datamodule.transforms.hsv as hsv_module
+from seg_datamodule.transforms.albu import AlbumentationsTransform
 from seg_datamodule.transforms.hsv import HSVJitter, hsv_jitter_batch_
 from seg_datamodule.io.coco.index import CocoIndex
 from seg_datamodule.data.collate import DetectionCollate
@@ -216,7 +217,7 @@ def stage_timer() -> Iterator[dict[str, float]]:
     wrap(assemble_module, "warp_tiles", "warp (one resample per tile, crowd masks)")
     wrap(assemble_module, "transform_polygons", "polygons (clip, map, clip)")
     wrap(assemble_module, "drop_reasons", "polygons (clip, map, clip)")
-    wrap(assemble_module.AlbumentationsTransform, "_run", "albumentations (blur, ...)")
+    wrap(AlbumentationsTransform, "_run", "albumentations (blur, ...)")
     wrap(hsv_module, "hsv_jitter", "HSV jitter (cvtColor x2, LUT)")
     wrap(CocoIndex, "crowd_mask", "crowd RLE decode")
     wrap(DetectionCollate, "__call__", "collate (stride-4 masks, stack)")
