@@ -119,7 +119,8 @@ class SegDataset(Dataset[Sample]):
         self.seed = check_int("seed", seed, minimum=0)
         self.cache_images = check_int("cache_images", cache_images, minimum=0)
         self.max_retries = check_int("max_retries", max_retries, minimum=0)
-        self.path = Pipeline(index, augment, self.seed, self.cache_images, self.max_retries)
+        self.path = Pipeline(index, augment.build_recipe(), augment.sampling, self.seed, self.cache_images,
+                             self.max_retries)
         # Shared state, read by (persistent) workers: the epoch and the run's epochs; counts.
         self._state = SharedEpoch(None if max_epochs is None else check_int("max_epochs", max_epochs, 1))
         self.counter = SkipCounter(COUNT_KEYS)
@@ -132,12 +133,13 @@ class SegDataset(Dataset[Sample]):
 
     def __repr__(self) -> str:
         mode = "train" if self.train else "val"
-        a = self.augment
+        a, recipe = self.augment, self.path.recipe
+        albu = recipe.albumentations
         return (
             f"SegDataset({len(self)} images, {mode}, image_size={self.image_size}, "
             f"mosaic={a.mosaic}, mosaic_partners={a.mosaic_partners!r}, "
-            f"close_mosaic={a.close_mosaic}, {a.geometry!r}, {self.path.mixing!r}, "
-            f"transforms={self.path.steps.transforms.transforms!r}, hsv={self.path.recipe.hsv!r})"
+            f"close_mosaic={a.close_mosaic}, {a.geometry!r}, {recipe.group!r}, "
+            f"transforms={None if albu is None else albu.transforms!r}, hsv={recipe.hsv!r})"
         )
 
     @property

@@ -38,18 +38,17 @@ from typing import Sequence
 import cv2
 import numpy as np
 
-from seg_datamodule.data.loading import BatchDecodes, ImageSource, ImageIndex, TileDecodes
-from seg_datamodule.data.options import AugmentOptions
+from seg_datamodule.data.loading import BatchDecodes, ImageIndex, ImageSource, TileDecodes
+from seg_datamodule.data.options import SampleOptions
 from seg_datamodule.data.targets import TileTargets, fetch_targets
 from seg_datamodule.data.tiles import BadTile, Decoder, TileDraw, TileLoader, Tiles
 from seg_datamodule.io.images import IMAGE_ERROR_REASONS, BadImageError
 from seg_datamodule.structures import Polygons, Sample
-from seg_datamodule.transforms.albu import AlbumentationsTransform
 from seg_datamodule.transforms.box_only import without_rings
-from seg_datamodule.transforms.mixing import MixResult, SampleMixing
 from seg_datamodule.transforms.plan import TilePlan, choose_reduce, draw_batch_partners, visible_tiles
 from seg_datamodule.transforms.polygons import DROP_REASONS, drop_reasons, transform_polygons
-from seg_datamodule.transforms.steps import Canvas, CanvasStep, draw_canvas_steps
+from seg_datamodule.transforms.recipe import Recipe
+from seg_datamodule.transforms.steps import Canvas, CanvasStep, MixResult, draw_canvas_steps
 from seg_datamodule.transforms.warp import FILL_VALUE, warp_tiles
 
 __all__ = ["Counts", "Frame", "Pipeline", "SampleKey", "SampleSteps", "assemble_sample", "empty_sample"]
@@ -95,12 +94,6 @@ class SampleSteps:
     min_area_ratio: float
     min_box_size: float
 
-    @property
-    def transforms(self) -> AlbumentationsTransform:
-        """The albumentations step (an empty one when the recipe has none)."""
-        return next((s for s in self.pixel_steps if isinstance(s, AlbumentationsTransform)),
-                    AlbumentationsTransform(None))
-
 
 @dataclass(frozen=True)
 class Frame:
@@ -112,29 +105,28 @@ class Frame:
 
 
 class Pipeline:
-    """Builds training and validation samples over one index, with their counts.
+    """Executes a recipe over one index: training and validation samples, with their counts.
 
     Args:
         index (ImageIndex): the images and annotations; its ``on_bad_sample`` says whether a bad
             image is replaced (``"skip"``) or raised.
-        options (AugmentOptions): the augmentation, and the canvas size.
+        recipe (Recipe): the steps (its layout also fixes the canvas size and letterboxes validation).
+        sampling (SampleOptions): the sample-level numbers that are not steps.
         seed (int): base seed.
         cache_images (int): decoded images (and crowd masks) kept per worker.
         max_retries (int): bad images tolerated per sample before giving up.
     """
 
-    def __init__(self, index: ImageIndex, options: AugmentOptions, seed: int, cache_images: int,
+    def __init__(self, index: ImageIndex, recipe: Recipe, sampling: SampleOptions, seed: int, cache_images: int,
                  max_retries: int) -> None:
-        self.index, self.options, self.seed = index, options, seed
-        self.geometry = options.geometry
-        self.recipe = options.build_recipe()
+        self.index, self.recipe, self.sampling, self.seed = index, recipe, sampling, seed
+        self.geometry = recipe.layout
+        self.group = recipe.group if recipe.group is not None and recipe.group.enabled else None
         self.sizes = np.stack([np.asarray(index.heights, np.int64), np.asarray(index.widths, np.int64)], axis=1)
         self.skip_bad = index.on_bad_sample == "skip"
         self.images = ImageSource(index, cache_images)
         self.tiles = TileLoader(self.geometry, self.sizes, self.skip_bad, max_retries)
-        self.steps = SampleSteps(self.recipe.pixel_steps, options.min_area_ratio, options.min_box_size)
-        self.mixing = SampleMixing(options.copy_paste, options.copy_paste_mode, options.mixup,
-                                   options.min_area_ratio, options.min_box_size)
+        self.steps = SampleSteps(recipe.pixel_steps, sampling.min_area_ratio, sampling.min_box_size)
 
     def generator(self, key: SampleKey) -> np.random.Generator:
         """The generator sample ``key`` draws from: ``default_rng([seed, epoch, index(, copy)])``."""
@@ -146,7 +138,7 @@ class Pipeline:
     def draw_tiles(self, rng: np.random.Generator, key: SampleKey, ids: np.ndarray | None = None) -> TileDraw:
         """The sample's tiles: mosaic or not (one draw, always), its images (``ids``, or drawn
         uniformly over the dataset for a mosaic), the layout, then the plan-phase canvas steps."""
-        mosaic = bool(rng.random() < self.options.mosaic) and key.mosaic_allowed
+        mosaic = bool(rng.random() < self.sampling.mosaic) and key.mosaic_allowed
         if ids is None:
             ids = (self.geometry.draw_indices(rng, key.index, len(self.sizes)) if mosaic
                    else np.array([key.index], np.int64))
@@ -189,9 +181,9 @@ class Pipeline:
         return sample
 
     def train_batch(self, keys: Sequence[SampleKey]) -> tuple[list[Sample], Counts]:
-        """A training batch (two or more keys), mosaic partners as ``options.mosaic_partners`` says."""
+        """A training batch (two or more keys), mosaic partners as ``sampling.mosaic_partners`` says."""
         counts: Counts = Counts(samples=len(keys))
-        if self.options.mosaic_partners == "batch":
+        if self.sampling.mosaic_partners == "batch":
             rngs, samples = self._partnered(keys, counts)
         else:
             rngs, samples = [], []
@@ -199,25 +191,24 @@ class Pipeline:
                 rng, sample = self._alone(key, counts, counts)
                 rngs.append(rng)
                 samples.append(sample)
-        if self.mixing.enabled:
-            samples = [_count_mix(result, counts) for result in self.mixing.mix_group(rngs, samples)]
+        if self.group is not None:
+            samples = [_count_mix(result, counts) for result in self.group.mix_group(rngs, samples)]
         return samples, counts
 
     def train_one(self, key: SampleKey) -> tuple[Sample, Counts]:
         """One training sample built alone: mosaic and mixing partners uniform over the dataset."""
         counts: Counts = Counts(samples=1)
         rng, sample = self._alone(key, counts, counts)
-        if not self.mixing.enabled:
+        if self.group is None:
             return sample, counts
         # Built alone, the partners come from the dataset: built the same way, their decodes
         # counted, their annotations not (only the targets they lend are, as pasted / mixed in).
         n = len(self.sizes)
-        draw = self.mixing.draw(rng, n)
-        need = {draw.paste_shift if draw.paste else 0, draw.mix_shift if draw.mix else 0} - {0}
-        bases = {k: self._alone(SampleKey(key.epoch, (key.index + k) % n, 0, key.mosaic_allowed), Counts(), counts)[1]
-                 for k in sorted(need)}
-        result = self.mixing.apply(rng, sample, draw, bases.get(draw.paste_shift), bases.get(draw.mix_shift))
-        return _count_mix(result, counts), counts
+
+        def partner(shift: int) -> Sample:
+            return self._alone(SampleKey(key.epoch, (key.index + shift) % n, 0, key.mosaic_allowed), Counts(), counts)[1]
+
+        return _count_mix(self.group.mix_one(rng, sample, n, partner), counts), counts
 
     # ------------------------------------------------------------------ validation
 
@@ -231,7 +222,7 @@ class Pipeline:
             image = self.images.image(i, reduce, counts)
         except BadImageError as err:
             self._settle((BadTile(i, err),), counts)
-            return empty_sample(int(self.index.image_ids[i]), self.options.image_size, frame), counts
+            return empty_sample(int(self.index.image_ids[i]), self.geometry.image_size, frame), counts
         tiles = Tiles(np.array([i], np.int64), plan, (image,), (reduce,))
         targets = fetch_targets(self.index, self.images, tiles.ids, tiles.visible)
         sample, codes = assemble_sample(tiles, targets, None, None, frame=frame)
