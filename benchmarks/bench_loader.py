@@ -50,8 +50,17 @@ different targets.
 Timing: after ``--warmup`` batches (worker start-up), images per second over ``--batches``
 batches, best of ``--repeat`` runs, the contenders interleaved run by run (the machine may be
 shared: the spread of the runs is printed). OpenCV is set to one thread in the main process too
-(Ultralytics does this on import), and ``--breakdown`` splits our single-thread CPU time into
-stages (CPU time, so other load on the machine inflates it less than wall time).
+(Ultralytics does this on import), and ``--breakdown`` splits our single-thread CPU time per
+image into stages (read, decode, resize/warp, polygons, pixel steps, jitter, raster, collate,
+...: :data:`STAGES`, each stage its own time only, printed as a table; CPU time, so other load
+on the machine inflates it less than wall time).
+
+Decode only: the JPEG decodes our loader makes in ``--batches`` batches (the files and the DCT
+reduction it chose for each, recorded on one thread) are decoded again from memory by a bare
+``cv2.imdecode`` (BGR, no read, no colour conversion), one thread, best of ``max(--repeat, 3)``:
+the floor for decoding these images at these sizes, printed as its own row in images/s and CPU
+ms per image. Ours is printed as a percentage of it: images/s at ``workers=0``, and CPU time per
+image in the single-thread table.
 
 Copy-paste and MixUp (issue 21): with ``--copy-paste 0.5 --mixup 0.15`` (the defaults; 0 and 0
 leave them out) a second pair of rows runs ours (``copy_paste_mode="flip"``, MixUp with another
@@ -70,6 +79,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import importlib
 import io
 import json
 import os
@@ -77,7 +87,7 @@ import shutil
 import sys
 import tempfile
 import time
-from collections import defaultdict
+from collections import Counter, defaultdict
 from pathlib import Path
 from typing import Any, Iterator
 
@@ -86,12 +96,10 @@ os.environ.setdefault("YOLO_VERBOSE", "False")
 
 import albumentations as A
 import cv2
+import numpy as np
 import torch
 from torch.utils.data import DataLoader, RandomSampler
 
-import seg_datamodule.data.pipeline as assemble_module  # warp_tiles, transform_polygons, drop_reasons run there
-import seg_datamodule.transforms.hsv as hsv_module
-from seg_datamodule.transforms.albu import AlbumentationsTransform
 from seg_datamodule.transforms.hsv import HSVJitter, hsv_jitter_batch_
 from seg_datamodule.io.coco.index import CocoIndex
 from seg_datamodule.data.collate import DetectionCollate
@@ -194,33 +202,68 @@ def measure_ours(ds: SegDataset, workers: int, batch_size: int, warmup: int, cou
     return rate, counts["decodes"] / max(counts["samples"], 1)
 
 
+#: The stages of ``--breakdown``: stage -> the functions it times, as ``"module:attribute.path"``.
+#: A function imported with ``from m import f`` is looked up in its caller's module at call time,
+#: so it is wrapped there (``seg_datamodule.io.coco.reading:read_image_view``, not the module
+#: that defines it). When modules move, retarget them here, in one place.
+STAGES: dict[str, tuple[str, ...]] = {
+    "read (open, fstat, readv)": ("seg_datamodule.io.coco.reading:read_image_view",),
+    "decode (libjpeg, to RGB)": ("seg_datamodule.io.coco.reading:decode_oriented",),
+    "load_image (paths, size checks)": ("seg_datamodule.io.coco.index:CocoIndex.load_image",),
+    "crowd RLE decode": ("seg_datamodule.io.coco.index:CocoIndex.crowd_mask",),
+    "resize/warp (one resample per tile)": ("seg_datamodule.data.pipeline:warp_tiles",),
+    "polygons (clip, map, clip, drops)": ("seg_datamodule.data.pipeline:transform_polygons",
+                                          "seg_datamodule.data.pipeline:drop_reasons"),
+    "pixel steps (albumentations)": ("seg_datamodule.transforms.albu:AlbumentationsTransform.apply",),
+    "jitter (HSV: cvtColor x2, LUT)": ("seg_datamodule.transforms.hsv:hsv_jitter",),
+    "raster (stride-4 masks)": ("seg_datamodule.data.collate:rasterize_flat",
+                                "seg_datamodule.data.collate:rasterize_visible"),
+    "collate (boxes, stack)": ("seg_datamodule.data.collate:DetectionCollate.__call__",),
+}
+
+
+def _resolve(target: str) -> tuple[Any, str]:
+    """``"module:A.b"`` -> (the object holding ``b``, ``"b"``)."""
+    module_name, _, path = target.partition(":")
+    owner: Any = importlib.import_module(module_name)
+    *parents, name = path.split(".")
+    for parent in parents:
+        owner = getattr(owner, parent)
+    return owner, name
+
+
 @contextlib.contextmanager
-def stage_timer() -> Iterator[dict[str, float]]:
-    """Time our stages in this process by wrapping the functions the dataset calls."""
+def stage_timer(stages: dict[str, tuple[str, ...]] = STAGES) -> Iterator[dict[str, float]]:
+    """Time our stages in this thread by wrapping the functions the dataset calls.
+
+    Each stage gets its own CPU time only: a wrapped function called inside another (the raster
+    inside the collate, the read inside ``load_image``) is taken out of its caller's stage, so
+    the stages add up to no more than the total.
+    """
     totals: dict[str, float] = defaultdict(float)
+    children: list[float] = []  # per open wrapped call: CPU time of wrapped calls inside it
     patched: list[tuple[Any, str, Any]] = []
 
     def wrap(owner: Any, name: str, stage: str) -> None:
-        original = getattr(owner, name)
+        original = owner.__dict__[name] if isinstance(owner, type) else getattr(owner, name)
 
         def timed(*args: Any, **kwargs: Any) -> Any:
-            t = time.thread_time()
+            children.append(0.0)
+            start = time.thread_time()
             try:
                 return original(*args, **kwargs)
             finally:
-                totals[stage] += time.thread_time() - t
+                elapsed = time.thread_time() - start
+                totals[stage] += elapsed - children.pop()
+                if children:
+                    children[-1] += elapsed
 
         patched.append((owner, name, original))
         setattr(owner, name, timed)
 
-    wrap(CocoIndex, "load_image", "decode (libjpeg)")
-    wrap(assemble_module, "warp_tiles", "warp (one resample per tile, crowd masks)")
-    wrap(assemble_module, "transform_polygons", "polygons (clip, map, clip)")
-    wrap(assemble_module, "drop_reasons", "polygons (clip, map, clip)")
-    wrap(AlbumentationsTransform, "_run", "albumentations (blur, ...)")
-    wrap(hsv_module, "hsv_jitter", "HSV jitter (cvtColor x2, LUT)")
-    wrap(CocoIndex, "crowd_mask", "crowd RLE decode")
-    wrap(DetectionCollate, "__call__", "collate (stride-4 masks, stack)")
+    for stage, targets in stages.items():
+        for target in targets:
+            wrap(*_resolve(target), stage)
     try:
         yield totals
     finally:
@@ -229,6 +272,7 @@ def stage_timer() -> Iterator[dict[str, float]]:
 
 
 def breakdown(ds: SegDataset, batch_size: int, batches: int) -> None:
+    """Print our single-thread CPU time per image by stage (:data:`STAGES`), as a table."""
     collate = DetectionCollate(mask_stride=4)
     gen = torch.Generator().manual_seed(1)
     order = torch.randint(0, len(ds), (batch_size * batches,), generator=gen).tolist()
@@ -239,11 +283,59 @@ def breakdown(ds: SegDataset, batch_size: int, batches: int) -> None:
             collate(ds.__getitems__(order[b * batch_size : (b + 1) * batch_size]))
         wall = time.thread_time() - start
     n = batch_size * batches
-    print(f"  where the CPU time goes (one thread, mosaic_partners={ds.augment.mosaic_partners!r}, {n} images, "
-          f"{1e3 * wall / n:.2f} ms/image):")
+    print(f"  where the CPU time goes (one thread, mosaic_partners={ds.augment.mosaic_partners!r}, "
+          f"hsv_on_device={ds.augment.hsv.on_device}, {n} images, {1e3 * wall / n:.2f} ms/image):")
+    print(f"    {'stage':40s} {'ms/image':>9s} {'share':>7s}")
     other = wall - sum(totals.values())
-    for stage, t in sorted(totals.items(), key=lambda kv: -kv[1]) + [("other (draws, Python)", other)]:
-        print(f"    {stage:44s} {1e3 * t / n:6.2f} ms/image  {100 * t / wall:5.1f} %")
+    for stage in [*STAGES, "other (draws, plans, Python)"]:
+        t = totals.get(stage, 0.0) if stage in STAGES else other
+        print(f"    {stage:40s} {1e3 * t / n:9.2f} {100 * t / wall:6.1f}%")
+
+
+# ----------------------------------------------------------------------------- decode only
+
+#: ``cv2.imdecode`` flags per JPEG reduction (BGR, EXIF orientation ignored, as our decoder).
+_DECODE_FLAGS = {1: cv2.IMREAD_COLOR, 2: cv2.IMREAD_REDUCED_COLOR_2, 4: cv2.IMREAD_REDUCED_COLOR_4,
+                 8: cv2.IMREAD_REDUCED_COLOR_8}
+
+
+def recorded_decodes(ds: SegDataset, batch_size: int, batches: int) -> list[tuple[Path, int]]:
+    """The (file, reduce) of every decode ours makes in ``batches`` batches (single thread)."""
+    calls: list[tuple[Path, int]] = []
+    original = CocoIndex.__dict__["load_image"]
+
+    def recording(index: CocoIndex, i: int, reduce: int = 1, **kwargs: Any) -> Any:
+        calls.append((index.file_path(i), reduce))
+        return original(index, i, reduce, **kwargs)
+
+    gen = torch.Generator().manual_seed(2)
+    order = torch.randint(0, len(ds), (batch_size * batches,), generator=gen).tolist()
+    ds.on_worker_start()
+    CocoIndex.load_image = recording  # type: ignore[method-assign]
+    try:
+        for b in range(batches):
+            ds.__getitems__(order[b * batch_size : (b + 1) * batch_size])
+    finally:
+        CocoIndex.load_image = original  # type: ignore[method-assign]
+    return calls
+
+
+def decode_only(decodes: list[tuple[Path, int]], repeat: int) -> tuple[float, float]:
+    """JPEG decoding alone of ``decodes`` from memory: (images/s wall, CPU ms per image), one thread.
+
+    Bare ``cv2.imdecode`` to BGR at each decode's own reduction, no read, no colour conversion:
+    the floor a loader decoding these images at these sizes cannot go under. Best of ``repeat``.
+    """
+    blobs = [(np.frombuffer(path.read_bytes(), np.uint8), _DECODE_FLAGS[r] | cv2.IMREAD_IGNORE_ORIENTATION)
+             for path, r in decodes]
+    best_wall, best_cpu = float("inf"), float("inf")
+    for _ in range(repeat):
+        start, start_cpu = time.perf_counter(), time.thread_time()
+        for blob, flags in blobs:
+            cv2.imdecode(blob, flags)
+        best_cpu = min(best_cpu, time.thread_time() - start_cpu)
+        best_wall = min(best_wall, time.perf_counter() - start)
+    return len(blobs) / best_wall, 1e3 * best_cpu / len(blobs)
 
 
 # ----------------------------------------------------------------------------- ultralytics
@@ -382,6 +474,8 @@ def device_step(ds: SegDataset, batch_size: int, repeat: int) -> None:
 OURS = {"ours, HSV in workers": ("batch", False), "ours, HSV on device": ("batch", True),
         "ours, uniform partners": ("uniform", False)}
 PEER = "ultralytics cache=False"
+#: The row whose decodes (files and reductions) the decode-only row repeats.
+FLOOR_OF = "ours, HSV in workers"
 #: The rows with copy-paste and MixUp on, ours and the peer's (the same values on both sides).
 MIXED, PEER_MIXED = "ours, + copy-paste, mixup", "ultralytics + copy-paste, mixup"
 
@@ -459,15 +553,22 @@ def main() -> None:
         print(f"coco-mini train repeated to {args.images} images (no cache fits), imgsz {args.image_size}, "
               f"batch {args.batch_size}, {os.cpu_count()} CPUs, torch {torch.__version__}, "
               f"albumentations {A.__version__}, opencv {cv2.__version__}")
+        decodes = recorded_decodes(datasets[FLOOR_OF], args.batch_size, args.batches)
+        floor_rate, floor_ms = decode_only(decodes, max(args.repeat, 3))
+        reductions = ", ".join(f"{r}: {n}" for r, n in sorted(Counter(r for _, r in decodes).items()))
+        print(f"decode only: the {len(decodes)} JPEG decodes {FLOOR_OF!r} makes in {args.batches} batches, "
+              f"each at the reduction it chose ({{{reductions}}}), from memory, bare cv2.imdecode, one thread, "
+              f"best of {max(args.repeat, 3)}:")
+        print(f"  {'decode only':42s} {floor_rate:7.1f} img/s   {floor_ms:6.2f} ms/image CPU")
         print(f"images/s over {args.batches} batches after {args.warmup} warm-up, best of {args.repeat}; "
-              "decodes per output image counted by our loader")
+              "decodes per output image counted by our loader; at workers=0, ours as % of decode only")
         for workers in args.workers:
             # Interleave the contenders repeat by repeat, so load from elsewhere hits both alike.
             runs: dict[str, list[float]] = defaultdict(list)
-            decodes: dict[str, float] = {}
+            per_image: dict[str, float] = {}
             for _ in range(args.repeat):
                 for name, ds in datasets.items():
-                    rate, decodes[name] = measure_ours(ds, workers, args.batch_size, args.warmup, args.batches)
+                    rate, per_image[name] = measure_ours(ds, workers, args.batch_size, args.warmup, args.batches)
                     runs[name].append(rate)
                 if peer is not None:
                     with contextlib.redirect_stdout(io.StringIO()), contextlib.redirect_stderr(io.StringIO()):
@@ -480,7 +581,9 @@ def main() -> None:
             row = {name: max(values) for name, values in runs.items()}
             for name, value in row.items():
                 spread = ", ".join(f"{v:.0f}" for v in runs[name])
-                extra = f"  {decodes[name]:.2f} decodes/image" if name in decodes else ""
+                extra = f"  {per_image[name]:.2f} decodes/image" if name in per_image else ""
+                if workers == 0 and name in per_image:
+                    extra += f"  {100 * value / floor_rate:.0f} % of decode only"
                 print(f"  workers={workers}  {name:32s} {value:7.1f} img/s{_ratio(name, row)}{extra}   "
                       f"[runs: {spread}]")
             sys.stdout.flush()
@@ -495,8 +598,10 @@ def main() -> None:
                 udata = ultralytics_dataset(peer, args.batch_size, args.image_size)
                 cpu[PEER] = cpu_ms_per_image(lambda idx: [udata[i] for i in idx], udata.collate_fn, len(udata),
                                              args.batch_size)
+        print(f"  {'decode only':32s} {floor_ms:6.2f} ms/image")
         for name, value in cpu.items():
-            print(f"  {name:32s} {value:6.2f} ms/image{_ratio(name, cpu, inverse=True)}")
+            floor = f"  {100 * floor_ms / value:.0f} % of decode only" if name in datasets else ""
+            print(f"  {name:32s} {value:6.2f} ms/image{_ratio(name, cpu, inverse=True)}{floor}")
         device_step(datasets["ours, HSV on device"], args.batch_size, args.device_repeat)
         if mixing:
             mixing_costs(ann_file, images, peer, args, work)

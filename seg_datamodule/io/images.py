@@ -12,6 +12,8 @@ PIL (``Image.draft`` if reduced)   1.73   1.35   1.25   1.15
 ``torchvision.io.decode_jpeg``     1.39   --     --     --
 =================================  =====  =====  =====  =====
 
+Where OpenCV has ``IMREAD_COLOR_RGB`` the decoder writes RGB itself, saving the whole-image
+``cvtColor`` of the first row (the same pixels bit for bit; older OpenCV keeps the conversion).
 All three wrap libjpeg-turbo and give bit-identical pixels. torchvision ties OpenCV at full size
 (1.40 once made HWC numpy; other runs had it 3% behind) but cannot decode at reduced scale, and
 PIL is slower at full size and clips 16-bit ``I;16`` PNGs; OpenCV is as fast as the fastest at
@@ -30,8 +32,9 @@ Conventions of :func:`decode_image`:
 * The stored full size is known even for a reduced decode (read from the JPEG SOF header), so a
   caller can compare it with the annotation's width and height exactly at any ``reduce``.
 
-Files are read with limits: only regular files are opened (a FIFO or a device, also through a
-symlink, is refused without blocking), at most :data:`MAX_IMAGE_BYTES` bytes, and the size in a
+Files are read with limits (:mod:`seg_datamodule.io.image_files`, whose readers this module
+re-exports): only regular files are opened (a FIFO or a device, also through a symlink, is
+refused without blocking), at most :data:`MAX_IMAGE_BYTES` bytes, and the size in a
 JPEG or PNG header is checked (against the caller's expected size, and against
 :data:`MAX_IMAGE_PIXELS`) before anything is decoded.
 
@@ -42,12 +45,12 @@ Bad files raise :class:`~seg_datamodule.io.image_errors.BadImageError` naming th
 from __future__ import annotations
 
 import os
-import stat
 
 import cv2
 import numpy as np
 
 from seg_datamodule.io.image_errors import IMAGE_ERROR_REASONS, BadImageError
+from seg_datamodule.io.image_files import MAX_IMAGE_BYTES, read_image_file, read_image_view
 
 __all__ = [
     "BadImageError",
@@ -60,11 +63,9 @@ __all__ = [
     "decode_image_with_size",
     "header_size",
     "read_image_file",
+    "read_image_view",
     "reduced_size",
 ]
-
-#: Largest image file read, in bytes (a COCO JPEG is ~160 KB; a 2^30-pixel PNG fits).
-MAX_IMAGE_BYTES = 1 << 30
 
 #: Most pixels an image may have: OpenCV's own decode limit (``CV_IO_MAX_IMAGE_PIXELS``).
 MAX_IMAGE_PIXELS = 1 << 30
@@ -73,11 +74,36 @@ MAX_IMAGE_PIXELS = 1 << 30
 REDUCE_FACTORS: tuple[int, ...] = (1, 2, 4, 8)
 
 _REDUCED_FLAG = {
+    1: cv2.IMREAD_COLOR,
     2: cv2.IMREAD_REDUCED_COLOR_2,
     4: cv2.IMREAD_REDUCED_COLOR_4,
     8: cv2.IMREAD_REDUCED_COLOR_8,
 }
 _IGNORE_ORIENTATION = cv2.IMREAD_IGNORE_ORIENTATION
+
+#: ``cv2.IMREAD_COLOR_RGB`` where the installed OpenCV has it (the 4.12 and 5.0 wheels; not 4.9 or
+#: 4.10.0.84): the decoder writes RGB itself (libjpeg-turbo's ``JCS_EXT_RGB``) instead of BGR
+#: followed by a whole-image ``cvtColor``. Same pixels bit for bit on every format and reduce
+#: factor tested (``tests/io/test_images.py``); None: decode BGR and convert.
+_IMREAD_COLOR_RGB: int | None = getattr(cv2, "IMREAD_COLOR_RGB", None)
+
+
+def _imdecode_rgb(buf: np.ndarray, reduce: int) -> np.ndarray | None:
+    """``cv2.imdecode`` to RGB at DCT scale ``reduce`` (1 for a full decode), orientation ignored.
+
+    Returns:
+        ndarray[h, w, 3] uint8 RGB, or None when OpenCV cannot decode ``buf``.
+
+    Raises:
+        cv2.error: as ``cv2.imdecode``.
+    """
+    rgb_flag = _IMREAD_COLOR_RGB
+    if rgb_flag is None:
+        bgr = cv2.imdecode(buf, _REDUCED_FLAG[reduce] | _IGNORE_ORIENTATION)
+        return None if bgr is None else cv2.cvtColor(bgr, cv2.COLOR_BGR2RGB)
+    # OpenCV refuses IMREAD_COLOR_BGR (the low bit of IMREAD_REDUCED_COLOR_*) together with
+    # IMREAD_COLOR_RGB; the scale is read from the other bits alone (loadsave.cpp).
+    return cv2.imdecode(buf, (_REDUCED_FLAG[reduce] & ~cv2.IMREAD_COLOR) | rgb_flag | _IGNORE_ORIENTATION)
 
 
 def reduced_size(size: tuple[int, int], reduce: int) -> tuple[int, int]:
@@ -102,7 +128,23 @@ def _check_reduce(reduce: int) -> None:
         raise ValueError(f"reduce must be one of {REDUCE_FACTORS}, got {reduce!r}")
 
 
-def _jpeg_header(data: bytes) -> tuple[tuple[int, int] | None, bool]:
+def _last_eoi(data: bytes | memoryview) -> int:
+    """Where the last ``FF D9`` of ``data`` starts (-1: none), searching a short tail first.
+
+    The same answer as ``bytes(data).rfind(b"\xff\xd9")`` without copying a whole file held in
+    a view: an ``FF D9`` starting in the tail is later than any starting before it.
+    """
+    if isinstance(data, bytes):
+        return data.rfind(b"\xff\xd9")
+    n = len(data)
+    tail_start = max(n - 4096, 0)
+    found = bytes(data[tail_start:]).rfind(b"\xff\xd9")
+    if found >= 0 or tail_start == 0:
+        return tail_start + found if found >= 0 else -1
+    return bytes(data[: tail_start + 1]).rfind(b"\xff\xd9")  # + 1: a pair across the cut
+
+
+def _jpeg_header(data: bytes | memoryview) -> tuple[tuple[int, int] | None, bool]:
     """Stored size from a JPEG's SOF marker and whether an EOI marker follows the scan data.
 
     Walks the marker segments from SOI to the first SOS by their lengths (so an EXIF thumbnail,
@@ -139,10 +181,15 @@ def _jpeg_header(data: bytes) -> tuple[tuple[int, int] | None, bool]:
             size = (height, width) if height > 0 and width > 0 else None
         if marker == 0xDA:  # SOS: scan data follows the header
             # rfind: in a complete file the last FF D9 is (nearly) the last two bytes.
-            return size, data.rfind(b"\xff\xd9") >= pos + 2 + length
+            return size, _last_eoi(data) >= pos + 2 + length
         pos += 2 + length
     # The data ended inside the header: certainly truncated.
     return size, False
+
+
+def _byte_view(data: bytes | bytearray | memoryview) -> bytes | memoryview:
+    """``data`` indexable byte by byte (ints), without copying it."""
+    return data if isinstance(data, bytes) else memoryview(data).cast("B")
 
 
 def header_size(data: bytes | bytearray | memoryview) -> tuple[int, int] | None:
@@ -156,7 +203,7 @@ def header_size(data: bytes | bytearray | memoryview) -> tuple[int, int] | None:
     """
     head = bytes(data[:4])
     if head[:3] == b"\xff\xd8\xff":
-        return _jpeg_header(bytes(data))[0]
+        return _jpeg_header(_byte_view(data))[0]
     if head == b"\x89PNG" and len(data) >= 24 and bytes(data[12:16]) == b"IHDR":
         width, height = int.from_bytes(data[16:20], "big"), int.from_bytes(data[20:24], "big")
         return (height, width) if height > 0 and width > 0 else None
@@ -220,10 +267,10 @@ def decode_image_bytes(
         raise BadImageError(f"{_describe(name)} is empty", path=name, reason="image_truncated")
     is_jpeg = buf.size >= 3 and bytes(buf[:3]) == b"\xff\xd8\xff"
     stored: tuple[int, int] | None = None
-    flags = cv2.IMREAD_COLOR | _IGNORE_ORIENTATION
+    scale = 1
     scaled = False  # decoded by libjpeg at reduced scale: the stored size comes from the header
     if is_jpeg:
-        stored, complete = _jpeg_header(bytes(data))
+        stored, complete = _jpeg_header(_byte_view(data))
         if not complete:
             # OpenCV 5 refuses such files itself, 4.x decodes them with a grey bottom part.
             raise BadImageError(
@@ -233,96 +280,35 @@ def decode_image_bytes(
             )
     _check_header(data, name, expected_size)  # before decoding: a header may claim 30000x30000
     if is_jpeg and reduce > 1 and stored is not None:
-        flags = _REDUCED_FLAG[reduce] | _IGNORE_ORIENTATION
+        scale = reduce
         scaled = True
     try:
-        bgr = cv2.imdecode(buf, flags)
+        rgb = _imdecode_rgb(buf, scale)
     except cv2.error as err:  # e.g. a header announcing absurd dimensions
         raise BadImageError(
             f"{_describe(name)} is corrupt: OpenCV cannot decode it ({err.msg or err})",
             path=name,
             reason="image_corrupt",
         ) from None
-    if bgr is None:
+    if rgb is None:
         # A JPEG reaching here has its end-of-image marker (truncation was ruled out above).
         what = "corrupt" if is_jpeg else "corrupt, truncated or in an unsupported format"
         raise BadImageError(
             f"{_describe(name)} is {what}: OpenCV cannot decode it", path=name, reason="image_corrupt"
         )
     if not scaled:
-        stored = (int(bgr.shape[0]), int(bgr.shape[1]))
+        stored = (int(rgb.shape[0]), int(rgb.shape[1]))
     target = reduced_size(stored, reduce)
-    if bgr.shape[:2] != target:
+    if rgb.shape[:2] != target:
         # Non-JPEG (or a JPEG libjpeg would not scale): shrink the full decode to the contract.
-        bgr = cv2.resize(bgr, (target[1], target[0]), interpolation=cv2.INTER_AREA)
-    return cv2.cvtColor(bgr, cv2.COLOR_BGR2RGB), stored
-
-
-def read_image_file(path: str | os.PathLike[str], *, max_bytes: int | None = None, head: int | None = None) -> bytes:
-    """The bytes of an image file, read safely.
-
-    Only a regular file is read (a FIFO, a device or a folder is refused, also through a
-    symlink; the open never blocks), and at most ``max_bytes`` bytes.
-
-    Args:
-        path (str | PathLike): the image file.
-        max_bytes (int | None): the limit; None: :data:`MAX_IMAGE_BYTES`.
-        head (int | None): read only the first ``head`` bytes (a header; the file may be longer).
-
-    Returns:
-        the file's content (or its first ``head`` bytes).
-
-    Raises:
-        BadImageError: ``reason`` ``image_missing`` or ``image_unreadable`` (an OS error, not a
-            regular file, over the limit); the message names ``path``.
-    """
-    name = os.fspath(path)
-    limit = MAX_IMAGE_BYTES if max_bytes is None else max_bytes
-    flags = os.O_RDONLY | getattr(os, "O_NONBLOCK", 0) | getattr(os, "O_CLOEXEC", 0) | getattr(os, "O_BINARY", 0)
-    try:
-        fd = os.open(name, flags)
-    except FileNotFoundError:
-        raise BadImageError(f"{_describe(name)} does not exist", path=name, reason="image_missing") from None
-    except (OSError, ValueError) as err:  # ValueError: a NUL byte in the name
-        detail = err.strerror if isinstance(err, OSError) and err.strerror else str(err)
-        raise BadImageError(f"{_describe(name)} cannot be read: {detail}", path=name, reason="image_unreadable") from None
-    try:
-        st = os.fstat(fd)
-        if not stat.S_ISREG(st.st_mode):
-            raise BadImageError(
-                f"{_describe(name)} cannot be read: not a regular file", path=name, reason="image_unreadable"
-            )
-        if st.st_size > limit:
-            raise BadImageError(
-                f"{_describe(name)} is {st.st_size} bytes, over the limit of {limit}",
-                path=name,
-                reason="image_unreadable",
-            )
-        chunks, left = [], limit + 1 if head is None else head  # a file growing while read is still bounded
-        while left > 0:
-            chunk = os.read(fd, min(left, 1 << 24))
-            if not chunk:
-                break
-            chunks.append(chunk)
-            left -= len(chunk)
-    except OSError as err:
-        raise BadImageError(
-            f"{_describe(name)} cannot be read: {err.strerror or err}", path=name, reason="image_unreadable"
-        ) from None
-    finally:
-        os.close(fd)
-    data = b"".join(chunks)
-    if head is None and len(data) > limit:
-        raise BadImageError(
-            f"{_describe(name)} is over {limit} bytes, the limit", path=name, reason="image_unreadable"
-        )
-    return data
+        rgb = cv2.resize(rgb, (target[1], target[0]), interpolation=cv2.INTER_AREA)
+    return rgb, stored
 
 
 def decode_image_with_size(
     path: str | os.PathLike[str], *, reduce: int = 1, expected_size: tuple[int, int] | None = None
 ) -> tuple[np.ndarray, tuple[int, int]]:
-    """Read (:func:`read_image_file`) and decode an image file to RGB ``uint8``; also return its stored size.
+    """Read (:func:`read_image_view`) and decode an image file to RGB ``uint8``; also return its stored size.
 
     Args:
         path (str | PathLike): the image file.
@@ -339,7 +325,7 @@ def decode_image_with_size(
             ``image_truncated`` or ``image_corrupt``; the message names ``path``.
     """
     _check_reduce(reduce)
-    data = read_image_file(path)
+    data = read_image_view(path)  # decoded at once: this thread's reused buffer is enough
     return decode_image_bytes(data, reduce=reduce, name=os.fspath(path), expected_size=expected_size)
 
 

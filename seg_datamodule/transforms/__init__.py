@@ -15,7 +15,7 @@ from seg_datamodule.transforms.copy_paste import paste_instances, paste_mask
 from seg_datamodule.transforms.lsj import LargeScaleJitter, LSJDraw, lsj_layout
 from seg_datamodule.transforms.mixing import MixDraw, MixResult, SampleMixing
 from seg_datamodule.transforms.mixup import mixup_samples
-from seg_datamodule.transforms.orient import RandomFlipUD, RandomRotate90
+from seg_datamodule.transforms.orient import MirrorStep, RandomFlipUD, RandomRotate90, flip_canvas
 from seg_datamodule.transforms.recipe import Recipe, RecipeError, Step
 from seg_datamodule.transforms.plan import TilePlan, choose_reduce, letterbox_layout, mosaic_layout, snap_for_resize
 from seg_datamodule.transforms.polygons import DROP_REASONS, drop_reasons, transform_polygons
@@ -36,6 +36,7 @@ __all__ = [
     "Layout",
     "Letterbox",
     "MixDraw",
+    "MirrorStep",
     "MixResult",
     "MosaicAffine",
     "RandomAffine",
@@ -50,6 +51,7 @@ __all__ = [
     "TilePlan",
     "choose_reduce",
     "drop_reasons",
+    "flip_canvas",
     "hsv_jitter",
     "hsv_jitter_batch_",
     "letterbox_layout",

@@ -10,16 +10,16 @@ exactly, no resample).
 
 from __future__ import annotations
 
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from typing import ClassVar, Sequence
 
-import cv2
 import numpy as np
 
 from seg_datamodule.ops.affine import compose_affine, make_affine
 from seg_datamodule.ops.checks import check_int, check_number
 from seg_datamodule.transforms.plan import TilePlan, letterbox_layout, mosaic_layout, snap_for_resize
-from seg_datamodule.transforms.steps import Canvas, CanvasStep, DrawPhase, Layout, step_arguments
+from seg_datamodule.transforms.orient import MirrorStep
+from seg_datamodule.transforms.steps import Layout, step_arguments
 
 __all__ = ["GlobalDraw", "Letterbox", "MosaicAffine", "RandomAffine", "RandomFlipLR"]
 
@@ -107,7 +107,7 @@ class RandomAffine:
         )
 
 
-class RandomFlipLR(CanvasStep):
+class RandomFlipLR(MirrorStep):
     """Horizontal flip with probability ``p``: the output canvas mirrored, ``x -> W - x``.
 
     Mirroring pixel ``k`` onto ``W - 1 - k`` and vertices with ``x -> W - x`` (continuous pixels)
@@ -115,37 +115,18 @@ class RandomFlipLR(CanvasStep):
     layout; applied after the warp (folding it into the matrix would change which tiles snap).
 
     Args:
-        p (float): probability of flipping.
+        p (float): probability of flipping (one number drawn, whatever ``p``).
 
     Raises:
-        ValueError: ``p`` is not in ``[0, 1]``.
+        StepValueError, StepTypeError: ``p`` is not a number in ``[0, 1]``.
     """
 
-    phase: ClassVar[DrawPhase] = "plan"
-
-    def __init__(self, p: float = 0.5) -> None:
-        with step_arguments("RandomFlipLR"):
-            self.p = check_number("p", p, 0.0, 1.0)
-
-    def __repr__(self) -> str:
-        return f"RandomFlipLR(p={self.p})"
+    axis: ClassVar[int] = 1
 
     @staticmethod
     def matrix(width: float) -> np.ndarray:
         """The flip of a canvas ``width`` wide as an affine, ``float64 (2, 3)``."""
         return np.array([[-1.0, 0.0, float(width)], [0.0, 1.0, 0.0]])
-
-    def draw(self, rng: np.random.Generator) -> bool:
-        """Draw whether to flip (one number from ``rng``)."""
-        return bool(rng.random() < self.p)
-
-    def apply(self, canvas: Canvas, params: bool) -> Canvas:
-        """Mirror the pixels and crowd regions (in place: the canvas is the sample's) and the vertices."""
-        if not params:
-            return canvas
-        crowd = None if canvas.crowd is None else cv2.flip(canvas.crowd, 1, dst=canvas.crowd)
-        return replace(canvas, image=cv2.flip(canvas.image, 1, dst=canvas.image), crowd=crowd,
-                       polygons=canvas.polygons.flip_lr(canvas.image.shape[1]))
 
 
 @dataclass(frozen=True)

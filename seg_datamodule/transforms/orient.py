@@ -18,11 +18,35 @@ import numpy as np
 from seg_datamodule.ops.checks import check_number
 from seg_datamodule.transforms.steps import Canvas, CanvasStep, DrawPhase, step_arguments
 
-__all__ = ["RandomFlipUD", "RandomRotate90", "rotate90_matrix"]
+__all__ = ["MirrorStep", "RandomFlipUD", "RandomRotate90", "flip_canvas", "rotate90_matrix"]
 
 
-class RandomFlipUD(CanvasStep):
-    """Vertical flip with probability ``p``: ``y -> H - y`` (pixel row ``k`` onto ``H - 1 - k``).
+def flip_canvas(canvas: Canvas, axis: int) -> Canvas:
+    """``canvas`` mirrored along one axis: ``0`` upside down (``y -> H - y``), ``1`` left-right (``x -> W - x``).
+
+    Pixel row (or column) ``k`` goes to ``H - 1 - k`` (``W - 1 - k``) and vertices by the same map of
+    the continuous canvas, so masks rasterised afterwards are the mirrored masks, bit for bit. The
+    pixels and crowd regions are mirrored in place (the canvas is the sample's own).
+
+    Args:
+        canvas (Canvas): the sample, image ``(H, W, 3)``.
+        axis (int): ``0`` or ``1``.
+
+    Returns:
+        Canvas: the mirrored canvas.
+    """
+    crowd = None if canvas.crowd is None else cv2.flip(canvas.crowd, axis, dst=canvas.crowd)
+    size = canvas.image.shape[axis]
+    polygons = canvas.polygons.flip_lr(size) if axis == 1 else canvas.polygons.flip_ud(size)
+    return replace(canvas, image=cv2.flip(canvas.image, axis, dst=canvas.image), crowd=crowd, polygons=polygons)
+
+
+class MirrorStep(CanvasStep):
+    """A flip along one canvas axis with probability ``p`` (:func:`flip_canvas`), drawn in the plan phase.
+
+    The subclasses only name their axis: :class:`RandomFlipUD` here and
+    :class:`~seg_datamodule.transforms.augment.RandomFlipLR`. They stay separate classes (neither
+    is the other), so a recipe tells a vertical flip from the horizontal one its layout configures.
 
     Args:
         p (float): probability of flipping (one number drawn, whatever ``p``).
@@ -32,25 +56,36 @@ class RandomFlipUD(CanvasStep):
     """
 
     phase: ClassVar[DrawPhase] = "plan"
+    #: 0: upside down; 1: left-right.
+    axis: ClassVar[int]
 
     def __init__(self, p: float = 0.5) -> None:
-        with step_arguments("RandomFlipUD"):
+        with step_arguments(type(self).__name__):
             self.p = check_number("p", p, 0.0, 1.0)
 
     def __repr__(self) -> str:
-        return f"RandomFlipUD(p={self.p})"
+        return f"{type(self).__name__}(p={self.p})"
 
     def draw(self, rng: np.random.Generator) -> bool:
         """Whether to flip (one number from ``rng``)."""
         return bool(rng.random() < self.p)
 
     def apply(self, canvas: Canvas, params: bool) -> Canvas:
-        """Mirror pixels and crowd regions upside down (in place: the canvas is the sample's) and the vertices."""
-        if not params:
-            return canvas
-        crowd = None if canvas.crowd is None else cv2.flip(canvas.crowd, 0, dst=canvas.crowd)
-        return replace(canvas, image=cv2.flip(canvas.image, 0, dst=canvas.image), crowd=crowd,
-                       polygons=canvas.polygons.flip_ud(canvas.image.shape[0]))
+        """The canvas mirrored along :attr:`axis` if ``params``, else ``canvas`` itself."""
+        return flip_canvas(canvas, self.axis) if params else canvas
+
+
+class RandomFlipUD(MirrorStep):
+    """Vertical flip with probability ``p``: ``y -> H - y`` (pixel row ``k`` onto ``H - 1 - k``).
+
+    Args:
+        p (float): probability of flipping (one number drawn, whatever ``p``).
+
+    Raises:
+        StepValueError, StepTypeError: ``p`` is not a number in ``[0, 1]``.
+    """
+
+    axis: ClassVar[int] = 0
 
 
 def rotate90_matrix(turns: int, canvas_size: tuple[int, int]) -> np.ndarray:

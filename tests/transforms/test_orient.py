@@ -14,7 +14,7 @@ from hypothesis import strategies as st
 from _reference import reference_rasterize
 from seg_datamodule.errors import UserInputError
 from seg_datamodule.structures import Polygons
-from seg_datamodule.transforms import Canvas, RandomFlipUD, RandomRotate90
+from seg_datamodule.transforms import Canvas, MirrorStep, RandomFlipLR, RandomFlipUD, RandomRotate90, flip_canvas
 from seg_datamodule.transforms.orient import rotate90_matrix
 
 # Off any pixel centre by an irrational-looking offset: a centre exactly on an edge is a tie the
@@ -40,15 +40,26 @@ def _polygons(instances: list) -> Polygons:
 
 
 @settings(max_examples=30, deadline=None)
-@given(instances=_instances)
-def test_the_vertical_flip_is_exact(instances: list) -> None:
+@given(instances=_instances, axis=st.sampled_from([0, 1]))
+def test_both_flips_are_exact(instances: list, axis: int) -> None:
     polygons, size = _polygons(instances), (24, 36)
     canvas = _canvas(polygons, size)
     image, crowd, before = canvas.image.copy(), canvas.crowd.copy(), _masks(polygons, size)
-    out = RandomFlipUD(1.0).apply(canvas, True)
-    np.testing.assert_array_equal(out.image, image[::-1])
-    np.testing.assert_array_equal(out.crowd, crowd[::-1])
-    np.testing.assert_array_equal(_masks(out.polygons, size), before[:, ::-1])
+    out = (RandomFlipUD if axis == 0 else RandomFlipLR)(1.0).apply(canvas, True)
+    np.testing.assert_array_equal(out.image, np.flip(image, axis))
+    np.testing.assert_array_equal(out.crowd, np.flip(crowd, axis))
+    np.testing.assert_array_equal(_masks(out.polygons, size), np.flip(before, axis + 1))
+
+
+def test_the_flips_share_one_kernel_but_stay_apart() -> None:
+    # A recipe tells the layout's horizontal flip from a vertical one by class.
+    assert isinstance(RandomFlipUD(0.5), MirrorStep) and isinstance(RandomFlipLR(0.5), MirrorStep)
+    assert not isinstance(RandomFlipUD(0.5), RandomFlipLR) and not isinstance(RandomFlipLR(0.5), RandomFlipUD)
+    assert repr(RandomFlipUD(0.25)) == "RandomFlipUD(p=0.25)" and repr(RandomFlipLR(1)) == "RandomFlipLR(p=1.0)"
+    canvas = _canvas(_polygons([[[(1.0, 2.0), (5.0, 2.0), (1.0, 7.0)]]]), (10, 12))
+    assert RandomFlipUD(0.0).apply(canvas, False) is canvas
+    out = flip_canvas(canvas, 0)  # by hand: y -> 10 - y
+    np.testing.assert_allclose(out.polygons.vertices, [[1.0, 8.0], [5.0, 8.0], [1.0, 3.0]])
 
 
 @settings(max_examples=30, deadline=None)

@@ -18,7 +18,7 @@ from typing import Any, Callable, Mapping
 import numpy as np
 
 from seg_datamodule.io.coco.errors import MAX_EXAMPLES
-from seg_datamodule.io.images import BadImageError, read_image_file, reduced_size
+from seg_datamodule.io.images import BadImageError, read_image_view, reduced_size
 from seg_datamodule.io.orientation import decode_oriented
 from seg_datamodule.io.paths import file_name_problem
 
@@ -61,7 +61,7 @@ def load_checked_image(
     if unsafe is not None:  # the build refuses such names; an index made by hand may not
         raise BadImageError(f"{where}: file_name {file_name!r} {unsafe}", path=path, reason="image_unreadable", **ids)
     try:
-        image, stored = decode_oriented(read_image_file(path), orientation, reduce=reduce, name=str(path),
+        image, stored = decode_oriented(read_image_view(path), orientation, reduce=reduce, name=str(path),
                                         expected_size=expected if check_size else None)
     except BadImageError as err:
         raise BadImageError(f"{where}: {err}", path=path, reason=err.reason, **ids) from None

@@ -182,7 +182,7 @@ def test_symlinked_image_folder_inside_the_root_still_works(tmp_path: Path) -> N
 
 
 def test_file_over_the_size_cap_is_refused(images: CocoIndex, monkeypatch: pytest.MonkeyPatch) -> None:
-    from seg_datamodule.io import images as images_module
+    from seg_datamodule.io import image_files as images_module  # the readers' module holds the limit
 
     size = images.file_path(0).stat().st_size
     monkeypatch.setattr(images_module, "MAX_IMAGE_BYTES", size - 1)
