@@ -5,7 +5,9 @@ What ``../shared/STYLE.md`` asks and issue 25 made checkable:
 * every module under ~400 lines (:data:`MAX_LINES`; the exceptions in :data:`LINE_BUDGETS` say why);
 * imports run ``io -> transforms -> data``: nothing under ``seg_datamodule/io/`` or
   ``seg_datamodule/transforms/`` imports ``seg_datamodule.data`` (not even lazily inside a
-  function), and the step kinds (``transforms/steps.py``) import none of the steps; nothing under ``data/`` imports
+  function), the step kinds (``transforms/steps.py``) import none of the steps, and the pipeline
+  (``data/pipeline.py``) imports from ``transforms/`` only the recipe, the step interfaces and the
+  kernels, never a concrete step; nothing under ``data/`` imports
   the demo, and the DataModule's collaborators do not import the DataModule (issue 36);
 * no function or method takes more than :data:`MAX_PARAMS` parameters (every parameter counts:
   ``self``, positional, keyword-only, ``*args``, ``**kwargs``), except the public ``__init__`` of
@@ -142,6 +144,42 @@ def test_the_step_kinds_import_no_step() -> None:
                "seg_datamodule.transforms.plan")
     names = [name for _, name in _imported(PACKAGE / "transforms" / "steps.py") if name.startswith("seg_datamodule")]
     assert names and all(name.startswith(allowed) for name in names), names
+
+#: What ``data/pipeline.py`` may import from ``transforms/``: the recipe and step interfaces and the
+#: kernels, never a concrete step (it executes whatever steps the recipe holds).
+PIPELINE_TRANSFORMS = ("recipe", "steps", "plan", "warp", "polygons", "box_only")
+
+
+def _pipeline_offenders(source: str | None = None) -> list[str]:
+    """``line: name`` of each ``transforms/`` import of ``data/pipeline.py`` (or ``source`` there)
+    outside :data:`PIPELINE_TRANSFORMS`."""
+    out = []
+    for line, name in _imported(PACKAGE / "data" / "pipeline.py", source):
+        parts = name.split(".")
+        if parts[:2] == ["seg_datamodule", "transforms"] and len(parts) > 2 and parts[2] not in PIPELINE_TRANSFORMS:
+            out.append(f"{line}: {name}")
+    return out
+
+
+def test_the_pipeline_imports_no_concrete_step() -> None:
+    """The pipeline executes a recipe: no ``AlbumentationsTransform``, ``HSVJitter``, ``SampleMixing`` by name."""
+    names = {name for _, name in _imported(PACKAGE / "data" / "pipeline.py")}
+    assert "seg_datamodule.transforms.recipe.Recipe" in names  # the scan reads the real module
+    offenders = _pipeline_offenders()
+    assert not offenders, "data/pipeline.py imports a concrete step (use the recipe):\n" + "\n".join(offenders)
+
+
+def test_the_pipeline_rule_catches_a_step_by_name() -> None:
+    """Hand-written offenders: a step module, a step from the package, a lazy import of one."""
+    source = ("from seg_datamodule.transforms.mixing import SampleMixing\n"
+              "from seg_datamodule.transforms import HSVJitter\n"
+              "from seg_datamodule.transforms.plan import TilePlan\n"
+              "def f():\n    import seg_datamodule.transforms.albu\n")
+    assert _pipeline_offenders(source) == ["1: seg_datamodule.transforms.mixing",
+                                           "1: seg_datamodule.transforms.mixing.SampleMixing",
+                                           "2: seg_datamodule.transforms.HSVJitter",
+                                           "5: seg_datamodule.transforms.albu"]
+
 
 def test_no_function_takes_more_than_eight_parameters() -> None:
     offenders = []

@@ -176,8 +176,8 @@ class COCOSegDataModule(LightningDataModule):
             larger one (a cache far smaller than the dataset is rarely hit; ~1 MB per image).
         recipe: ``"mosaic"`` (default): mosaic + random affine + flip; ``"lsj"``: large-scale jitter of one image
             (``lsj_scale`` of ``image_size``, crop, pad, flip; the mosaic and affine keys do not apply); or a list
-            of steps, a Layout first (``class_path`` / ``init_args``; ``transforms``, ``hsv`` and the geometry keys
-            then do not apply). See :mod:`~seg_datamodule.transforms.lsj`, :mod:`~seg_datamodule.transforms.recipe`.
+            of steps, a Layout first, at most one group step (``SampleMixing``) last (``class_path`` / ``init_args``;
+            ``transforms``, ``hsv`` and the geometry keys then do not apply). See :mod:`~seg_datamodule.transforms.lsj`, :mod:`~seg_datamodule.transforms.recipe`.
         lsj_scale: LSJ's scale range ``(low, high)`` as factors of ``image_size``.
         copy_paste: probability per training sample of pasting a random subset of another
             canvas's instances (pixels exactly where their polygons cover pixel centres); the

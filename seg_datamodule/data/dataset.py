@@ -35,7 +35,7 @@ from torch.utils.data import Dataset
 from seg_datamodule.data.accounting import SkipCounter
 from seg_datamodule.data.loading import ImageIndex, SharedEpoch, worker_init_fn
 from seg_datamodule.data.options import AugmentOptions
-from seg_datamodule.data.sample_path import Counts, SampleKey, SamplePath
+from seg_datamodule.data.pipeline import Counts, Pipeline, SampleKey
 from seg_datamodule.io.images import IMAGE_ERROR_REASONS
 from seg_datamodule.ops.checks import check_bool, check_choice, check_int
 from seg_datamodule.structures import Sample, SampleBatch
@@ -64,7 +64,7 @@ class SegDataset(Dataset[Sample]):
     """Mosaic / random-affine (or LSJ) training samples, or letterboxed validation samples.
 
     A thin holder of the dataset's state (the index, the shared epoch, the shared counters) over
-    :class:`~seg_datamodule.data.sample_path.SamplePath`, which builds every sample and returns
+    :class:`~seg_datamodule.data.pipeline.Pipeline`, which builds every sample and returns
     its counts as values.
 
     Args:
@@ -109,7 +109,7 @@ class SegDataset(Dataset[Sample]):
                 "index must provide image_ids, heights, widths, on_bad_sample, __len__, polygons, labels, "
                 f"annotation_ids, crowd_mask and load_image (a CocoIndex), got {type(index).__name__}"
             )
-        # An index's own policy, checked here: SamplePath reads anything but "skip" as "raise".
+        # An index's own policy, checked here: Pipeline reads anything but "skip" as "raise".
         check_choice("index.on_bad_sample", index.on_bad_sample, ("raise", "skip"))
         augment = AugmentOptions() if augment is None else augment
         if not isinstance(augment, AugmentOptions):
@@ -119,7 +119,8 @@ class SegDataset(Dataset[Sample]):
         self.seed = check_int("seed", seed, minimum=0)
         self.cache_images = check_int("cache_images", cache_images, minimum=0)
         self.max_retries = check_int("max_retries", max_retries, minimum=0)
-        self.path = SamplePath(index, augment, self.seed, self.cache_images, self.max_retries)
+        self.path = Pipeline(index, augment.build_recipe(), augment.sampling, self.seed, self.cache_images,
+                             self.max_retries)
         # Shared state, read by (persistent) workers: the epoch and the run's epochs; counts.
         self._state = SharedEpoch(None if max_epochs is None else check_int("max_epochs", max_epochs, 1))
         self.counter = SkipCounter(COUNT_KEYS)
@@ -132,12 +133,13 @@ class SegDataset(Dataset[Sample]):
 
     def __repr__(self) -> str:
         mode = "train" if self.train else "val"
-        a = self.augment
+        a, recipe = self.augment, self.path.recipe
+        albu = recipe.albumentations
         return (
             f"SegDataset({len(self)} images, {mode}, image_size={self.image_size}, "
             f"mosaic={a.mosaic}, mosaic_partners={a.mosaic_partners!r}, "
-            f"close_mosaic={a.close_mosaic}, {a.geometry!r}, {self.path.mixing!r}, "
-            f"transforms={self.path.steps.transforms.transforms!r}, hsv={self.path.recipe.hsv!r})"
+            f"close_mosaic={a.close_mosaic}, {a.geometry!r}, {recipe.group!r}, "
+            f"transforms={None if albu is None else albu.transforms!r}, hsv={recipe.hsv!r})"
         )
 
     @property

@@ -7,7 +7,9 @@ options travel as one checked value instead of ``**kwargs`` dicts or tuples read
 * :class:`~seg_datamodule.io.coco.IndexOptions` (in ``io``, where the index is built): how an
   annotation file becomes a ``CocoIndex`` (bad entries, crowd, empty images, the cache);
 * :class:`AugmentOptions`: what a training sample draws (the geometry, which also fixes the
-  canvas size, mosaic, copy-paste, MixUp, the user's albumentations pipeline, HSV jitter);
+  canvas size, mosaic, copy-paste, MixUp, the user's albumentations pipeline, HSV jitter); it
+  builds the two inputs of the pipeline: the :class:`~seg_datamodule.transforms.recipe.Recipe` and
+  the :class:`SampleOptions`, the sample-level numbers that are not steps;
 * :class:`LoaderOptions`: what every DataLoader of the module shares;
 * :class:`StreamOptions`: where a LitData chunk set streams from.
 """
@@ -28,7 +30,26 @@ from seg_datamodule.transforms.mixing import SampleMixing
 from seg_datamodule.transforms.recipe import Recipe, RecipeError
 from seg_datamodule.transforms.steps import Layout
 
-__all__ = ["MAX_AUTO_WORKERS", "AugmentOptions", "LoaderOptions", "StreamOptions", "auto_num_workers"]
+__all__ = ["MAX_AUTO_WORKERS", "AugmentOptions", "LoaderOptions", "SampleOptions", "StreamOptions",
+           "auto_num_workers"]
+
+
+@dataclass(frozen=True)
+class SampleOptions:
+    """The numbers a training sample uses that are not steps of its recipe (checked by
+    :class:`AugmentOptions`, which builds them).
+
+    Attributes:
+        mosaic (float): probability of a 4-image mosaic per sample (a layout that can build one).
+        mosaic_partners (str): ``"batch"`` (the batch's other images) or ``"uniform"`` (the dataset).
+        min_area_ratio (float): drop an instance keeping less than this fraction of its area.
+        min_box_size (float): drop an instance whose box is narrower or lower than this.
+    """
+
+    mosaic: float = 1.0
+    mosaic_partners: Literal["batch", "uniform"] = "batch"
+    min_area_ratio: float = 0.1
+    min_box_size: float = 2.0
 
 
 @dataclass(frozen=True)
@@ -53,13 +74,15 @@ class AugmentOptions:
         hsv (HSVJitter | None): YOLO's HSV gain jitter, in the workers or on the accelerator.
         steps (Recipe | None): a recipe given as a list of steps (:meth:`from_recipe`); then
             ``geometry`` is its layout and ``transforms`` and ``hsv`` are None (they are steps of
-            it). None: the recipe is the flat fields' (:meth:`build_recipe`).
+            it); ``copy_paste`` / ``mixup`` add their group step to a list without one. None: the
+            recipe is the flat fields' (:meth:`build_recipe`).
 
     Raises:
         TypeError: a field has the wrong type.
         ValueError: a field is out of range, ``transforms`` resizes, or holds a ``RandomHSV``
             while ``hsv`` is set; with ``steps``, ``geometry`` is not its layout or ``transforms`` /
-            ``hsv`` are set (a :class:`~seg_datamodule.transforms.recipe.RecipeError`).
+            ``hsv`` are set, or ``copy_paste`` / ``mixup`` are set beside its group step (a
+            :class:`~seg_datamodule.transforms.recipe.RecipeError`).
         FileNotFoundError: ``transforms`` names a file that does not exist.
     """
 
@@ -89,7 +112,8 @@ class AugmentOptions:
             raise TypeError(f"hsv must be an HSVJitter or None, got {type(self.hsv).__name__}")
         # Checked now, by the objects that own each check, not when setup builds the samples:
         # LightningCLI then reports a bad value before anything runs.
-        SampleMixing(self.copy_paste, self.copy_paste_mode, self.mixup, self.min_area_ratio, self.min_box_size)
+        mixing = SampleMixing(self.copy_paste, self.copy_paste_mode, self.mixup, self.min_area_ratio,
+                              self.min_box_size)
         pipeline = load_transforms(self.transforms)
         refuse_resizing(pipeline)
         if self.hsv is not None:  # one HSV jitter: hsv, or a RandomHSV in the pipeline
@@ -102,6 +126,9 @@ class AugmentOptions:
             if self.transforms is not None or self.hsv is not None:
                 raise RecipeError("transforms and hsv are steps of a recipe list (AlbumentationsTransform, "
                                   "HSVJitter): leave them None when steps is given")
+            if self.steps.group is not None and mixing.enabled:
+                raise RecipeError(f"copy_paste / mixup are set but the recipe list ends with a group step "
+                                  f"({type(self.steps.group).__name__}): give them in one place")
 
     @classmethod
     def from_recipe(cls, recipe: Recipe, **fields: object) -> AugmentOptions:
@@ -110,10 +137,20 @@ class AugmentOptions:
 
     def build_recipe(self) -> Recipe:
         """The steps a training sample runs: ``steps``, or the flat fields' recipe (the layout, its
-        flip, the albumentations pipeline if any, HSV if set). Builds the pipeline's step: call once."""
+        flip, the albumentations pipeline if any, HSV if set, copy-paste / MixUp). The group step of
+        the ``copy_paste`` / ``mixup`` keys joins a list without one. Builds the pipeline's step:
+        call once."""
+        mixing = SampleMixing(self.copy_paste, self.copy_paste_mode, self.mixup, self.min_area_ratio,
+                              self.min_box_size)
         if self.steps is not None:
-            return self.steps
-        return Recipe.from_flat(self.geometry, AlbumentationsTransform(self.transforms), self.hsv)
+            return self.steps if self.steps.group is not None or not mixing.enabled else replace(
+                self.steps, group=mixing)
+        return Recipe.from_flat(self.geometry, AlbumentationsTransform(self.transforms), self.hsv, mixing)
+
+    @property
+    def sampling(self) -> SampleOptions:
+        """The sample-level numbers the pipeline reads beside the recipe."""
+        return SampleOptions(self.mosaic, self.mosaic_partners, self.min_area_ratio, self.min_box_size)
 
     @property
     def image_size(self) -> int:

@@ -1,6 +1,6 @@
 """A sample's tiles: which images it shows and where, decoded once each, bad images replaced.
 
-The first stage of the sample path (:mod:`~seg_datamodule.data.sample_path`). A training sample
+The decode planning of the pipeline (:mod:`~seg_datamodule.data.pipeline`). A training sample
 first draws its tiles (:class:`TileDraw`: the images and the geometry draw) without decoding
 anything, so a batch can plan every tile before its first decode and decode each image once, at
 the finest JPEG scale any of its tiles needs (:class:`BatchDecodes

@@ -12,7 +12,7 @@ costs no JPEG decode.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Literal, Sequence
+from typing import Callable, Literal, Sequence
 
 import numpy as np
 
@@ -20,6 +20,7 @@ from seg_datamodule.ops.checks import check_choice, check_number
 from seg_datamodule.structures import Sample
 from seg_datamodule.transforms.copy_paste import flipped_source, paste_instances, select_for_paste
 from seg_datamodule.transforms.mixup import MIXUP_BETA, mixup_samples
+from seg_datamodule.transforms.steps import GroupStep, MixResult
 
 __all__ = ["MixDraw", "MixResult", "SampleMixing"]
 
@@ -44,25 +45,8 @@ class MixDraw:
     ratio: float
 
 
-@dataclass(frozen=True)
-class MixResult:
-    """A mixed sample and where its annotations went.
-
-    Attributes:
-        sample (Sample): the result.
-        pasted (int): copies added by copy-paste.
-        mixed_in (int): instances added by MixUp.
-        occluded (int): the sample's instances dropped because pasted objects cover them.
-    """
-
-    sample: Sample
-    pasted: int = 0
-    mixed_in: int = 0
-    occluded: int = 0
-
-
-class SampleMixing:
-    """Copy-paste and MixUp for training samples.
+class SampleMixing(GroupStep):
+    """Copy-paste and MixUp for training samples: the group step the flat keys build.
 
     Args:
         copy_paste (float): probability of copy-paste per sample.
@@ -175,3 +159,22 @@ class SampleMixing:
             partner = samples[(b + draw.mix_shift) % group] if draw.mix_shift else None
             out.append(self.apply(rng, sample, draw, source, partner))
         return out
+
+    def mix_one(self, rng: np.random.Generator, sample: Sample, group_size: int,
+                partner: Callable[[int], Sample]) -> MixResult:
+        """Mix a sample built alone with partners from a group of ``group_size`` (the dataset).
+
+        Args:
+            rng (numpy.random.Generator): the sample's generator, after the sample's own draws.
+            sample (Sample): the sample before mixing (left unchanged).
+            group_size (int): samples the partners come from.
+            partner: ``partner(shift)`` builds the group's sample ``shift`` places on, before any
+                mixing; called once per shift drawn and applied, in increasing order.
+
+        Returns:
+            MixResult.
+        """
+        draw = self.draw(rng, group_size)
+        need = {draw.paste_shift if draw.paste else 0, draw.mix_shift if draw.mix else 0} - {0}
+        bases = {k: partner(k) for k in sorted(need)}
+        return self.apply(rng, sample, draw, bases.get(draw.paste_shift), bases.get(draw.mix_shift))

@@ -13,7 +13,7 @@ sample meets them:
 * :class:`CanvasStep` is exact on the output canvas (flips, drawn in the plan phase) or on its
   pixels (albumentations, HSV; drawn after decode, in list order).
 * :class:`GroupStep` uses the other samples of the batch (copy-paste, MixUp), after every sample
-  of the batch is built.
+  of the batch is built: a recipe's last step, at most one.
 """
 
 from __future__ import annotations
@@ -21,16 +21,16 @@ from __future__ import annotations
 import abc
 import contextlib
 from dataclasses import dataclass
-from typing import Any, ClassVar, Iterator, Literal, Protocol, Sequence
+from typing import Any, Callable, ClassVar, Iterator, Literal, Sequence
 
 import numpy as np
 
 from seg_datamodule.errors import UserInputError
-from seg_datamodule.structures import Polygons
+from seg_datamodule.structures import Polygons, Sample
 from seg_datamodule.transforms.plan import TilePlan
 
-__all__ = ["Canvas", "CanvasStep", "DrawPhase", "GroupStep", "Layout", "StepTypeError", "StepValueError",
-           "draw_canvas_steps", "step_arguments"]
+__all__ = ["Canvas", "CanvasStep", "DrawPhase", "GroupStep", "Layout", "MixResult", "StepTypeError",
+           "StepValueError", "draw_canvas_steps", "step_arguments"]
 
 #: When a step draws: ``"plan"`` before any decode (with the layout), ``"pixels"`` after decode.
 DrawPhase = Literal["plan", "pixels"]
@@ -133,19 +133,51 @@ class Layout(abc.ABC):
         """Where each tile lands for ``draw`` and the tiles' original sizes ``(K, 2)`` (H, W)."""
 
 
-class GroupStep(Protocol):
-    """A step over a whole batch (copy-paste, MixUp): draws per sample, then mixes with partners.
+@dataclass(frozen=True)
+class MixResult:
+    """A sample after a group step, and where its annotations went.
 
-    :class:`~seg_datamodule.transforms.mixing.SampleMixing` is the one the recipes use.
+    Attributes:
+        sample (Sample): the result.
+        pasted (int): copies added by copy-paste.
+        mixed_in (int): instances added by MixUp.
+        occluded (int): the sample's instances dropped because pasted objects cover them.
     """
 
-    enabled: bool
+    sample: Sample
+    pasted: int = 0
+    mixed_in: int = 0
+    occluded: int = 0
 
-    def draw(self, rng: np.random.Generator, batch_size: int) -> Any:
-        """One sample's draws (after its canvas steps, from its own generator)."""
 
-    def mix_group(self, rngs: Sequence[np.random.Generator], samples: Sequence[Any]) -> list[Any]:
+class GroupStep(abc.ABC):
+    """A step over a whole batch (copy-paste, MixUp): draws per sample, then mixes with partners.
+
+    It runs after every sample of the group is built, so it is the last step of a recipe; each
+    sample draws from its own generator, after all its other draws, and partners are taken as
+    they were before any mixing (the order in which samples are mixed does not matter).
+    :class:`~seg_datamodule.transforms.mixing.SampleMixing` (copy-paste and MixUp) is the one the
+    flat keys build.
+    """
+
+    @property
+    @abc.abstractmethod
+    def enabled(self) -> bool:
+        """Whether anything can happen (if not, nothing is drawn and samples pass through)."""
+
+    @abc.abstractmethod
+    def draw(self, rng: np.random.Generator, group_size: int) -> Any:
+        """One sample's draws (a fixed count), from its own generator."""
+
+    @abc.abstractmethod
+    def mix_group(self, rngs: Sequence[np.random.Generator], samples: Sequence[Sample]) -> list[MixResult]:
         """Every sample of a batch mixed with partners from the same batch, as they were before."""
+
+    @abc.abstractmethod
+    def mix_one(self, rng: np.random.Generator, sample: Sample, group_size: int,
+                partner: Callable[[int], Sample]) -> MixResult:
+        """One sample built alone, mixed with partners of a group of ``group_size`` (the dataset):
+        ``partner(shift)`` builds the one ``shift`` places on, called only for the shifts drawn."""
 
 
 def draw_canvas_steps(steps: Sequence[CanvasStep], rng: np.random.Generator) -> tuple[tuple[CanvasStep, Any], ...]:

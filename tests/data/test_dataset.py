@@ -311,7 +311,7 @@ def test_geometric_albumentations_carry_polygons_exactly(tmp_path: Path) -> None
     path = tmp_path / "flip.yaml"
     A.save(A.Compose([A.HorizontalFlip(p=1.0)]), str(path), data_format="yaml")
     from_file = make_dataset(index, geometry=no_flip, transforms=str(path), **kw)
-    assert from_file.path.steps.transforms.geometric
+    assert from_file.path.recipe.albumentations.geometric
     for i in range(len(index)):
         a, b, c = ours[i], albu[i], from_file[i]
         # Same resample, mirrored: OpenCV's fixed-point coordinates may round a few pixels apart.

@@ -17,7 +17,7 @@ from lightning.pytorch import Callback, LightningModule, Trainer
 
 from _datasets import make_dataset
 from seg_datamodule import DetectionCollate, EpochShardSampler
-from seg_datamodule.data.assemble import federated_labels
+from seg_datamodule.data.targets import federated_labels
 from seg_datamodule.data.datamodule import COCOSegDataModule
 from seg_datamodule.data.repeat_factors import scheduled_steps
 from seg_datamodule.io.coco import CocoIndex

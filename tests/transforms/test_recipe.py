@@ -7,7 +7,7 @@ import pytest
 
 from seg_datamodule.errors import UserInputError
 from seg_datamodule.transforms import (AlbumentationsTransform, HSVJitter, LargeScaleJitter, MosaicAffine,
-                                       RandomFlipLR, RandomHSV)
+                                       RandomFlipLR, RandomHSV, SampleMixing)
 from seg_datamodule.transforms.recipe import Recipe, RecipeError
 
 
@@ -18,6 +18,15 @@ def test_a_list_splits_into_layout_plan_steps_and_pixel_steps() -> None:
     assert recipe.layout is layout and recipe.canvas_steps == (flip,) and recipe.pixel_steps == (blur, hsv)
     assert recipe.steps == (layout, flip, blur, hsv) and recipe.hsv is hsv
     assert Recipe.from_steps([LargeScaleJitter(64)]).steps[0].recipe == "lsj"
+    assert recipe.group is None and recipe.albumentations is blur
+
+
+def test_a_list_may_end_with_one_group_step() -> None:
+    layout, flip, mixing = MosaicAffine(64), RandomFlipLR(0.5), SampleMixing(copy_paste=0.5, mixup=0.2)
+    recipe = Recipe.from_steps([layout, flip, mixing])
+    assert recipe.canvas_steps == (flip,) and recipe.pixel_steps == () and recipe.group is mixing
+    assert recipe.steps == (layout, flip, mixing)
+    assert Recipe.from_steps([layout, mixing]).group is mixing
 
 
 def test_the_flat_keys_build_the_recipe_they_always_ran() -> None:
@@ -25,13 +34,20 @@ def test_the_flat_keys_build_the_recipe_they_always_ran() -> None:
     recipe = Recipe.from_flat(layout, AlbumentationsTransform(None), hsv)
     assert recipe.canvas_steps == (layout.flip,) and recipe.pixel_steps == (hsv,)
     assert Recipe.from_flat(layout, None, None).pixel_steps == ()
+    mixing = SampleMixing(copy_paste=0.5)
+    assert Recipe.from_flat(layout, None, hsv, mixing).group is mixing
 
 
 @pytest.mark.parametrize(("steps", "message"), [
     ([], r"non-empty list"),
     ([RandomFlipLR(0.5)], r"recipe step 0 \(RandomFlipLR\) must be a Layout"),
     ([MosaicAffine(64), LargeScaleJitter(64)], r"recipe step 1 \(LargeScaleJitter\) is a second Layout"),
-    ([MosaicAffine(64), "blur"], r"recipe step 1 \(str\) is neither a Layout nor a CanvasStep"),
+    ([MosaicAffine(64), "blur"], r"recipe step 1 \(str\) is neither a Layout, a CanvasStep nor a GroupStep"),
+    ([MosaicAffine(64), SampleMixing(0.5), RandomFlipLR(0.5)],
+     r"recipe step 1 \(SampleMixing\) is a group step but comes before recipe step 2 \(RandomFlipLR\)"),
+    ([MosaicAffine(64), SampleMixing(0.5), SampleMixing(mixup=0.5)],
+     r"recipe step 2 \(SampleMixing\) is a second group step \(recipe step 1 \(SampleMixing\) is one\)"),
+    ([SampleMixing(0.5)], r"recipe step 0 \(SampleMixing\) must be a Layout"),
     ([MosaicAffine(64), HSVJitter(), RandomFlipLR(0.5)],
      r"recipe step 2 \(RandomFlipLR\) draws before decode .* after recipe step 1 \(HSVJitter\)"),
     ([MosaicAffine(64), HSVJitter(), HSVJitter((0.1, 0.1, 0.1))],
