@@ -20,7 +20,7 @@ from seg_datamodule.ops.checks import check_choice, check_number
 from seg_datamodule.structures import Sample
 from seg_datamodule.transforms.copy_paste import flipped_source, paste_instances, select_for_paste
 from seg_datamodule.transforms.mixup import MIXUP_BETA, mixup_samples
-from seg_datamodule.transforms.steps import GroupStep, MixResult
+from seg_datamodule.transforms.steps import GroupStep, MixResult, step_arguments
 
 __all__ = ["MixDraw", "MixResult", "SampleMixing"]
 
@@ -70,11 +70,12 @@ class SampleMixing(GroupStep):
         min_area_ratio: float = 0.1,
         min_box_size: float = 2.0,
     ) -> None:
-        self.copy_paste = check_number("copy_paste", copy_paste, 0.0, 1.0)
-        self.copy_paste_mode = check_choice("copy_paste_mode", copy_paste_mode, ("flip", "batch"))
-        self.mixup = check_number("mixup", mixup, 0.0, 1.0)
-        self.min_area_ratio = check_number("min_area_ratio", min_area_ratio, 0.0, 1.0)
-        self.min_box_size = check_number("min_box_size", min_box_size)
+        with step_arguments("SampleMixing"):  # a YAML recipe's mistake reads "SampleMixing: ..."
+            self.copy_paste = check_number("copy_paste", copy_paste, 0.0, 1.0)
+            self.copy_paste_mode = check_choice("copy_paste_mode", copy_paste_mode, ("flip", "batch"))
+            self.mixup = check_number("mixup", mixup, 0.0, 1.0)
+            self.min_area_ratio = check_number("min_area_ratio", min_area_ratio, 0.0, 1.0)
+            self.min_box_size = check_number("min_box_size", min_box_size)
 
     def __repr__(self) -> str:
         return (f"SampleMixing(copy_paste={self.copy_paste}, copy_paste_mode={self.copy_paste_mode!r}, "

@@ -68,3 +68,10 @@ def test_a_step_refuses_its_own_bad_arguments_naming_itself() -> None:
         AlbumentationsTransform(A.Compose([A.Resize(32, 32)]))
     with pytest.raises(UserInputError, match=r"HSVJitter: hsv sgain"):
         HSVJitter((0.1, -1.0, 0.1))
+
+
+def test_a_group_steps_bad_argument_names_the_step() -> None:
+    from seg_datamodule.transforms import SampleMixing
+
+    with pytest.raises(UserInputError, match=r"^SampleMixing: mixup must be .*1\.5"):
+        SampleMixing(mixup=1.5)
