@@ -165,15 +165,17 @@ class Pipeline:
         # 3. Every tile planned before any decode, so each image is decoded once at the finest
         # scale it needs.
         decoder = BatchDecodes(self.images, counts)
-        for tiles in draws:
-            plan = self.tiles.plan(tiles)
+        plans = [self.tiles.plan(tiles) for tiles in draws]
+        for tiles, plan in zip(draws, plans):
             for k in np.flatnonzero(visible_tiles(plan)):
                 decoder.want(int(tiles.ids[k]), choose_reduce(plan.matrices[k]))
-        return rngs, [self._build(rng, key, tiles, decoder, counts) for rng, key, tiles in zip(rngs, keys, draws)]
+        # Each plan is used again to load its sample (a plan is a function of the draw alone).
+        return rngs, [self._build(rng, key, tiles, decoder, counts, plan)
+                      for rng, key, tiles, plan in zip(rngs, keys, draws, plans)]
 
     def _build(self, rng: np.random.Generator, key: SampleKey, draw: TileDraw, decoder: Decoder,
-               counts: Counts) -> Sample:
-        tiles = self.tiles.load(draw, decoder, rng, f"sample {key.index} (epoch {key.epoch})")
+               counts: Counts, plan: TilePlan | None = None) -> Sample:
+        tiles = self.tiles.load(draw, decoder, rng, f"sample {key.index} (epoch {key.epoch})", plan)
         self._settle(tiles.bad, counts)
         targets = fetch_targets(self.index, self.images, tiles.ids, tiles.visible)
         sample, codes = assemble_sample(tiles, targets, self.steps, rng, draw.canvas)

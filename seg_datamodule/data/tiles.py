@@ -101,7 +101,8 @@ class TileLoader:
         """Where the tiles land, before any decode."""
         return self.geometry.plan(tiles.draw, self.sizes[tiles.ids])
 
-    def load(self, tiles: TileDraw, decoder: Decoder, rng: np.random.Generator, where: str) -> Tiles:
+    def load(self, tiles: TileDraw, decoder: Decoder, rng: np.random.Generator, where: str,
+             plan: TilePlan | None = None) -> Tiles:
         """Decode the visible tiles at the coarsest JPEG scale their resample allows.
 
         Args:
@@ -109,12 +110,15 @@ class TileLoader:
             decoder (Decoder): where images are decoded from.
             rng (numpy.random.Generator): the sample's generator (replacement images).
             where (str): the sample, for the error message.
+            plan (TilePlan | None): :meth:`plan` of ``tiles`` when the caller already made it (a
+                batch plans every tile before decoding); None plans here.
 
         Raises:
             RuntimeError: more than ``max_retries`` bad images in the sample.
         """
         ids = tiles.ids.copy()
-        plan = self.geometry.plan(tiles.draw, self.sizes[ids])
+        if plan is None:
+            plan = self.geometry.plan(tiles.draw, self.sizes[ids])
         images: list[np.ndarray | None] = [None] * len(ids)
         reduces = [1] * len(ids)
         bad: list[BadTile] = []
