@@ -270,3 +270,17 @@ def test_image_memory_formats_hold_the_same_pixels(shared):
     assert again.stride() == last.stride() and torch.equal(again, last)
     with pytest.raises(TypeError, match="channels_last must be a bool"):
         DetectionCollate(channels_last=1)
+
+
+@pytest.mark.parametrize("layout", ["contiguous", "flipped view", "cropped view", "fortran"])
+def test_channel_first_images_equal_numpy_transpose_for_any_sample_layout(layout):
+    # The planes are written by cv2.split; numpy's transposing copy is the reference.
+    samples = []
+    for sample in make_samples():
+        big = np.random.default_rng(sample.image_id).integers(0, 256, (45, 60, 3), dtype=np.uint8)
+        image = {"contiguous": big[:37, :50].copy(), "flipped view": big[:37, 50:0:-1],
+                 "cropped view": big[3:40, 5:55], "fortran": np.asfortranarray(big[:37, :50])}[layout]
+        samples.append(dataclasses.replace(sample, image=image))
+    plain = DetectionCollate(mask_stride=4, shared_memory=False, channels_last=False)(samples).images
+    expected = np.stack([s.image.transpose(2, 0, 1) for s in samples])
+    assert plain.is_contiguous() and np.array_equal(plain.numpy(), expected)
