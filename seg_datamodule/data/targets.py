@@ -91,8 +91,11 @@ def federated_labels(index: FederatedIndex, ids: np.ndarray) -> tuple[np.ndarray
         neg_labels (ndarray int64) and not_exhaustive_labels (ndarray int64), sorted, unique.
     """
     neg = index.neg_labels(int(ids[0]))
-    not_exhaustive = index.not_exhaustive_labels(int(ids[0]))
+    not_exhaustive = [index.not_exhaustive_labels(int(i)) for i in ids]
     for i in ids[1:]:
+        if not len(neg):  # an empty intersection stays empty (COCO data: every list is)
+            break
         neg = np.intersect1d(neg, index.neg_labels(int(i)))
-        not_exhaustive = np.union1d(not_exhaustive, index.not_exhaustive_labels(int(i)))
-    return neg.astype(np.int64), not_exhaustive.astype(np.int64)
+    # The union of all, as one unique (what union1d does pairwise).
+    union = not_exhaustive[0] if len(ids) == 1 else np.unique(np.concatenate(not_exhaustive))
+    return neg.astype(np.int64), union.astype(np.int64)

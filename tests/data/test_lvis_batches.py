@@ -13,6 +13,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
 from lightning.pytorch import Callback, LightningModule, Trainer
 
 from _datasets import make_dataset
@@ -54,6 +56,24 @@ def test_a_mosaic_is_negative_only_where_every_tile_is() -> None:
     assert neg.tolist() == [4, 7] and ne.tolist() == [2, 3]
     neg, ne = federated_labels(_Lists(), np.array([1]))
     assert neg.tolist() == [4, 7, 9] and ne.tolist() == []
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.lists(st.tuples(st.lists(st.integers(0, 12), max_size=6, unique=True),
+                          st.lists(st.integers(0, 12), max_size=6, unique=True)), min_size=1, max_size=5))
+def test_the_lists_equal_pairwise_intersection_and_union(lists) -> None:
+    # Reference: the pairwise intersect1d / union1d over the tiles, in tile order.
+    index = _Lists()
+    index.neg = [np.array(sorted(n), np.int64) for n, _ in lists]
+    index.ne = [np.array(sorted(e), np.int64) for _, e in lists]
+    ids = np.arange(len(lists))
+    want_neg, want_ne = index.neg_labels(0), index.not_exhaustive_labels(0)
+    for i in ids[1:]:
+        want_neg = np.intersect1d(want_neg, index.neg_labels(int(i)))
+        want_ne = np.union1d(want_ne, index.not_exhaustive_labels(int(i)))
+    neg, ne = federated_labels(index, ids)
+    assert neg.dtype == ne.dtype == np.int64
+    assert np.array_equal(neg, want_neg) and np.array_equal(ne, want_ne)
 
 
 @pytest.mark.parametrize("train", [True, False])
