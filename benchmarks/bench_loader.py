@@ -55,6 +55,14 @@ image into stages (read, decode, resize/warp, polygons, pixel steps, jitter, ras
 ...: :data:`STAGES`, each stage its own time only, printed as a table; CPU time, so other load
 on the machine inflates it less than wall time).
 
+Allocator: our loader keeps freed buffers in the process that builds samples (glibc's trim and
+mmap thresholds, :mod:`seg_datamodule.data.allocator`: its workers, or the main process with no
+workers). ``--allocator kept`` (the default) sets it in this process before anything runs, so
+every row built here, ours and Ultralytics' alike, and Ultralytics' workers (forked from here)
+run with the same allocator: the ratios compare loaders, not allocator settings. ``--allocator
+default`` leaves glibc as it ships here; ours still sets it in its own workers, as it does for a
+user.
+
 Decode only: the JPEG decodes our loader makes in ``--batches`` batches (the files and the DCT
 reduction it chose for each, recorded on one thread) are decoded again from memory by a bare
 ``cv2.imdecode`` (BGR, no read, no colour conversion), one thread, best of ``max(--repeat, 3)``:
@@ -102,6 +110,7 @@ from torch.utils.data import DataLoader, RandomSampler
 
 from seg_datamodule.transforms.hsv import HSVJitter, hsv_jitter_batch_
 from seg_datamodule.io.coco.index import CocoIndex
+from seg_datamodule.data.allocator import keep_freed_memory
 from seg_datamodule.data.collate import DetectionCollate
 from seg_datamodule.data.dataset import SegDataset, worker_init_fn
 from seg_datamodule.data.options import AugmentOptions
@@ -527,7 +536,11 @@ def main() -> None:
     parser.add_argument("--device-repeat", type=int, default=5)
     parser.add_argument("--copy-paste", type=float, default=0.5, help="0 with --mixup 0: no mixing rows")
     parser.add_argument("--mixup", type=float, default=0.15)
+    parser.add_argument("--allocator", choices=("kept", "default"), default="kept",
+                        help="kept: glibc keeps freed buffers in this process too (both sides); default: as glibc ships")
     args = parser.parse_args()
+    # Before any buffer is allocated: Ultralytics' workers fork from here and inherit it too.
+    kept = args.allocator == "kept" and keep_freed_memory()
     mixing = {"copy_paste": args.copy_paste, "mixup": args.mixup} if args.copy_paste or args.mixup else None
 
     cv2.setNumThreads(0)
@@ -553,6 +566,10 @@ def main() -> None:
         print(f"coco-mini train repeated to {args.images} images (no cache fits), imgsz {args.image_size}, "
               f"batch {args.batch_size}, {os.cpu_count()} CPUs, torch {torch.__version__}, "
               f"albumentations {A.__version__}, opencv {cv2.__version__}")
+        print("allocator: freed buffers kept in this process (data/allocator.py), so both sides' rows built here and "
+              "Ultralytics' forked workers run with it" if kept else
+              "allocator: glibc's defaults in this process and Ultralytics' workers; ours keeps freed buffers in its "
+              "own workers only (worker_init_fn)")
         decodes = recorded_decodes(datasets[FLOOR_OF], args.batch_size, args.batches)
         floor_rate, floor_ms = decode_only(decodes, max(args.repeat, 3))
         reductions = ", ".join(f"{r}: {n}" for r, n in sorted(Counter(r for _, r in decodes).items()))

@@ -20,6 +20,7 @@ import numpy as np
 import torch
 from torch.utils.data import DataLoader
 
+from seg_datamodule.data.allocator import keep_freed_memory
 from seg_datamodule.data.dataset import SegDataset
 from seg_datamodule.data.loaders import LoaderPlan, loader_kwargs
 from seg_datamodule.data.options import AugmentOptions, LoaderOptions, StreamOptions
@@ -174,6 +175,8 @@ class LoaderFactory:
         # A reloaded loader keeps counting where the last one was.
         counts = DeliveredCounts(None if self.train_loader is None else self.train_loader.delivered_counts)
         kwargs = self.loader_kwargs(context, dataset, batch_size, "the train loader")
+        if kwargs.get("num_workers", 0) == 0:  # samples are built here: keep their freed canvases
+            keep_freed_memory()
         loader: Any
         if self.stream_options is not None:  # LitData shards over ranks and workers itself
             from seg_datamodule.data.streaming import stream_train_loader

@@ -12,6 +12,7 @@ import numpy as np
 import torch
 from torch.utils.data import get_worker_info
 
+from seg_datamodule.data.allocator import keep_freed_memory
 from seg_datamodule.io.images import BadImageError
 from seg_datamodule.ops.checks import check_int
 from seg_datamodule.structures import Polygons
@@ -235,10 +236,12 @@ def worker_init_fn(worker_id: int) -> None:
 
     ``cv2.setNumThreads(0)`` and ``torch.set_num_threads(1)`` stop each worker from spawning a
     thread pool per core (with ``W`` workers on ``C`` cores that is ``W x C`` threads fighting).
-    No seeding is needed: every sample seeds its own generator from ``(seed, epoch, index)``.
+    :func:`~seg_datamodule.data.allocator.keep_freed_memory` keeps freed canvases in the worker's
+    heap. No seeding is needed: every sample seeds its own generator from ``(seed, epoch, index)``.
     """
     cv2.setNumThreads(0)
     torch.set_num_threads(1)
+    keep_freed_memory()  # a worker's canvases reuse the last batch's pages (data/allocator.py)
     info = get_worker_info()
     dataset = getattr(info, "dataset", None)
     if hasattr(dataset, "on_worker_start"):
