@@ -30,10 +30,11 @@ PACKAGE = ROOT / "seg_datamodule"
 MAX_LINES = 400
 #: Modules allowed past :data:`MAX_LINES`, and why a cut by size would be worse than the length.
 LINE_BUDGETS = {
-    # The YAML surface's docstring (one entry per key, ~150 lines) plus Lightning hooks that are each
-    # a few lines handing over to the collaborators (sources, loaders, counts); cutting it again
-    # would bring back mixins that re-declare the host's attributes (issue 36).
-    "seg_datamodule/data/datamodule.py": 620,
+    # The YAML surface alone: its docstring (one entry per key, ~125 lines) and signature (~60),
+    # plus Lightning hooks that are each a few lines handing over to the collaborators (sources,
+    # loaders, counts). Checking the keys and building the options lives in data/flat_keys.py; cutting
+    # the rest again would bring back mixins that re-declare the host's attributes (issue 36).
+    "seg_datamodule/data/datamodule.py": 540,
 }
 #: The DataModule's collaborators: each usable alone, so none imports the DataModule.
 COLLABORATORS = ("sources.py", "loader_factory.py", "run_counts.py")
@@ -87,9 +88,11 @@ def test_every_module_is_under_the_line_budget(path: Path) -> None:
 
 
 def test_the_line_budget_exceptions_exist() -> None:
-    """Each exception names a real module (a renamed one would silently keep a wider budget)."""
+    """Each exception names a real module (a renamed one would silently keep a wider budget) that
+    still needs it (one that shrank under :data:`MAX_LINES` drops its exception)."""
     for rel in LINE_BUDGETS:
         assert (ROOT / rel).is_file(), rel
+        assert len((ROOT / rel).read_text().splitlines()) > MAX_LINES, f"{rel} fits {MAX_LINES} lines: drop its budget"
 
 
 def _imported(path: Path, source: str | None = None) -> list[tuple[int, str]]:

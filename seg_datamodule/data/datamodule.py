@@ -40,7 +40,6 @@ With ``train_stream`` training streams LitData chunks written by ``seg-datamodul
 from __future__ import annotations
 
 import logging
-from dataclasses import replace
 from typing import Any, ClassVar, Literal
 
 import albumentations as A
@@ -50,50 +49,17 @@ from lightning.pytorch.utilities.model_helpers import is_overridden
 from torch.utils.data import DataLoader
 
 from seg_datamodule.console import print_summary
+from seg_datamodule.data.flat_keys import DataModuleOptions, Forward, PathKey
 from seg_datamodule.data.loader_factory import AUTO_CACHE_MAX_IMAGES, LoaderContext, LoaderFactory
-from seg_datamodule.data.options import AugmentOptions, LoaderOptions, StreamOptions
 from seg_datamodule.data.resume import batch_counts
 from seg_datamodule.data.run_counts import RunCounts
-from seg_datamodule.data.sources import STAGE_SPLITS, Fallback, SplitPaths, SplitSources
-from seg_datamodule.data.splits import check_dataset_keys, check_pair
-from seg_datamodule.io.coco import IndexOptions
-from seg_datamodule.io.input_paths import check_input_path
-from seg_datamodule.ops.checks import check_choice, check_int, check_number
-from seg_datamodule.transforms import HSVJitter, LargeScaleJitter, MosaicAffine, Recipe, Step
+from seg_datamodule.data.sources import STAGE_SPLITS, Fallback, SplitSources
+from seg_datamodule.transforms import Step
 from seg_datamodule.transforms.hsv import apply_pending_hsv
 
 __all__ = ["AUTO_CACHE_MAX_IMAGES", "COCOSegDataModule"]
 
 log = logging.getLogger(__name__)
-
-
-class _Forward:
-    """An attribute of the DataModule kept by one of its collaborators (``owner``), read and written there."""
-
-    def __init__(self, owner: str) -> None:
-        self.owner = owner
-
-    def __set_name__(self, cls: type, name: str) -> None:
-        self.name = name
-
-    def __get__(self, obj: Any, cls: type | None = None) -> Any:
-        return self if obj is None else getattr(getattr(obj, self.owner), self.name)
-
-    def __set__(self, obj: Any, value: Any) -> None:
-        setattr(getattr(obj, self.owner), self.name, value)
-
-
-class _PathKey(_Forward):
-    """A split path key, kept in the sources' frozen :class:`~seg_datamodule.data.sources.SplitPaths`."""
-
-    def __init__(self) -> None:
-        super().__init__("sources")
-
-    def __get__(self, obj: Any, cls: type | None = None) -> Any:
-        return self if obj is None else getattr(obj.sources.paths, self.name)
-
-    def __set__(self, obj: Any, value: Any) -> None:
-        obj.sources.paths = replace(obj.sources.paths, **{self.name: value})
 
 
 class COCOSegDataModule(LightningDataModule):
@@ -231,32 +197,32 @@ class COCOSegDataModule(LightningDataModule):
     fallback_splits: ClassVar[Fallback | None] = None
 
     # The path keys, kept by the sources (a new value replaces the sources' paths).
-    train_ann = _PathKey()
-    train_images = _PathKey()
-    val_ann = _PathKey()
-    val_images = _PathKey()
-    test_ann = _PathKey()
-    test_images = _PathKey()
-    predict_images = _PathKey()
-    predict_ann = _PathKey()
-    dataset = _PathKey()
-    train_split = _PathKey()
-    val_split = _PathKey()
-    test_split = _PathKey()
-    train_stream = _PathKey()
+    train_ann = PathKey()
+    train_images = PathKey()
+    val_ann = PathKey()
+    val_images = PathKey()
+    test_ann = PathKey()
+    test_images = PathKey()
+    predict_images = PathKey()
+    predict_ann = PathKey()
+    dataset = PathKey()
+    train_split = PathKey()
+    val_split = PathKey()
+    test_split = PathKey()
+    train_stream = PathKey()
     # What the collaborators build and hold, read (and written) through the DataModule as before.
-    demo_dir = _Forward("sources")
-    stream_meta = _Forward("sources")
-    train_index = _Forward("sources")
-    val_index = _Forward("sources")
-    test_index = _Forward("sources")
-    loader_options = _Forward("loaders")  # one home: a new value (loader-bench's num_workers) reaches the loaders
-    train_dataset = _Forward("loaders")
-    val_dataset = _Forward("loaders")
-    test_dataset = _Forward("loaders")
-    predict_dataset = _Forward("loaders")
-    repeat_factors = _Forward("loaders")
-    consumed = _Forward("counts")
+    demo_dir = Forward("sources")
+    stream_meta = Forward("sources")
+    train_index = Forward("sources")
+    val_index = Forward("sources")
+    test_index = Forward("sources")
+    loader_options = Forward("loaders")  # one home: a new value (loader-bench's num_workers) reaches the loaders
+    train_dataset = Forward("loaders")
+    val_dataset = Forward("loaders")
+    test_dataset = Forward("loaders")
+    predict_dataset = Forward("loaders")
+    repeat_factors = Forward("loaders")
+    consumed = Forward("counts")
 
     def __init__(
         self,
@@ -318,60 +284,19 @@ class COCOSegDataModule(LightningDataModule):
         repeat_factor_threshold: float | None = None,
     ) -> None:
         super().__init__()
-        # Checks the DataModule owns; the option objects, dataset and collate check the rest.
-        self.seed = check_int("seed", seed, 0)
-        check_int("cache_images", cache_images, 0, allow_none=True)
-        self.on_resume_mismatch = check_choice("on_resume_mismatch", on_resume_mismatch, ("raise", "restart"))
-        if (train_ann is None) != (train_images is None):
-            raise ValueError("give both train_ann and train_images, or neither (the demo dataset)")
-        if train_stream is not None and train_ann is not None:
-            raise ValueError("give train_stream or train_ann / train_images, not both")
-        check_dataset_keys(dataset, (train_split, val_split, test_split), (train_ann, val_ann, test_ann), train_stream)
-        check_pair("val", val_ann, val_images)
-        if repeat_factor_threshold is not None:
-            check_number("repeat_factor_threshold", repeat_factor_threshold, 0.0, 1.0)
-            if repeat_factor_threshold <= 0 or train_stream is not None:
-                raise ValueError("repeat_factor_threshold must be in (0, 1] and needs train_ann (not "
-                                 f"train_stream), got {repeat_factor_threshold!r}")
-        self.repeat_factor_threshold = repeat_factor_threshold
-        check_pair("test", test_ann, test_images)
-        if predict_ann is not None and predict_images is None:
-            raise ValueError("predict_ann needs predict_images, the folder its file_name values are in")
-        if stream_storage_options is not None and not isinstance(stream_storage_options, dict):
-            raise TypeError(f"stream_storage_options must be a dict, got {type(stream_storage_options).__name__}")
-        # Paths now, not at setup: LightningCLI builds the DataModule before the model (issue 40).
-        for split, ann, images in (("train", train_ann, train_images), ("val", val_ann, val_images),
-                                   ("test", test_ann, test_images), ("predict", predict_ann, predict_images)):
-            check_input_path(f"{split}_ann", ann, "file")
-            check_input_path(f"{split}_images", images, "folder")
+        # Every check the keys need, and their typed options (one object per layer), built once.
+        options = DataModuleOptions.from_keys(locals())
         # Storage options may hold credentials: kept out of checkpoints' hyperparameters.
         self.save_hyperparameters(ignore=["transforms", "stream_storage_options",
                                           *([] if isinstance(recipe, str) else ["recipe"])])  # a list: objects
-        paths = SplitPaths(train_ann, train_images, val_ann, val_images, test_ann, test_images, predict_images,
-                           predict_ann, dataset, train_split, val_split, test_split, train_stream)
-        self.cache_images = cache_images
-        # The flat keys as one typed object per layer, built once here.
-        self.index_options = IndexOptions(on_bad_sample, drop_crowd, drop_empty, verify_images, cache_dir, use_cache,
-                                          crowd_as_instances=crowd_as_instances, box_only=box_only,
-                                          index_check=index_check)
-        loader_options = LoaderOptions(batch_size, batch_size if val_batch_size is None else val_batch_size,
-                                       num_workers, mask_stride, pin_memory, persistent_workers, prefetch_factor)
-        listed = None if isinstance(recipe, str) else Recipe.from_steps(recipe, image_size)  # a YAML list of steps
-        check_choice("recipe", "mosaic" if listed else recipe, ("mosaic", "lsj"))
-        geometry = listed.layout if listed else (
-            LargeScaleJitter(image_size, tuple(lsj_scale), flip_lr) if recipe == "lsj" else
-            MosaicAffine(image_size=image_size, degrees=degrees, translate=translate, scale=tuple(scale),
-                         shear=shear, flip_lr=flip_lr))
-        jitter = None if hsv is None else HSVJitter(hsv, on_device=hsv_on_device)
-        self.augment = AugmentOptions(geometry, mosaic, close_mosaic, mosaic_partners, copy_paste, copy_paste_mode,
-                                      mixup, min_area_ratio, min_box_size, transforms, jitter, listed)
-        self.stream_options = None if train_stream is None else StreamOptions(
-            train_stream, stream_cache_dir, stream_max_cache_size, dict(stream_storage_options or {}))
+        self.seed, self.cache_images = options.seed, options.cache_images
+        self.on_resume_mismatch, self.repeat_factor_threshold = options.on_resume_mismatch, options.repeat_factor_threshold
+        self.index_options, self.augment, self.stream_options = options.index, options.augment, options.stream
         # The collaborators: where the data comes from, the loaders, and where every annotation went.
-        self.sources = SplitSources(paths, self.index_options, stream_storage_options, type(self).fallback_splits,
+        self.sources = SplitSources(options.paths, options.index, stream_storage_options, type(self).fallback_splits,
                                     demo_dir)
-        self.loaders = LoaderFactory(self.augment, loader_options, self.seed, self.stream_options,
-                                     self.on_resume_mismatch, repeat_factor_threshold)
+        self.loaders = LoaderFactory(options.augment, options.loader, options.seed, options.stream,
+                                     options.on_resume_mismatch, options.repeat_factor_threshold)
         self.counts = RunCounts(self.sources, self.loaders)
 
     # ------------------------------------------------------------------ options, read back

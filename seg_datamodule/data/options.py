@@ -1,8 +1,9 @@
 """The DataModule's flat YAML keys as frozen, typed option objects, built once at the edge.
 
-``COCOSegDataModule`` keeps its flat keyword arguments (they are what users write in YAML); it
-turns them into these objects in ``__init__`` and hands the objects to the layers below, so
-options travel as one checked value instead of ``**kwargs`` dicts or tuples read by position.
+``COCOSegDataModule`` keeps its flat keyword arguments (they are what users write in YAML);
+:class:`~seg_datamodule.data.flat_keys.DataModuleOptions` turns them into these objects in its
+``__init__``, which hands the objects to the layers below, so options travel as one checked value
+instead of ``**kwargs`` dicts or tuples read by position.
 
 * :class:`~seg_datamodule.io.coco.IndexOptions` (in ``io``, where the index is built): how an
   annotation file becomes a ``CocoIndex`` (bad entries, crowd, empty images, the cache);

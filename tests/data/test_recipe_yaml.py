@@ -92,7 +92,7 @@ def _cli(args: list[str], cwd: Path) -> subprocess.CompletedProcess:
                           text=True, timeout=400)
 
 
-def _fit(coco_mini: Path, tmp_path: Path, second: str, third: str) -> subprocess.CompletedProcess:
+def _fit(coco_mini: Path, tmp_path: Path, second: str, third: str, *extra: str) -> subprocess.CompletedProcess:
     (tmp_path / "recipe.yaml").write_text(_RECIPE_YAML.format(second=second, third=third))
     return _cli(["fit", "--config", str(ROOT / "configs" / "coco.yaml"), "--config", "recipe.yaml",
                  "--model.init_args.width", "8", "--model.init_args.num_prototypes", "8", "--data.image_size", "128",
@@ -101,7 +101,7 @@ def _fit(coco_mini: Path, tmp_path: Path, second: str, third: str) -> subprocess
                  "--data.train_images", str(coco_mini / "train2017"), "--data.val_ann", "null",
                  "--data.val_images", "null", "--data.batch_size", "2", "--trainer.max_steps", "1",
                  "--trainer.precision", "32-true", "--trainer.accelerator", "cpu", "--trainer.devices", "1",
-                 "--trainer.logger", "false"], tmp_path)
+                 "--trainer.logger", "false", *extra], tmp_path)
 
 
 @pytest.mark.slow
@@ -117,3 +117,14 @@ def test_an_impossible_order_fails_at_parse_naming_the_step(coco_mini: Path, tmp
     assert proc.returncode == 2, proc.stderr[-3000:]
     assert "RecipeError: recipe step 2 (RandomFlipLR) draws before decode" in proc.stderr
     assert "Traceback" not in proc.stderr and not (tmp_path / "checkpoints").exists()
+
+
+@pytest.mark.slow
+def test_a_geometry_key_beside_a_recipe_list_fails_at_parse_in_one_line(coco_mini: Path, tmp_path: Path) -> None:
+    """``configs/coco.yaml`` spells the geometry defaults out (accepted); a changed one was silently dropped."""
+    proc = _fit(coco_mini, tmp_path, "RandomFlipLR", "HSVJitter", "--data.degrees", "10")
+    assert proc.returncode == 2, proc.stderr[-3000:]
+    [line] = [line for line in proc.stderr.splitlines() if line and not line.startswith("Seed set to")]
+    assert ("RecipeError: degrees is 10.0 beside a recipe list, which does not read the flat geometry keys: give it "
+            "in the init_args of the list's MosaicAffine step (degrees)") in line
+    assert not (tmp_path / "checkpoints").exists()
