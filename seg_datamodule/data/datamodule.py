@@ -143,7 +143,8 @@ class COCOSegDataModule(LightningDataModule):
         recipe: ``"mosaic"`` (default): mosaic + random affine + flip; ``"lsj"``: large-scale jitter of one image
             (``lsj_scale`` of ``image_size``, crop, pad, flip; the mosaic and affine keys do not apply); or a list
             of steps, a Layout first, at most one group step (``SampleMixing``) last (``class_path`` / ``init_args``;
-            ``transforms``, ``hsv`` and the geometry keys then do not apply). See :mod:`~seg_datamodule.transforms.lsj`, :mod:`~seg_datamodule.transforms.recipe`.
+            ``transforms``, ``hsv`` and a geometry key changed from its default are then refused: they go in the
+            steps' ``init_args``). See :mod:`~seg_datamodule.transforms.lsj`, :mod:`~seg_datamodule.transforms.recipe`.
         lsj_scale: LSJ's scale range ``(low, high)`` as factors of ``image_size``.
         copy_paste: probability per training sample of pasting a random subset of another
             canvas's instances (pixels exactly where their polygons cover pixel centres); the
