@@ -120,7 +120,7 @@ class COCOSegDataModule(LightningDataModule):
         hsv_on_device: the workers only draw each sample's gains (from its own generator, so the
             batches are the same) and ship them in ``DetectionBatch.hsv_gains``;
             :meth:`on_after_batch_transfer` jitters the batch on its device, in place. False
-            (default) jitters in the workers.
+            (default) jitters in the workers. True with ``hsv`` None is refused (nothing to move).
         on_bad_sample: ``"raise"`` (default) fails with a message naming the file and ids;
             ``"skip"`` leaves bad annotations or images out and counts them by reason.
         drop_crowd: leave crowd regions out (otherwise they become ``ignore_masks``).
@@ -143,8 +143,8 @@ class COCOSegDataModule(LightningDataModule):
         recipe: ``"mosaic"`` (default): mosaic + random affine + flip; ``"lsj"``: large-scale jitter of one image
             (``lsj_scale`` of ``image_size``, crop, pad, flip; the mosaic and affine keys do not apply); or a list
             of steps, a Layout first, at most one group step (``SampleMixing``) last (``class_path`` / ``init_args``;
-            ``transforms``, ``hsv`` and a geometry key changed from its default are then refused: they go in the
-            steps' ``init_args``). See :mod:`~seg_datamodule.transforms.lsj`, :mod:`~seg_datamodule.transforms.recipe`.
+            ``transforms``, ``hsv``, ``hsv_on_device`` and a geometry key changed from its default are then
+            refused: they go in the steps' ``init_args``). See :mod:`~seg_datamodule.transforms.lsj`, :mod:`~seg_datamodule.transforms.recipe`.
         lsj_scale: LSJ's scale range ``(low, high)`` as factors of ``image_size``.
         copy_paste: probability per training sample of pasting a random subset of another
             canvas's instances (pixels exactly where their polygons cover pixel centres); the

@@ -145,6 +145,14 @@ def _augment_options(keys: Mapping[str, Any]) -> AugmentOptions:
         MosaicAffine(image_size=image_size, degrees=keys["degrees"], translate=keys["translate"],
                      scale=tuple(keys["scale"]), shear=keys["shear"], flip_lr=flip_lr))
     hsv = keys["hsv"]
+    if hsv is None and keys["hsv_on_device"] is True:
+        # Nothing would read it: there is no flat jitter to move (a list's HSVJitter step has its own).
+        raise RecipeError("hsv_on_device is True beside a recipe list, which does not read it: give it in the "
+                          "init_args of the list's HSVJitter step (on_device), or leave hsv_on_device at its "
+                          "default False" if listed else
+                          "hsv_on_device is True but hsv is None: there is no HSV jitter to move to the "
+                          "accelerator; set hsv (Ultralytics' gains: [0.015, 0.7, 0.4]) or leave hsv_on_device "
+                          "at its default False")
     jitter = None if hsv is None else HSVJitter(hsv, on_device=keys["hsv_on_device"])
     return AugmentOptions(geometry, keys["mosaic"], keys["close_mosaic"], keys["mosaic_partners"], keys["copy_paste"],
                           keys["copy_paste_mode"], keys["mixup"], keys["min_area_ratio"], keys["min_box_size"],

@@ -190,6 +190,10 @@ class TileDecodes:
         """Image ``i`` at ``reduce``, and ``reduce``; raises ``BadImageError``."""
         return self._source.image(i, reduce, self._log), reduce
 
+    def crowd(self, i: int) -> np.ndarray | None:
+        """Image ``i``'s crowd mask (through the cache), or None."""
+        return self._source.crowd(i)
+
 
 class BatchDecodes:
     """The images one batch decodes: each image once, at the finest scale any of its tiles needs.
@@ -208,6 +212,7 @@ class BatchDecodes:
         self._source, self._log = source, log
         self._wanted: dict[int, int] = {}
         self._done: dict[int, tuple[np.ndarray, int] | BadImageError] = {}
+        self._crowds: dict[int, np.ndarray | None] = {}
 
     def want(self, i: int, reduce: int) -> None:
         """Record that a tile shows image ``i`` and could take it at ``reduce``."""
@@ -229,6 +234,16 @@ class BatchDecodes:
         if isinstance(done, BadImageError):
             raise done
         return done
+
+    def crowd(self, i: int) -> np.ndarray | None:
+        """Image ``i``'s crowd mask, decoded from RLE once per batch, or None.
+
+        An image shows in four mosaics of its batch on average; without a cache
+        (``cache_images=0``, the COCO-sized case) each would decode its crowd RLE again.
+        """
+        if i not in self._crowds:
+            self._crowds[i] = self._source.crowd(i)
+        return self._crowds[i]
 
 
 def worker_init_fn(worker_id: int) -> None:

@@ -11,8 +11,9 @@ Read top to bottom, the stages a training sample meets:
    (``on_bad_sample="skip"``) or raised.
 3. **Targets** (:mod:`~seg_datamodule.data.targets`): what the index holds for the tiles' images.
 4. **Warp once** (:func:`assemble_sample`): pixels, crowd regions and polygons onto the canvas,
-   one resample per tile; then the **canvas steps** drawn in step 1, the **pixel steps** (drawn
-   now, in order), and the **drops**.
+   one resample per tile (a batch transports all its samples' polygons in one pass, and decodes
+   each image's crowd regions once); then the **canvas steps** drawn in step 1, the **pixel
+   steps** (drawn now, in order), and the **drops**.
 5. **Group steps** (copy-paste, MixUp): every sample of the batch mixed with partners from the
    same batch, as they were before any mixing.
 6. **Counts**: every method returns its samples *and* their counts (annotations by reason,
@@ -46,7 +47,7 @@ from seg_datamodule.io.images import IMAGE_ERROR_REASONS, BadImageError
 from seg_datamodule.structures import Polygons, Sample
 from seg_datamodule.transforms.box_only import without_rings
 from seg_datamodule.transforms.plan import TilePlan, choose_reduce, draw_batch_partners, visible_tiles
-from seg_datamodule.transforms.polygons import DROP_REASONS, drop_reasons, transform_polygons
+from seg_datamodule.transforms.polygons import DROP_REASONS, drop_reasons, transform_polygons, transform_polygons_batch
 from seg_datamodule.transforms.recipe import Recipe
 from seg_datamodule.transforms.steps import Canvas, CanvasStep, MixResult, draw_canvas_steps
 from seg_datamodule.transforms.warp import FILL_VALUE, warp_tiles
@@ -169,18 +170,32 @@ class Pipeline:
         for tiles, plan in zip(draws, plans):
             for k in np.flatnonzero(visible_tiles(plan)):
                 decoder.want(int(tiles.ids[k]), choose_reduce(plan.matrices[k]))
-        # Each plan is used again to load its sample (a plan is a function of the draw alone).
-        return rngs, [self._build(rng, key, tiles, decoder, counts, plan)
-                      for rng, key, tiles, plan in zip(rngs, keys, draws, plans)]
+        # 4. Each sample's tiles loaded with its plan (a plan is a function of the draw alone),
+        # the batch's polygons transported in one pass, then each sample assembled.
+        loaded = [self._load(rng, key, tiles, decoder, counts, plan)
+                  for rng, key, tiles, plan in zip(rngs, keys, draws, plans)]
+        moved = transform_polygons_batch([list(targets.polygons) for _, targets in loaded],
+                                         [tiles.plan for tiles, _ in loaded])  # type: ignore[misc]
+        return rngs, [self._assemble(rng, tiles, targets, draw, counts, transported)
+                      for rng, draw, (tiles, targets), transported in zip(rngs, draws, loaded, moved)]
 
-    def _build(self, rng: np.random.Generator, key: SampleKey, draw: TileDraw, decoder: Decoder,
-               counts: Counts, plan: TilePlan | None = None) -> Sample:
+    def _load(self, rng: np.random.Generator, key: SampleKey, draw: TileDraw, decoder: Decoder, counts: Counts,
+              plan: TilePlan | None = None) -> tuple[Tiles, TileTargets]:
+        """A sample's tiles (bad images settled) and what the index holds for them."""
         tiles = self.tiles.load(draw, decoder, rng, f"sample {key.index} (epoch {key.epoch})", plan)
         self._settle(tiles.bad, counts)
-        targets = fetch_targets(self.index, self.images, tiles.ids, tiles.visible)
-        sample, codes = assemble_sample(tiles, targets, self.steps, rng, draw.canvas)
+        return tiles, fetch_targets(self.index, decoder, tiles.ids, tiles.visible)
+
+    def _assemble(self, rng: np.random.Generator, tiles: Tiles, targets: TileTargets, draw: TileDraw,
+                  counts: Counts, transported: tuple[Polygons, np.ndarray, np.ndarray] | None = None) -> Sample:
+        sample, codes = assemble_sample(tiles, targets, self.steps, rng, draw.canvas, transported=transported)
         _count_codes(codes, counts)
         return sample
+
+    def _build(self, rng: np.random.Generator, key: SampleKey, draw: TileDraw, decoder: Decoder,
+               counts: Counts) -> Sample:
+        tiles, targets = self._load(rng, key, draw, decoder, counts)
+        return self._assemble(rng, tiles, targets, draw, counts)
 
     def train_batch(self, keys: Sequence[SampleKey]) -> tuple[list[Sample], Counts]:
         """A training batch (two or more keys), mosaic partners as ``sampling.mosaic_partners`` says."""
@@ -250,6 +265,7 @@ def assemble_sample(
     rng: np.random.Generator | None,
     drawn: tuple[tuple[CanvasStep, object], ...] = (),
     frame: Frame | None = None,
+    transported: tuple[Polygons, np.ndarray, np.ndarray] | None = None,
 ) -> tuple[Sample, np.ndarray]:
     """Warp the tiles into one canvas and carry every instance of every tile through.
 
@@ -262,6 +278,9 @@ def assemble_sample(
         drawn (tuple[tuple[CanvasStep, object], ...]): the canvas steps drawn in the plan phase
             (the flip) with their parameters, applied in order after the warp.
         frame (Frame | None): where a letterboxed image sits (validation).
+        transported (tuple[Polygons, ndarray, ndarray] | None): what
+            :func:`~seg_datamodule.transforms.polygons.transform_polygons` gives for these
+            targets and plan, when the caller transported a whole batch at once; None does it here.
 
     Returns:
         sample (Sample): the kept instances.
@@ -283,7 +302,8 @@ def assemble_sample(
                            interpolation=cv2.INTER_NEAREST, out=np.zeros(plan.output_size, np.uint8))
 
     # 3. Polygons: clip to each tile's region, map, clip to the output.
-    polygons, area_before, area_after = transform_polygons(list(targets.polygons), plan)
+    polygons, area_before, area_after = (transform_polygons(list(targets.polygons), plan) if transported is None
+                                         else transported)
 
     canvas = Canvas(image, polygons, crowd, area_before, area_after)
     # 4. The canvas steps drawn before decode (the flip): exact on the output, no resample.

@@ -9,14 +9,23 @@ pipeline (:mod:`~seg_datamodule.data.pipeline`) then carries them through the wa
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Protocol
 
 import numpy as np
 
-from seg_datamodule.data.loading import FederatedIndex, ImageIndex, ImageSource
+from seg_datamodule.data.loading import FederatedIndex, ImageIndex
 from seg_datamodule.structures import Polygons
 from seg_datamodule.transforms.box_only import with_box_rings
 
-__all__ = ["TileTargets", "federated_labels", "fetch_targets"]
+__all__ = ["CrowdSource", "TileTargets", "federated_labels", "fetch_targets"]
+
+
+class CrowdSource(Protocol):
+    """Where crowd masks come from (:class:`~seg_datamodule.data.loading.ImageSource`,
+    :class:`~seg_datamodule.data.loading.BatchDecodes`)."""
+
+    def crowd(self, i: int) -> np.ndarray | None:
+        """Image ``i``'s crowd mask ``bool (H, W)``, or None when it has no crowd region."""
 
 
 @dataclass(frozen=True)
@@ -46,8 +55,9 @@ class TileTargets:
     has_mask: np.ndarray | None = None
 
 
-def fetch_targets(index: ImageIndex, source: ImageSource, ids: np.ndarray, visible: np.ndarray) -> TileTargets:
-    """The targets of the tiles ``ids`` (crowd masks only for the ``visible`` ones, through the cache).
+def fetch_targets(index: ImageIndex, source: CrowdSource, ids: np.ndarray, visible: np.ndarray) -> TileTargets:
+    """The targets of the tiles ``ids`` (crowd masks only for the ``visible`` ones, from ``source``:
+    the worker's cache, or a batch's decodes, which decode each image's crowd regions once).
 
     An index with box-only instances (no ring; ``box_only: keep``) has ``bboxes(i)``, as
     ``CocoIndex`` and a streamed index do: their boxes are read there.

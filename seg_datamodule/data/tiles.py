@@ -25,10 +25,13 @@ __all__ = ["BadTile", "Decoder", "TileDraw", "TileLoader", "Tiles", "other_index
 
 
 class Decoder(Protocol):
-    """Where a sample's tiles are decoded from (``BatchDecodes``, or one decode per tile)."""
+    """Where a sample's tiles and crowd masks are decoded from (``BatchDecodes``, or one decode per tile)."""
 
     def get(self, i: int, reduce: int) -> tuple[np.ndarray, int]:
         """Image ``i`` decoded at most at ``reduce``, and the reduction it was decoded at."""
+
+    def crowd(self, i: int) -> np.ndarray | None:
+        """Image ``i``'s crowd mask ``bool (H, W)``, or None when it has no crowd region."""
 
 
 @dataclass(frozen=True)

@@ -125,7 +125,10 @@ def instance_areas(
     n = len(instance_offsets) - 1
     areas = np.abs(ring_areas(vertices, ring_offsets))
     iid = segment_ids(instance_offsets)
-    return np.bincount(iid, weights=areas, minlength=n)[:n] if n > 0 else np.zeros(0)
+    if n <= 0:
+        return np.zeros(0)
+    # bincount of an empty input gives int64 zeros even with float weights.
+    return np.bincount(iid, weights=areas, minlength=n)[:n].astype(np.float64, copy=False)
 
 
 def polygon_boxes(

@@ -98,6 +98,23 @@ class Polygons:
 
     # ------------------------------------------------------------------ operations
 
+    def split(self, sizes: Sequence[int]) -> list["Polygons"]:
+        """Consecutive runs of ``sizes[k]`` instances (summing to N), each a ``Polygons`` of views.
+
+        Raises:
+            ValueError: ``sizes`` has a negative entry or does not sum to N.
+        """
+        counts = np.asarray(sizes, np.int64)
+        if (counts < 0).any() or int(counts.sum()) != len(self):
+            raise ValueError(f"sizes must be non-negative and sum to {len(self)}, got {list(sizes)}")
+        io, ro = self.instance_offsets, self.ring_offsets
+        inst = np.concatenate([[0], np.cumsum(counts)])
+        rings = io[inst]
+        verts = ro[rings]
+        return [Polygons(self.vertices[v0:v1], ro[r0 : r1 + 1] - v0, io[i0 : i1 + 1] - r0)
+                for i0, i1, r0, r1, v0, v1 in zip(inst[:-1].tolist(), inst[1:].tolist(), rings[:-1].tolist(),
+                                                  rings[1:].tolist(), verts[:-1].tolist(), verts[1:].tolist())]
+
     def select(self, keep: np.ndarray) -> "Polygons":
         """The instances where ``keep`` (bool ``(N,)``) is True, in order."""
         out = select_instances(*self.arrays, keep)

@@ -551,6 +551,27 @@ def test_batch_partners_decode_each_image_once() -> None:
         assert_same_sample(a, b)
 
 
+def test_batch_partners_decode_each_crowd_mask_once() -> None:
+    """Without a cache, an image's crowd regions are decoded once per batch, not once per mosaic
+    that shows it; the samples are those built with every crowd mask cached."""
+    index = FakeIndex(n=24)
+    calls: list[int] = []
+    crowd = index.crowd_mask
+
+    def counting(i: int):
+        calls.append(i)
+        return crowd(i)
+
+    index.crowd_mask = counting  # type: ignore[method-assign]
+    keys = [(0, i) for i in range(12)]
+    batch = make_dataset(index, image_size=96, seed=3).__getitems__(keys)
+    assert calls and len(calls) == len(set(calls)) and set(calls) <= set(range(12))
+    assert any(s.crowd_mask is not None and s.crowd_mask.any() for s in batch)  # crowds do show
+    cached = make_dataset(index, image_size=96, seed=3, cache_images=64).__getitems__(keys)
+    for a, b in zip(batch, cached):
+        assert_same_sample(a, b)
+
+
 def test_batch_partner_bad_image_is_replaced_and_counted() -> None:
     index = FakeIndex(n=12, bad=frozenset({5}), on_bad_sample="skip")
     ds = make_dataset(index, image_size=96, seed=1)

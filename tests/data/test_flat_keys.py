@@ -140,6 +140,20 @@ def test_a_geometry_key_beside_a_recipe_list_is_refused(key: str, value: Any, st
         COCOSegDataModule(recipe=recipe, **{key: value})
 
 
+def test_hsv_on_device_without_a_flat_jitter_is_refused() -> None:
+    """Before, ``hsv_on_device: true`` was silently dropped beside a recipe list or a null ``hsv``."""
+    recipe = [MosaicAffine(640), HSVJitter((0.015, 0.7, 0.4))]
+    with pytest.raises(RecipeError, match=re.escape("hsv_on_device is True beside a recipe list, which does not "
+                                                    "read it: give it in the init_args of the list's HSVJitter "
+                                                    "step (on_device)")):
+        DataModuleOptions.from_keys(_keys(recipe=recipe, hsv_on_device=True))
+    with pytest.raises(UserInputError, match="^hsv_on_device is True but hsv is None: there is no HSV jitter"):
+        COCOSegDataModule(hsv_on_device=True)
+    # At its default, or with a flat jitter to move, it passes.
+    assert DataModuleOptions.from_keys(_keys(recipe=recipe)).augment.hsv is None
+    assert DataModuleOptions.from_keys(_keys(hsv=(0.015, 0.7, 0.4), hsv_on_device=True)).augment.hsv.on_device
+
+
 def test_geometry_keys_at_their_defaults_pass_beside_a_recipe_list() -> None:
     """Shipped configs spell the defaults out (``configs/coco.yaml``); YAML gives the pairs as lists."""
     keys = _keys(recipe=[LargeScaleJitter(640), RandomFlipLR(0.5)], degrees=0, translate=0.1, scale=[0.5, 1.5],

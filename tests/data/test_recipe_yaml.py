@@ -69,6 +69,7 @@ def test_a_recipe_list_is_checked_against_the_flat_keys_in_init() -> None:
 _RECIPE_YAML = """\
 data:
   hsv: null
+  hsv_on_device: false  # coco.yaml's true would be refused: the list's HSVJitter step takes on_device
   transforms: null
   recipe:
     - class_path: seg_datamodule.transforms.MosaicAffine

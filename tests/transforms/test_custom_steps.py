@@ -66,3 +66,35 @@ def test_the_guides_example_runs(demo_dir: Path, tmp_path: Path) -> None:
     exec(compile(source, "custom-steps.md", "exec"), scope)  # noqa: S102 (the project's own page)
     assert issubclass(scope["RandomInvert"], CanvasStep)
     assert scope["batch"].images.shape[0] == 4
+
+
+@pytest.mark.slow
+def test_the_guides_yaml_trains_through_the_cli_on_top_of_the_demo_config(demo_dir: Path, tmp_path: Path) -> None:
+    """The guide's YAML as a user runs it: ``my_recipe.yaml`` over ``configs/demo.yaml`` (its CSV
+    logger attached), the guide's ``RandomInvert`` in ``my_package/steps.py``."""
+    import os
+    import subprocess
+    import sys
+
+    import yaml
+
+    text = (ROOT / "docs" / "guides" / "custom-steps.md").read_text()
+    [python] = re.findall(r"```python\n(.*?)```", text, re.S)
+    [shown] = re.findall(r"```yaml\n(.*?)```", text, re.S)
+    package = tmp_path / "my_package"
+    package.mkdir()
+    (package / "__init__.py").write_text("")
+    (package / "steps.py").write_text(python.split("# The demo data")[0])  # the imports and the class
+    (tmp_path / "my_recipe.yaml").write_text(shown)
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(tmp_path), str(ROOT), os.environ.get("PYTHONPATH", "")]))
+    proc = subprocess.run(
+        [sys.executable, "-m", "seg_datamodule", "fit", "--config", str(ROOT / "configs" / "demo.yaml"),
+         "--config", "my_recipe.yaml", "--data.demo_dir", str(demo_dir), "--data.cache_dir", str(tmp_path / "cache"),
+         "--data.num_workers", "0", "--data.batch_size", "2", "--model.init_args.width", "4",
+         "--model.init_args.num_prototypes", "4", "--trainer.max_steps", "2", "--trainer.limit_val_batches", "0",
+         "--trainer.accelerator", "cpu"],
+        cwd=tmp_path, env=env, capture_output=True, text=True, timeout=400)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    config = yaml.safe_load(next((tmp_path / "runs" / "demo").glob("version_*/config.yaml")).read_text())
+    assert [s["class_path"] for s in config["data"]["recipe"]][-1] == "my_package.steps.RandomInvert"
+    assert list(tmp_path.rglob("last.ckpt"))  # demo.yaml's ModelCheckpoint wrote it after the 2 steps
