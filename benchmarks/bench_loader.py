@@ -222,6 +222,7 @@ STAGES: dict[str, tuple[str, ...]] = {
     "crowd RLE decode": ("seg_datamodule.io.coco.index:CocoIndex.crowd_mask",),
     "resize/warp (one resample per tile)": ("seg_datamodule.data.pipeline:warp_tiles",),
     "polygons (clip, map, clip, drops)": ("seg_datamodule.data.pipeline:transform_polygons",
+                                          "seg_datamodule.data.pipeline:transform_polygons_batch",
                                           "seg_datamodule.data.pipeline:drop_reasons"),
     "pixel steps (albumentations)": ("seg_datamodule.transforms.albu:AlbumentationsTransform.apply",),
     "jitter (HSV: cvtColor x2, LUT)": ("seg_datamodule.transforms.hsv:hsv_jitter",),

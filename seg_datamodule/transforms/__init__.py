@@ -18,7 +18,8 @@ from seg_datamodule.transforms.mixup import mixup_samples
 from seg_datamodule.transforms.orient import MirrorStep, RandomFlipUD, RandomRotate90, flip_canvas
 from seg_datamodule.transforms.recipe import Recipe, RecipeError, Step
 from seg_datamodule.transforms.plan import TilePlan, choose_reduce, letterbox_layout, mosaic_layout, snap_for_resize
-from seg_datamodule.transforms.polygons import DROP_REASONS, drop_reasons, transform_polygons
+from seg_datamodule.transforms.polygons import (DROP_REASONS, drop_reasons, transform_polygons,
+                                                transform_polygons_batch)
 from seg_datamodule.transforms.warp import FILL_VALUE, warp_tiles
 
 __all__ = [
@@ -63,5 +64,6 @@ __all__ = [
     "paste_mask",
     "snap_for_resize",
     "transform_polygons",
+    "transform_polygons_batch",
     "warp_tiles",
 ]
