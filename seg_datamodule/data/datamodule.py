@@ -144,7 +144,8 @@ class COCOSegDataModule(LightningDataModule):
             (``lsj_scale`` of ``image_size``, crop, pad, flip; the mosaic and affine keys do not apply); or a list
             of steps, a Layout first, at most one group step (``SampleMixing``) last (``class_path`` / ``init_args``;
             ``transforms``, ``hsv``, ``hsv_on_device`` and a geometry key changed from its default are then
-            refused: they go in the steps' ``init_args``). See :mod:`~seg_datamodule.transforms.lsj`, :mod:`~seg_datamodule.transforms.recipe`.
+            refused: they go in the steps' ``init_args``). See :mod:`~seg_datamodule.transforms.lsj`,
+            :mod:`~seg_datamodule.transforms.recipe`.
         lsj_scale: LSJ's scale range ``(low, high)`` as factors of ``image_size``.
         copy_paste: probability per training sample of pasting a random subset of another
             canvas's instances (pixels exactly where their polygons cover pixel centres); the

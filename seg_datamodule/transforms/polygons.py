@@ -66,19 +66,18 @@ def transform_polygons_batch(
     Raises:
         ValueError: ``polygons`` and ``plans`` differ in length, or a sample's tiles and plan do.
     """
-    # 1. Check lengths; split the samples into scale-and-translate ones and the others.
+    # 1. Check lengths; scale-and-translate samples share one pass, the others take their own.
     if len(polygons) != len(plans):
         raise ValueError(f"polygons has {len(polygons)} samples but plans has {len(plans)}")
     for tiles, plan in zip(polygons, plans):
         if len(tiles) != len(plan):
             raise ValueError(f"polygons has {len(tiles)} tiles but the plan has {len(plan)}")
-    out: list[tuple[Polygons, np.ndarray, np.ndarray] | None] = [None] * len(plans)
-    aligned = [b for b, plan in enumerate(plans) if _axis_aligned(plan)]
-    for b in sorted(set(range(len(plans))) - set(aligned)):
-        out[b] = _transform_general(polygons[b], plans[b])
-    if aligned:
-        moved = _transform_aligned([polygons[b] for b in aligned], [plans[b] for b in aligned])
-        for b, result in zip(aligned, moved):
+    aligned = [_axis_aligned(plan) for plan in plans]
+    out = [None if flag else _transform_general(tiles, plan) for tiles, plan, flag in zip(polygons, plans, aligned)]
+    together = [b for b, flag in enumerate(aligned) if flag]
+    if together:
+        moved = _transform_aligned([polygons[b] for b in together], [plans[b] for b in together])
+        for b, result in zip(together, moved):
             out[b] = result
     return out  # type: ignore[return-value]
 
@@ -90,27 +89,30 @@ def _axis_aligned(plan: TilePlan) -> bool:
                 and (lin[:, 1, 1] > 0).all())
 
 
+def _merge(tiles: Sequence[Polygons], matrices: np.ndarray) -> tuple[Polygons, np.ndarray, np.ndarray]:
+    """The tiles' instances in one set, each instance's tile, and its area mapped to the output
+    (before any clip): ``(polygons, inst_tile (N,) int64, area_before (N,) float64)``."""
+    merged = Polygons.concat(tiles)
+    inst_tile = np.repeat(np.arange(len(tiles), dtype=np.int64), [len(p) for p in tiles])
+    dets = np.abs(np.linalg.det(matrices[:, :, :2])) if len(tiles) else np.zeros(0)
+    return merged, inst_tile, merged.areas() * dets[inst_tile]
+
+
 def _transform_aligned(
     polygons: Sequence[Sequence[Polygons]], plans: Sequence[TilePlan]
 ) -> list[tuple[Polygons, np.ndarray, np.ndarray]]:
     """Scale + translation per tile, every sample at once: map first, then one clip per ring
     against its tile's region mapped to the output, cut to the canvas (the same set as
     :func:`_transform_general`'s two clips)."""
-    # 1. Every tile of every sample in one list; the per-tile numbers stacked.
-    tiles = [p for sample in polygons for p in sample]
-    merged = Polygons.concat(tiles)
+    # 1. Every tile of every sample in one set; the per-tile numbers stacked.
     matrices = np.concatenate([plan.matrices for plan in plans])
+    merged, inst_tile, area_before = _merge([p for sample in polygons for p in sample], matrices)
     regions = np.concatenate([plan.regions for plan in plans])
-    canvas = np.concatenate([np.tile((float(plan.output_size[1]), float(plan.output_size[0])), (len(plan), 1))
-                             for plan in plans])
-    per_tile = [len(p) for p in tiles]
-    inst_tile = np.repeat(np.arange(len(tiles), dtype=np.int64), per_tile)
-    dets = np.abs(np.linalg.det(matrices[:, :, :2])) if len(tiles) else np.zeros(0)
-    area_before = merged.areas() * dets[inst_tile]
-    ring_tile = inst_tile[segment_ids(merged.instance_offsets)]
+    canvas = np.repeat(np.array([(plan.output_size[1], plan.output_size[0]) for plan in plans], np.float64),
+                       [len(plan) for plan in plans], axis=0)
     # 2. Map, then clip each ring to its tile's region on the output, cut to the canvas.
-    lin = matrices[:, :, :2]
-    diag, shift = lin[:, [0, 1], [0, 1]], matrices[:, :, 2]
+    ring_tile = inst_tile[segment_ids(merged.instance_offsets)]
+    diag, shift = matrices[:, [0, 1], [0, 1]], matrices[:, :, 2]
     vert_tile = ring_tile[segment_ids(merged.ring_offsets)]
     vertices = merged.vertices
     if len(vertices):
@@ -121,24 +123,20 @@ def _transform_aligned(
     clipped = Polygons(vertices, merged.ring_offsets, merged.instance_offsets).clip(rects[ring_tile])
     area_after = clipped.areas()
     # 3. Back to samples: each sample's instances are one contiguous run.
-    per_sample = [sum(len(p) for p in sample) for sample in polygons]
-    bounds = np.concatenate([[0], np.cumsum(per_sample)]).tolist()
     if len(polygons) == 1:
         return [(clipped, area_before, area_after)]
-    parts = clipped.split(per_sample)
-    return [(part, area_before[a:b], area_after[a:b]) for part, a, b in zip(parts, bounds[:-1], bounds[1:])]
+    per_sample = [sum(len(p) for p in sample) for sample in polygons]
+    bounds = np.concatenate([[0], np.cumsum(per_sample)]).tolist()
+    return [(part, area_before[a:b], area_after[a:b])
+            for part, a, b in zip(clipped.split(per_sample), bounds[:-1], bounds[1:])]
 
 
 def _transform_general(polygons: Sequence[Polygons], plan: TilePlan) -> tuple[Polygons, np.ndarray, np.ndarray]:
     """Any affine per tile: clip to each tile's region in its own pixels (axis aligned there,
     whatever the affine), map every vertex through its tile's matrix, clip to the output canvas."""
-    merged = Polygons.concat(polygons)
-    inst_tile = np.repeat(np.arange(len(plan), dtype=np.int64), [len(p) for p in polygons])
-    dets = np.abs(np.linalg.det(plan.matrices[:, :, :2])) if len(plan) else np.zeros(0)
-    area_before = merged.areas() * dets[inst_tile]
-    ring_tile = inst_tile[segment_ids(merged.instance_offsets)]
+    merged, inst_tile, area_before = _merge(polygons, plan.matrices)
     h, w = plan.output_size
-    clipped = merged.clip(plan.regions[ring_tile])
+    clipped = merged.clip(plan.regions[inst_tile[segment_ids(merged.instance_offsets)]])
     ring_tile = inst_tile[segment_ids(clipped.instance_offsets)]
     vert_tile = ring_tile[segment_ids(clipped.ring_offsets)]
     vertices = clipped.vertices

@@ -55,7 +55,10 @@ def _per_sample(polygons: list[Polygons], plan: TilePlan) -> tuple[Polygons, np.
     return out, area_before, out.areas()
 
 
-def _assert_identical(got: tuple[Polygons, np.ndarray, np.ndarray], want: tuple[Polygons, np.ndarray, np.ndarray]) -> None:
+Transported = tuple[Polygons, np.ndarray, np.ndarray]
+
+
+def _assert_identical(got: Transported, want: Transported) -> None:
     for a, b in zip(got[0].arrays, want[0].arrays):
         assert a.dtype == b.dtype and a.shape == b.shape
         assert np.array_equal(a, b), "not bit-identical"
