@@ -68,13 +68,20 @@ def _fresh_unverified_warnings(monkeypatch: pytest.MonkeyPatch) -> None:
 
 
 @pytest.fixture(scope="session")
-def coco_mini() -> Path:
+def coco_mini(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """Root of real COCO data (annotations/, train2017/, val2017/): coco-mini, or where it is absent
-    (a fresh clone) :data:`COCO_CC_BY`, the ten of its images that ship with the tests. Tests read
-    counts from the files, never coco-mini's own numbers."""
+    (a fresh clone) :data:`COCO_CC_BY`'s ten real images tiled to coco-mini's size
+    (:func:`_datasets.tile_coco_root`), so every test has as many images as it has in CI. Tests
+    read counts from the files, never coco-mini's own numbers."""
     if (COCO_MINI / "annotations" / "instances_train2017.json").is_file():
         return COCO_MINI
-    return COCO_CC_BY
+    from _datasets import tile_coco_root
+
+    return tile_coco_root(COCO_CC_BY, tmp_path_factory.mktemp("coco-cc-by-tiled"), copies=TILED_COPIES)
+
+
+#: Copies of each CC BY image in the tiled stand-in: 16 x 5 = 80 images a split, as coco-mini has.
+TILED_COPIES = 16
 
 
 @pytest.fixture(scope="session")
