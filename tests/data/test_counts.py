@@ -60,6 +60,23 @@ def test_evaluation_counts_are_the_consumed_batches(demo_dir: Path, tmp_path: Pa
     assert name == "test" and dm.skip_counts["test"] == {key: tested.get(key, 0) for key in COUNT_KEYS}
 
 
+def test_a_second_validate_call_reports_its_own_counts(demo_dir: Path, tmp_path: Path) -> None:
+    """Two ``trainer.validate`` calls on one Trainer (same step, same epoch): the report after the
+    second holds the second call's batches alone, not the sum of both."""
+    dm = COCOSegDataModule(demo_dir=str(demo_dir), image_size=96, val_batch_size=3, num_workers=0,
+                           cache_dir=str(tmp_path / "cache"))
+    consumed = _Consumed()
+    trainer = L.Trainer(accelerator="cpu", limit_val_batches=2, logger=False, enable_progress_bar=False,
+                        enable_model_summary=False, callbacks=[consumed])
+    model = YolactLite(num_classes=dm.num_classes, width=4, num_prototypes=4)
+    trainer.validate(model, datamodule=dm, verbose=False)
+    trainer.validate(model, datamodule=dm, verbose=False)
+    (_, first), (_, second) = consumed.runs
+    assert first["samples"] == second["samples"] == 6
+    assert dm.skip_counts["val"] == {key: second.get(key, 0) for key in COUNT_KEYS}
+    assert dm.skip_counts["val"]["kept"] == second["kept"] > 0
+
+
 def test_consumed_counts_start_afresh_per_run() -> None:
     counts = ConsumedCounts()
     counts.add("val", "sanity", {"kept": 5})

@@ -6,7 +6,7 @@ import albumentations as A
 import pytest
 
 from seg_datamodule.errors import UserInputError
-from seg_datamodule.transforms import (AlbumentationsTransform, HSVJitter, LargeScaleJitter, MosaicAffine,
+from seg_datamodule.transforms import (AlbumentationsTransform, CanvasStep, HSVJitter, LargeScaleJitter, MosaicAffine,
                                        RandomFlipLR, RandomHSV, SampleMixing)
 from seg_datamodule.transforms.recipe import Recipe, RecipeError
 
@@ -38,6 +38,18 @@ def test_the_flat_keys_build_the_recipe_they_always_ran() -> None:
     assert Recipe.from_flat(layout, None, hsv, mixing).group is mixing
 
 
+class _Grey(CanvasStep):
+    """A user's own pixel step (drawn after decode), for the order checks."""
+
+    phase = "pixels"
+
+    def draw(self, rng):
+        return bool(rng.random() < 0.5)
+
+    def apply(self, canvas, grey):
+        return canvas
+
+
 @pytest.mark.parametrize(("steps", "message"), [
     ([], r"non-empty list"),
     ([RandomFlipLR(0.5)], r"recipe step 0 \(RandomFlipLR\) must be a Layout"),
@@ -50,6 +62,11 @@ def test_the_flat_keys_build_the_recipe_they_always_ran() -> None:
     ([SampleMixing(0.5)], r"recipe step 0 \(SampleMixing\) must be a Layout"),
     ([MosaicAffine(64), HSVJitter(), RandomFlipLR(0.5)],
      r"recipe step 2 \(RandomFlipLR\) draws before decode .* after recipe step 1 \(HSVJitter\)"),
+    # Any pixel step, not only HSV: albumentations, or a user's own, before a plan step.
+    ([MosaicAffine(64), AlbumentationsTransform(A.Compose([A.Blur()])), RandomFlipLR(0.5)],
+     r"recipe step 2 \(RandomFlipLR\) draws before decode .* after recipe step 1 \(AlbumentationsTransform\)"),
+    ([MosaicAffine(64), _Grey(), HSVJitter(), RandomFlipLR(0.5)],
+     r"recipe step 3 \(RandomFlipLR\) draws before decode .* after recipe step 1 \(_Grey\)"),
     ([MosaicAffine(64), HSVJitter(), HSVJitter((0.1, 0.1, 0.1))],
      r"recipe step 2 \(HSVJitter\) is a second HSV step \(recipe step 1 \(HSVJitter\) is one\)"),
     ([MosaicAffine(64), AlbumentationsTransform(A.Compose([RandomHSV()])), HSVJitter()],

@@ -66,6 +66,16 @@ def test_a_file_of_crowd_regions_is_named_once_with_the_share_and_the_fix(cvat_e
         _build(coco_mini / "annotations" / "instances_val2017.json", coco_mini / "val2017")  # a few crowds: quiet
 
 
+def test_a_file_of_crowd_regions_is_named_with_drop_crowd_too(cvat_export: Path, coco_mini: Path) -> None:
+    """``drop_crowd: true`` leaves every region out: the export trains on nothing, so it is still named,
+    with its dropped regions counted in the share."""
+    total = len(json.loads(cvat_export.read_text())["annotations"])
+    with pytest.warns(CrowdShareWarning) as caught:
+        index = _build(cvat_export, coco_mini / "val2017", drop_crowd=True)
+    assert len(caught) == 1 and index.num_instances == 0 and index.num_crowd == 0
+    assert str(caught[0].message).startswith(f"{cvat_export}: {total} of {total} annotations (100%) are crowd")
+
+
 def test_the_share_that_is_named() -> None:
     assert crowd_trap_message("a.json", 10, 10) is None  # half: not most
     assert crowd_trap_message("a.json", 0, 0) is None

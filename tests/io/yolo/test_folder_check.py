@@ -243,3 +243,21 @@ def test_nothing_is_unpickled(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -
 def test_the_option_is_checked(value: Any, error: type[Exception]) -> None:
     with pytest.raises(error, match=r"index_check must be one of \['files', 'folders'\], got"):
         IndexOptions(index_check=value)
+
+
+def test_a_folder_modified_one_second_before_the_record_is_racy(tmp_path: Path) -> None:
+    """The racy window, in seconds as a filesystem's timestamps are coarse (ext3/HFS+: 1 s, FAT: 2 s),
+    not read from the module: a folder modified 1 s (or 1.9 s) before the record counts as changed, one
+    modified 3 s before does not. A window shrunk below the coarsest granularity fails here."""
+    root, cache = tmp_path / "data", tmp_path / "cache"
+    yaml = _dataset(root)
+    _build(yaml, cache)
+    path = cache / next(p.name for p in cache.glob("*.npz"))
+    dataset = read_dataset_yaml(yaml)
+    sources = dataset.sources("train")
+    meta = _meta(path)
+    newest = max(s[0] for s in meta["folders"]["stats"])
+    for seconds_after, served in ((0.0, False), (1.0, False), (1.9, False), (3.0, True), (3600.0, True)):
+        record = {**meta["folders"], "taken_ns": newest + int(seconds_after * 10**9)}
+        assert (unchanged_listing({**meta, "folders": record}, dataset, "train", sources) is not None) == served, \
+            seconds_after
