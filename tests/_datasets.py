@@ -12,9 +12,6 @@ import shutil
 from pathlib import Path
 from typing import Any
 
-import cv2
-import numpy as np
-
 from seg_datamodule.data.dataset import ImageIndex, SegDataset
 from seg_datamodule.data.options import AugmentOptions
 from seg_datamodule.transforms.augment import MosaicAffine
@@ -58,10 +55,11 @@ def make_dataset(
 def tile_coco_root(src: Path, dst: Path, copies: int) -> Path:
     """A COCO root of ``copies`` copies of every image of ``src`` (``annotations/``, ``*2017/``).
 
-    Copy ``k`` of an image is its file under a new name and id (``id + k * 10**7``), with its
-    annotations under new ids (``id + k * 10**8``); odd copies are mirrored left-right (pixels,
-    polygons, boxes and crowd RLE), so a mosaic of copies is not four identical tiles. Every
-    annotation stays genuine: the same object on the same real pixels.
+    Copy ``k`` of an image is its file, byte for byte, under a new name and id (``id + k * 10**7``),
+    with its annotations under new ids (``id + k * 10**8``): every annotation stays genuine, the
+    same object on the same real pixels. (Not mirrored: Ultralytics fills polygons with pixel
+    centres at integers, so a mirrored copy would move its masks by a pixel against ours, and the
+    parity tests measure real COCO files.)
 
     Args:
         src: a COCO root with ``annotations/instances_{split}.json`` and ``{split}/`` image folders.
@@ -79,37 +77,11 @@ def tile_coco_root(src: Path, dst: Path, copies: int) -> Path:
         for k in range(copies):
             for img in data["images"]:
                 new = {**img, "id": img["id"] + k * 10**7, "file_name": f"{img['id'] + k * 10**7:012d}.jpg"}
-                if k % 2:
-                    pixels = cv2.imread(str(src / split / img["file_name"]), cv2.IMREAD_UNCHANGED)
-                    cv2.imwrite(str(dst / split / new["file_name"]), np.ascontiguousarray(pixels[:, ::-1]),
-                                [cv2.IMWRITE_JPEG_QUALITY, 95])
-                else:  # the file's own bytes
-                    shutil.copyfile(src / split / img["file_name"], dst / split / new["file_name"])
+                shutil.copyfile(src / split / img["file_name"], dst / split / new["file_name"])
                 images.append(new)
-            for ann in data["annotations"]:
-                width = next(i["width"] for i in data["images"] if i["id"] == ann["image_id"])
-                new = {**ann, "id": ann["id"] + k * 10**8, "image_id": ann["image_id"] + k * 10**7}
-                if k % 2:
-                    new.update(_mirrored(ann, width))
-                annotations.append(new)
+            annotations += [{**ann, "id": ann["id"] + k * 10**8, "image_id": ann["image_id"] + k * 10**7}
+                            for ann in data["annotations"]]
         (dst / "annotations").mkdir(exist_ok=True)
         (dst / "annotations" / ann_file.name).write_text(json.dumps({**data, "images": images,
                                                                       "annotations": annotations}))
     return dst
-
-
-def _mirrored(ann: dict, width: int) -> dict:
-    """The ``segmentation`` and ``bbox`` of ``ann`` mirrored left-right on an image ``width`` wide."""
-    x, y, w, h = ann["bbox"]
-    seg = ann["segmentation"]
-    if isinstance(seg, list):
-        seg = [[width - v if i % 2 == 0 else v for i, v in enumerate(ring)] for ring in seg]
-    else:  # uncompressed RLE, column-major: mirroring reverses the order of the columns
-        height = seg["size"][0]
-        mask = np.repeat(np.arange(len(seg["counts"])) % 2, seg["counts"]).astype(np.uint8)
-        mask = mask.reshape(width, height)[::-1].ravel()
-        edges = np.flatnonzero(np.diff(mask)) + 1
-        runs = np.diff(np.concatenate([[0], edges, [mask.size]]))
-        counts = ([0] if mask[0] else []) + runs.tolist()
-        seg = {"size": seg["size"], "counts": counts}
-    return {"segmentation": seg, "bbox": [width - x - w, y, w, h]}

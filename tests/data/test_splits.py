@@ -1,6 +1,6 @@
 """Each stage builds only its own split; scoring nothing is an error (issue 35), on coco-mini and LVIS.
 
-The references: coco-mini's own files (79 validation images, 80 categories), the LVIS API's
+The references: coco-mini's own files (their image counts read from them, 80 categories), the LVIS API's
 ``lvis_val_100.json``, and the checkpoint state a DataModule saves.
 """
 
@@ -90,11 +90,12 @@ def test_categories_come_from_the_checkpoint_for_a_folder_and_must_agree_with_fi
 
 def test_a_missing_empty_or_wrong_image_folder_stops_at_setup(coco_mini: Path, tmp_path: Path) -> None:
     ann, _ = _val(coco_mini)
+    n = len(json.loads(Path(ann).read_text())["images"])
     (tmp_path / "empty").mkdir()
     with pytest.raises(InputPathError, match=f"val_images: expected an existing folder, got '{tmp_path / 'missing'}'"):
         COCOSegDataModule(val_ann=ann, val_images=str(tmp_path / "missing"))  # in __init__, before a model
     cases = [(tmp_path / "empty", "is empty"),
-             (coco_mini / "train2017", "holds none of the 64 files sampled from the 79 images")]
+             (coco_mini / "train2017", f"holds none of the 64 files sampled from the {n} images")]
     for folder, what in cases:
         dm = COCOSegDataModule(val_ann=ann, val_images=str(folder), num_workers=2, on_bad_sample="skip",
                                cache_dir=str(tmp_path / "cache"))
@@ -102,7 +103,7 @@ def test_a_missing_empty_or_wrong_image_folder_stops_at_setup(coco_mini: Path, t
             # In the Trainer's setup, before any loader (or worker) exists.
             _trainer(limit_val_batches=2).validate(YolactLite(num_classes=80, width=4), datamodule=dm)
         assert err.value.key == "val_images" and dm.val_dataset is None
-    with pytest.raises(ImageRootError, match=f"train_images '{tmp_path / 'empty'}' is empty; expected the 79 images"):
+    with pytest.raises(ImageRootError, match=f"train_images '{tmp_path / 'empty'}' is empty; expected the {n} images"):
         COCOSegDataModule(train_ann=ann, train_images=str(tmp_path / "empty"), num_workers=2,
                           cache_dir=str(tmp_path / "cache")).setup("fit")
     empty = tmp_path / "no_images.json"
@@ -117,6 +118,7 @@ def test_a_missing_empty_or_wrong_image_folder_stops_at_setup(coco_mini: Path, t
 def test_many_missing_images_warn_once_at_setup_with_the_counts(coco_mini: Path, tmp_path: Path,
                                                                 on_bad_sample: str) -> None:
     ann, images = _val(coco_mini)
+    n = len(json.loads(Path(ann).read_text())["images"])
     partial = tmp_path / "val2017"
     partial.mkdir()
     names = sorted(os.listdir(images))
@@ -125,7 +127,7 @@ def test_many_missing_images_warn_once_at_setup_with_the_counts(coco_mini: Path,
     dm = COCOSegDataModule(val_ann=ann, val_images=str(partial), num_workers=0, on_bad_sample=on_bad_sample,
                            cache_dir=str(tmp_path / "cache"))
     with pytest.warns(UserWarning, match=r"val_images '.*val2017' for .*instances_val2017\.json: (2[0-9]) of 64 "
-                                         r"files sampled from the 79 images it names are missing"):
+                                         rf"files sampled from the {n} images it names are missing"):
         dm.setup("validate")
     with warnings.catch_warnings():
         warnings.simplefilter("error")

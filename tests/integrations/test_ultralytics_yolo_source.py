@@ -21,6 +21,8 @@ own dataset code in validation mode (letterbox to 640, ``rect=False``); this pac
 
 from __future__ import annotations
 
+import json
+
 from pathlib import Path
 
 import numpy as np
@@ -73,14 +75,15 @@ def split(coco_mini: Path, tmp_path_factory: pytest.TempPathFactory):
     return yaml, dataset, (background, boxed, turned)
 
 
-def test_the_same_instances_as_ultralytics(split) -> None:
+def test_the_same_instances_as_ultralytics(split, coco_mini: Path) -> None:
     from seg_datamodule.io.yolo import build_yolo_index
 
     yaml, dataset, (background, boxed, turned) = split
     index = build_yolo_index(yaml, "val", use_cache=False)
     theirs = {Path(label["im_file"]).stem: label for label in dataset.labels}
     ours = {Path(index.file_name(i)).stem: i for i in range(len(index))}
-    assert set(ours) - set(theirs) == {boxed} and len(ours) == 79  # Ultralytics drops the mixed image
+    assert set(ours) - set(theirs) == {boxed} and len(ours) == len(theirs) + 1  # Ultralytics drops the mixed image
+    assert len(ours) == len(json.loads((coco_mini / "annotations/instances_val2017.json").read_text())["images"])
     assert index.dropped_counts["box_only"] == 1 and index.source_counts == {"image_label_missing": 1}
     assert len(index.labels(ours[boxed])) > 0
     polygon_error = box_error = 0.0
