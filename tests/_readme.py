@@ -48,6 +48,9 @@ __all__ = [
     "make_coco_root", "make_lvis_root", "parse_blocks", "steps_from_blocks", "substitute_python", "substitute_token",
 ]
 
+#: The canvas side of every run: small (the suite's time), a multiple of 32 (the YOLO configs' stride).
+SIZE = "128"
+
 #: Appended to every ``fit`` / ``validate`` / ``test`` command: small, but every stage runs
 #: (training past the profiler's warm-up, validation with COCO AP, the checkpoint at the end).
 #: Logging every step: the YOLO configs accumulate 64 / 4 = 16 batches per optimiser step (their
@@ -55,17 +58,17 @@ __all__ = [
 CLI_LIMITS = [
     "--trainer.limit_train_batches", "8", "--trainer.limit_val_batches", "2",
     "--trainer.check_val_every_n_epoch", "1", "--trainer.num_sanity_val_steps", "0",
-    "--trainer.log_every_n_steps", "1", "--data.batch_size", "4", "--data.image_size", "256",
+    "--trainer.log_every_n_steps", "1", "--data.batch_size", "4", "--data.image_size", SIZE,
     "--data.num_workers", "2",
 ]
 #: The evaluation-only limits (``validate``, ``test``, ``predict``): two small batches.
-_EVAL_LIMITS = ["--data.val_batch_size", "4", "--data.image_size", "256", "--data.num_workers", "2"]
+_EVAL_LIMITS = ["--data.val_batch_size", "4", "--data.image_size", SIZE, "--data.num_workers", "2"]
 #: The same limits for Python blocks, as (pattern, replacement) over the source.
 PY_LIMITS = [
     (r"\bmax_epochs=\d+,?\s*", ""),  # the block's own epoch count gives way to the limit's (next)
     (r"\bTrainer\(", "Trainer(max_epochs=1, limit_train_batches=8, limit_val_batches=2, limit_test_batches=2, "
                      "limit_predict_batches=2, num_sanity_val_steps=0, "),
-    (r"\bimage_size=\d+", "image_size=256"),
+    (r"\bimage_size=\d+", f"image_size={SIZE}"),
     (r"\b(val_)?batch_size=\d+", r"\1batch_size=4"),
     (r"\bnum_workers=\d+", "num_workers=2"),
 ]
@@ -87,7 +90,7 @@ def cli_limits(subcommand: str | None, resumes: bool) -> list[str]:
     if subcommand == "fit":
         return [*CLI_LIMITS, "--trainer.max_epochs", "2" if resumes else "1"]
     if subcommand == "loader-bench":
-        return ["--data.batch_size", "4", "--data.image_size", "256"]
+        return ["--data.batch_size", "4", "--data.image_size", SIZE]
     if subcommand in ("validate", "test", "predict"):
         return [f"--trainer.limit_{'val' if subcommand == 'validate' else subcommand}_batches", "2", *_EVAL_LIMITS]
     return []

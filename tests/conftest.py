@@ -10,6 +10,12 @@ import sys
 from collections.abc import Iterator
 from pathlib import Path
 
+# Under pytest-xdist (the default: pyproject's addopts), two test processes share the two cores:
+# one compute thread each, or OpenMP's threads of both spin against each other (torch tests ran
+# 5-20x slower). Set before torch is imported; the runs the tests start inherit it.
+if os.environ.get("PYTEST_XDIST_WORKER"):
+    os.environ.setdefault("OMP_NUM_THREADS", "1")
+
 import numpy as np
 import pytest
 import torch
@@ -36,6 +42,26 @@ COCO_MINI = Path(
 )
 #: Ten CC BY 2.0 images of coco-mini with their annotations, in the repository (see its README).
 COCO_CC_BY = Path(__file__).resolve().parent / "fixtures" / "coco-cc-by"
+
+
+@pytest.hookimpl(tryfirst=True)  # before -m deselects
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    """Mark ``coco_mini`` every test that reads real COCO data, and run the heaviest files first.
+
+    The mark lets CI run, with ``../shared`` present, the default tier's tests whose data differ
+    from a fresh clone's (``-m "extended or coco_mini"``). The order: pytest-xdist hands whole
+    files to its two processes (``--dist loadfile``) in collection order, so the files with the
+    most slow tests (``tests/test_readme.py``'s runs, the resume runs) go first, and the light
+    ones fill in beside them; alone, a long file collected last would run last, by itself.
+    """
+    for item in items:
+        if "coco_mini" in getattr(item, "fixturenames", ()):
+            item.add_marker(pytest.mark.coco_mini)
+    weight: dict[str, int] = {}
+    for item in items:
+        weight[item.nodeid.split("::")[0]] = weight.get(item.nodeid.split("::")[0], 0) + (
+            item.get_closest_marker("slow") is not None)
+    items.sort(key=lambda item: -weight[item.nodeid.split("::")[0]])  # stable: in-file order kept
 
 
 @pytest.fixture(scope="session", autouse=True)

@@ -165,7 +165,7 @@ def _run(out: Path, demo_dir: Path, workers: int, *args: str) -> subprocess.Comp
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("workers", [0, 2])
+@pytest.mark.parametrize("workers", [0, pytest.param(2, marks=pytest.mark.extended)])
 def test_sigkill_mid_epoch_then_resume_sees_the_same_batches(demo_dir: Path, tmp_path: Path, workers: int) -> None:
     """A real Trainer run SIGKILLs itself mid-epoch; resumed from its last checkpoint, it trains
     on bit-identical batches through the end of the next epoch, and the counts match."""
@@ -186,7 +186,7 @@ def test_sigkill_mid_epoch_then_resume_sees_the_same_batches(demo_dir: Path, tmp
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("kill_at", [5, 7])
+@pytest.mark.parametrize("kill_at", [5, pytest.param(7, marks=pytest.mark.extended)])
 def test_sigkill_or_resume_with_cut_epochs_gives_the_uninterrupted_counts(demo_dir: Path, tmp_path: Path,
                                                                           kill_at: int) -> None:
     """Epochs cut at 5 of 12 batches (limit_train_batches, as the README's resume test runs): killed
@@ -210,6 +210,7 @@ def test_sigkill_or_resume_with_cut_epochs_gives_the_uninterrupted_counts(demo_d
 
 
 @pytest.mark.slow
+@pytest.mark.extended  # resume with the group steps; the default tier resumes the plain recipe
 def test_sigkill_then_resume_with_copy_paste_and_mixup_sees_the_same_batches(demo_dir: Path, tmp_path: Path) -> None:
     """The same with copy-paste (from the batch) and MixUp on, 2 workers: mixing draws come from
     each sample's own generator, so the resumed run trains on bit-identical batches and counts."""
@@ -230,6 +231,7 @@ def test_sigkill_then_resume_with_copy_paste_and_mixup_sees_the_same_batches(dem
 
 
 @pytest.mark.slow
+@pytest.mark.extended  # DDP resume; the default tier runs DDP in test_datamodule.py and resume at 0 workers
 def test_sigkill_under_ddp_then_resume_gives_each_rank_its_batches(demo_dir: Path, tmp_path: Path) -> None:
     """DDP on two CPU processes, both killed at step 3 of an epoch of 6: each rank resumes its own
     shard at the right batch, and each rank's counts match the uninterrupted run's."""

@@ -368,7 +368,7 @@ def _run(out: Path, stream: str, workers: int, *args: str) -> subprocess.Complet
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize(("workers", "kill_at"), [(0, 7), (2, 12)])
+@pytest.mark.parametrize(("workers", "kill_at"), [pytest.param(0, 7, marks=pytest.mark.extended), (2, 12)])
 def test_sigkill_then_resume_streams_the_same_batches_through_the_next_epoch(
     demo_stream: tuple[Path, dict], tmp_path: Path, workers: int, kill_at: int
 ) -> None:
@@ -392,6 +392,7 @@ def test_sigkill_then_resume_streams_the_same_batches_through_the_next_epoch(
 
 
 @pytest.mark.slow
+@pytest.mark.extended  # DDP over a stream; the default tier runs DDP in tests/data/test_datamodule.py
 def test_ddp_ranks_stream_disjoint_shards_and_count_the_dropped_tail(demo_dir: Path, tmp_path: Path) -> None:
     """Two CPU processes over 47 records (one image missing, skipped at conversion): each epoch the
     ranks see disjoint images, and what they do not see is the tail counted in the report."""

@@ -95,7 +95,7 @@ def test_endpoint_precedence_and_bounded_config(monkeypatch: pytest.MonkeyPatch)
     assert s3_storage_options("/a/folder", {"x": 1}) == {"x": 1}  # not s3: untouched
 
 
-@pytest.mark.parametrize("num_workers", [0, pytest.param(2, marks=pytest.mark.slow)])
+@pytest.mark.parametrize("num_workers", [0, pytest.param(2, marks=[pytest.mark.slow, pytest.mark.extended])])
 def test_convert_coco_mini_to_s3_over_http_streams_the_local_batches(
     s3: LoopbackS3, coco_mini: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, num_workers: int
 ) -> None:
@@ -152,7 +152,7 @@ def test_faults_fail_in_seconds_naming_the_url(
     assert "cannot be reached" in str(cases["endpoint down"][0])
 
 
-@pytest.mark.parametrize("num_workers", [0, pytest.param(2, marks=pytest.mark.slow)])
+@pytest.mark.parametrize("num_workers", [0, pytest.param(2, marks=[pytest.mark.slow, pytest.mark.extended])])
 def test_a_chunk_deleted_under_a_running_job_fails_in_seconds(
     s3: LoopbackS3, demo_chunks: tuple[Path, dict], tmp_path: Path, num_workers: int
 ) -> None:
@@ -227,6 +227,7 @@ print("records", len(StreamRecords(sys.argv[1], cache_dir=sys.argv[2])), flush=T
 """
 
 
+@pytest.mark.extended  # two ranks over S3; the default tier streams from S3 in one process
 def test_ranks_sharing_a_chunk_cache_wait_for_the_index_another_rank_downloads(
     s3: LoopbackS3, demo_chunks: tuple[Path, dict], tmp_path: Path
 ) -> None:
@@ -259,6 +260,7 @@ def _run(out: Path, stream: str, *args: str) -> subprocess.CompletedProcess:
 
 
 @pytest.mark.slow
+@pytest.mark.extended  # S3 resume; the default tier resumes a local stream (tests/io/test_stream.py)
 @pytest.mark.parametrize(("devices", "kill_at"), [(1, 7), (2, 3)])
 def test_sigkill_then_resume_from_s3_gives_each_rank_its_batches_and_counts(
     s3: LoopbackS3, demo_chunks: tuple[Path, dict], tmp_path: Path, devices: int, kill_at: int
