@@ -27,6 +27,7 @@ def _cli(args: list[str], cwd: Path) -> subprocess.CompletedProcess:
 
 
 @pytest.mark.slow
+@pytest.mark.extended  # default tier: the test-and-predict guide's runs, tests/data/test_predict_coco_ids.py
 def test_fit_then_test_and_predict_from_the_configs(coco_mini: Path, tmp_path: Path) -> None:
     ann = {s: str(coco_mini / "annotations" / f"instances_{s}2017.json") for s in ("train", "val")}
     images = {s: str(coco_mini / f"{s}2017") for s in ("train", "val")}

@@ -108,7 +108,7 @@ class _Runner:
         rest = step.argv[3:] if prog.startswith("python") else step.argv[1:]
         argv = [sys.executable, *warning_flags(step.config), "-m", "seg_datamodule",
                 *(substitute_token(t, self.coco, self.bucket) for t in rest)]
-        argv += cli_limits(step.subcommand, resumes="--ckpt_path" in rest)
+        argv += cli_limits(step.subcommand, resumes="--ckpt_path" in rest, config=step.config)
         proc = self._exec(argv, self.work)
         log_dir = self._newest_log_dir(self.work / "runs") if step.subcommand == "fit" else None
         return Result(argv, proc.returncode, proc.stdout + proc.stderr, log_dir)
@@ -260,6 +260,6 @@ def test_every_config_runs(config, runner, coco_mini):
     work.mkdir()
     write_pretrained_weights([config], work, runner.work / "torch")
     argv = [sys.executable, *warning_flags(str(config)), "-m", "seg_datamodule", command, "--config", str(config),
-            *_config_overrides(config, runner.coco), *cli_limits(command, resumes=False)]
+            *_config_overrides(config, runner.coco), *cli_limits(command, resumes=False, config=str(config))]
     proc = subprocess.run(argv, cwd=work, env=runner.env, capture_output=True, text=True, timeout=TIMEOUT)
     assert proc.returncode == 0, f"{shlex.join(argv)}\n{(proc.stdout + proc.stderr)[-4000:]}"

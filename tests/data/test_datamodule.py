@@ -214,8 +214,10 @@ def test_bad_annotations_raise_or_are_counted(demo_dir, tmp_path):
 
 
 @pytest.mark.slow
+@pytest.mark.extended  # default tier: tests/demo/test_model.py::test_model_learns_with_a_real_trainer
 def test_demo_model_learns(demo_dir, tmp_path):
     dm = make_dm(demo_dir, tmp_path, image_size=192, batch_size=8, close_mosaic=0)
+    before = torch.get_num_threads()
     torch.set_num_threads(1)
     try:
         from lightning.pytorch.callbacks import ModelCheckpoint  # noqa: F401
@@ -227,7 +229,7 @@ def test_demo_model_learns(demo_dir, tmp_path):
         torch.manual_seed(0)
         trainer.fit(YolactLite(num_classes=dm.num_classes, width=16), datamodule=dm)
     finally:
-        torch.set_num_threads(2)
+        torch.set_num_threads(before)
     losses = [r["mask_loss"] for r in recorder.rows if r["mask_loss"] is not None]
     first, last = np.mean(losses[:5]), np.mean(losses[-10:])
     assert last < 0.5 * first, f"mask loss {first:.3f} -> {last:.3f}"
@@ -249,6 +251,7 @@ def _cli_args(demo_dir: Path, tmp_path: Path) -> list[str]:
 
 
 @pytest.mark.slow
+@pytest.mark.extended  # default tier: the quick start's fit --config configs/demo.yaml (test_readme.py)
 def test_cli_fit_on_the_demo_config(demo_dir, tmp_path):
     proc = _run_cli(_cli_args(demo_dir, tmp_path), tmp_path)
     assert proc.returncode == 0, proc.stderr[-3000:]

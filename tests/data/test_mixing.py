@@ -211,6 +211,7 @@ def _run_cli(args: list[str], tmp_path: Path) -> subprocess.CompletedProcess:
 
 
 @pytest.mark.slow
+@pytest.mark.extended  # default tier: test_readme.py runs every config, tests/data/test_flat_keys.py the keys
 def test_the_lsj_config_trains_on_coco_mini_and_the_keys_parse(coco_mini: Path, tmp_path: Path) -> None:
     paths = ["--data.train_ann", str(coco_mini / "annotations" / "instances_train2017.json"),
              "--data.train_images", str(coco_mini / "train2017"), "--data.val_ann", "null", "--data.val_images", "null",

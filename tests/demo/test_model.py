@@ -306,6 +306,7 @@ def test_coco_ap_lands_in_metrics_csv(demo_dir, tmp_path) -> None:
 
 
 @pytest.mark.slow
+@pytest.mark.extended  # default tier: tests/evaluation/test_coco_metric_ddp.py (two ranks equal one process)
 def test_coco_ap_under_ddp_spawn_on_two_cpu_processes(demo_dir, tmp_path) -> None:
     import csv
 

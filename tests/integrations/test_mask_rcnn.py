@@ -66,6 +66,7 @@ def test_images_without_instances(demo_val_samples) -> None:
 
 
 @pytest.mark.slow
+@pytest.mark.extended  # default tier: the models guide's Mask R-CNN fit logs val/segm_AP (test_readme.py)
 def test_fit_on_the_demo_logs_coco_ap_of_real_detections(demo_dir, tmp_path) -> None:
     dm = COCOSegDataModule(image_size=128, batch_size=4, val_batch_size=8, num_workers=0, demo_dir=str(demo_dir),
                            mosaic=0.0, use_cache=False)
