@@ -24,7 +24,8 @@ A step runs as a user would run it, with five kinds of change, all listed here:
   :data:`MASK_RCNN_LIMITS`), Python blocks the same limits through :data:`PY_LIMITS`; a
   ``fit`` that resumes (``--ckpt_path``) runs one epoch more than the run that wrote the
   checkpoint; a Python block's own ``max_epochs=`` gives way to the limit's;
-- **help**: a benchmark script runs with ``--help`` (the benchmarks themselves take minutes);
+- **help**: a benchmark script runs with ``--help`` (the benchmarks themselves take minutes), each
+  as ``__main__`` in turn in one interpreter (``tests/test_readme.py``'s ``_HELP_DRIVER``);
 - **warnings**: a command that runs a shipped config (``--config configs/...``) runs with every
   warning a user would see as an error (:data:`WARNINGS_AS_ERRORS`), so the shipped configs stay
   quiet;
