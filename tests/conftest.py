@@ -4,6 +4,7 @@ profile every property test runs under."""
 
 from __future__ import annotations
 
+import collections
 import os
 import random
 import sys
@@ -44,6 +45,10 @@ COCO_MINI = Path(
 COCO_CC_BY = Path(__file__).resolve().parent / "fixtures" / "coco-cc-by"
 
 
+#: Copies of each CC BY image in the tiled stand-in: 16 x 5 = 80 images a split, as coco-mini has.
+TILED_COPIES = 16
+
+
 @pytest.hookimpl(tryfirst=True)  # before -m deselects
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     """Mark ``coco_mini`` every test that reads real COCO data, and run the heaviest files first.
@@ -57,11 +62,12 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     for item in items:
         if "coco_mini" in getattr(item, "fixturenames", ()):
             item.add_marker(pytest.mark.coco_mini)
-    weight: dict[str, int] = {}
-    for item in items:
-        weight[item.nodeid.split("::")[0]] = weight.get(item.nodeid.split("::")[0], 0) + (
-            item.get_closest_marker("slow") is not None)
-    items.sort(key=lambda item: -weight[item.nodeid.split("::")[0]])  # stable: in-file order kept
+    slow = collections.Counter(_file(item) for item in items if item.get_closest_marker("slow"))
+    items.sort(key=lambda item: -slow[_file(item)])  # stable: the order within a file is kept
+
+
+def _file(item: pytest.Item) -> str:
+    return item.nodeid.split("::")[0]
 
 
 @pytest.fixture(scope="session", autouse=True)
@@ -105,9 +111,6 @@ def coco_mini(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
     return tile_coco_root(COCO_CC_BY, tmp_path_factory.mktemp("coco-cc-by-tiled"), copies=TILED_COPIES)
 
-
-#: Copies of each CC BY image in the tiled stand-in: 16 x 5 = 80 images a split, as coco-mini has.
-TILED_COPIES = 16
 
 
 @pytest.fixture(scope="session")
