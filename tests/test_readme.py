@@ -89,7 +89,7 @@ class _Runner:
 
     def _bench_helps(self) -> dict[str, Result]:
         """Every benchmark step's ``--help``, each script run as ``__main__`` in turn in one new
-        interpreter (one start, not one a script: the starts were most of the suite's time here)."""
+        interpreter (one start, not one a script: a start was most of each such step's ~5 s)."""
         steps = [s for s in STEPS if s.kind == "bench"]
         driver = self.work / "bench_helps.py"
         driver.write_text(_HELP_DRIVER)
