@@ -178,8 +178,10 @@ def format_report(skip_counts: dict[str, dict[str, int]], decodes: dict[str, Any
     for name, counts in skip_counts.items():
         counts = dict(counts)
         kept = counts.pop("kept", None)
-        if kept is None:
-            lines.append(f"{name}: {format_skip_summary(counts)}")
+        if kept is None:  # an index: crowd regions made instances are converted, not lost
+            converted = counts.pop("crowd_as_instances", 0)
+            turned = f"{converted} crowd regions converted to instances (crowd_as_instances); " if converted else ""
+            lines.append(f"{name}: {turned}{format_skip_summary(counts)}")
             continue
         # Targets copy-paste and MixUp added: part of ``kept``, not a reason anything was lost.
         added = ", ".join(f"{n} {key.replace('_', ' ')}" for key in ("pasted", "mixed_in") if (n := counts.pop(key, 0)))

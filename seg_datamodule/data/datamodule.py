@@ -48,7 +48,6 @@ from lightning.pytorch.utilities import rank_zero_info
 from lightning.pytorch.utilities.model_helpers import is_overridden
 from torch.utils.data import DataLoader
 
-from seg_datamodule.console import print_summary
 from seg_datamodule.data.flat_keys import DataModuleOptions, Forward, PathKey
 from seg_datamodule.data.loader_factory import AUTO_CACHE_MAX_IMAGES, LoaderContext, LoaderFactory
 from seg_datamodule.data.resume import batch_counts
@@ -128,7 +127,13 @@ class COCOSegDataModule(LightningDataModule):
             polygons like non-crowd RLE and counted (``skip_counts``: ``crowd_as_instances``), for
             exports that mark every mask a crowd (CVAT's COCO export). Without it, setup warns
             (once per file) when most of a file's annotations are crowd regions.
-        box_only: a box without a mask: ``"drop"`` (default, counted) or ``"keep"`` (``DetectionBatch.has_mask``).
+        box_only: a box without a mask. ``"raise"`` (default): stop at setup naming the files,
+            so no object is trained as background by surprise; ``"drop_images"``: leave those
+            images out; ``"drop"``: drop the boxes alone (their images train without them);
+            ``"keep"``: box targets without a mask (``DetectionBatch.has_mask``). Counted either way.
+        allow_no_targets: let a split without a single target instance through setup (negatives
+            only on purpose); otherwise setup stops it (nothing to learn, nothing to score, no
+            label file found) naming why and the key that fixes it (:mod:`~seg_datamodule.data.scan`).
         drop_empty: leave out images without target instances (kept as negatives by default).
         verify_images: decode every image at setup and check its size.
         cache_dir: where the annotation index cache lives (default: the user cache dir).
@@ -266,7 +271,8 @@ class COCOSegDataModule(LightningDataModule):
         on_bad_sample: Literal["raise", "skip"] = "raise",
         drop_crowd: bool = False,
         crowd_as_instances: bool = False,
-        box_only: Literal["drop", "keep"] = "drop",
+        box_only: Literal["raise", "drop_images", "drop", "keep"] = "raise",
+        allow_no_targets: bool = False,
         drop_empty: bool = False,
         verify_images: bool = False,
         cache_dir: str | None = None,
@@ -296,7 +302,7 @@ class COCOSegDataModule(LightningDataModule):
         self.index_options, self.augment, self.stream_options = options.index, options.augment, options.stream
         # The collaborators: where the data comes from, the loaders, and where every annotation went.
         self.sources = SplitSources(options.paths, options.index, stream_storage_options, type(self).fallback_splits,
-                                    demo_dir)
+                                    demo_dir, options.allow_no_targets)
         self.loaders = LoaderFactory(options.augment, options.loader, options.seed, options.stream,
                                      options.on_resume_mismatch, options.repeat_factor_threshold)
         self.counts = RunCounts(self.sources, self.loaders)
@@ -377,7 +383,7 @@ class COCOSegDataModule(LightningDataModule):
     def setup(self, stage: str) -> None:
         """Build what ``stage`` reads, and check its image folders before any worker starts."""
         self.sources.build(stage)
-        self.sources.check_images(stage)
+        self.counts.announce(self.sources.check_images(stage), getattr(self, "trainer", None))
         if stage == "fit":
             self._setup_train()
         if stage in ("fit", "validate"):
@@ -525,5 +531,4 @@ class COCOSegDataModule(LightningDataModule):
             rank_zero_info(f"seg_datamodule: no report of where the annotations went: {error!r}")
 
     def _print_report(self, when: str) -> None:
-        print_summary(getattr(self, "trainer", None),
-                      f"seg_datamodule: where the annotations went (by reason){when}\n{self.report()}")
+        self.counts.print_report(getattr(self, "trainer", None), when, self._world_size())

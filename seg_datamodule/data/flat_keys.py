@@ -19,7 +19,7 @@ from seg_datamodule.data.sources import SplitPaths
 from seg_datamodule.data.splits import check_dataset_keys, check_pair
 from seg_datamodule.io.coco import IndexOptions
 from seg_datamodule.io.input_paths import check_input_path
-from seg_datamodule.ops.checks import check_choice, check_int, check_number
+from seg_datamodule.ops.checks import check_bool, check_choice, check_int, check_number
 from seg_datamodule.transforms import HSVJitter, LargeScaleJitter, MosaicAffine, Recipe, RecipeError
 
 __all__ = ["DataModuleOptions", "Forward", "PathKey"]
@@ -52,6 +52,7 @@ class DataModuleOptions:
         cache_images (int | None): decoded images kept per worker; None sizes it by the dataset.
         on_resume_mismatch (str): ``"raise"`` or ``"restart"``.
         repeat_factor_threshold (float | None): repeat-factor sampling's ``t``, or None (off).
+        allow_no_targets (bool): let a split without a target instance through setup.
     """
 
     paths: SplitPaths
@@ -63,6 +64,7 @@ class DataModuleOptions:
     cache_images: int | None
     on_resume_mismatch: str
     repeat_factor_threshold: float | None
+    allow_no_targets: bool = False
 
     @classmethod
     def from_keys(cls, keys: Mapping[str, Any]) -> DataModuleOptions:
@@ -101,7 +103,7 @@ class DataModuleOptions:
             train_stream, keys["stream_cache_dir"], keys["stream_max_cache_size"],
             dict(keys["stream_storage_options"] or {}))
         return cls(paths, index, loader, augment, stream, seed, keys["cache_images"], on_resume_mismatch,
-                   keys["repeat_factor_threshold"])
+                   keys["repeat_factor_threshold"], check_bool("allow_no_targets", keys["allow_no_targets"]))
 
 
 def _check_splits(keys: Mapping[str, Any]) -> None:

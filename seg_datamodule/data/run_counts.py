@@ -4,17 +4,21 @@
 that works alone too: it reads the counts kept by the indices (:class:`~seg_datamodule.data.sources.SplitSources`),
 the datasets' shared counters and the train loader's :class:`~seg_datamodule.data.resume.DeliveredCounts`
 (:class:`~seg_datamodule.data.loader_factory.LoaderFactory`), and holds the evaluation batches
-the loops consumed (:class:`~seg_datamodule.data.accounting.ConsumedCounts`).
+the loops consumed (:class:`~seg_datamodule.data.accounting.ConsumedCounts`). It also says, at
+setup, what each split holds (:mod:`~seg_datamodule.data.scan`), and writes both to the run's
+log folder (``data_scan.json``).
 """
 
 from __future__ import annotations
 
 from typing import Any
 
+from seg_datamodule.console import print_summary
 from seg_datamodule.data.accounting import ConsumedCounts, format_report
 from seg_datamodule.data.dataset import COUNT_KEYS, DECODE_KEYS
 from seg_datamodule.data.loader_factory import LoaderFactory
 from seg_datamodule.data.repeat_factors import describe_repeat_factors
+from seg_datamodule.data.scan import SplitScan, write_scan_json
 from seg_datamodule.data.sources import SplitSources
 
 __all__ = ["RunCounts"]
@@ -82,8 +86,33 @@ class RunCounts:
             augment, recipe = dataset.augment, dataset.augment.recipe
             partners = f"mosaic_partners={augment.mosaic_partners!r}, " if recipe == "mosaic" and augment.mosaic else ""
             decodes["setting"] = f"recipe={recipe!r}, {partners}cache_images={dataset.cache_images}"
-        report = format_report(self.skip_counts(world_size), decodes, recipe)
+        scans = [scan.line() for scan in self.sources.scans.values()]
+        report = "\n".join([*scans, format_report(self.skip_counts(world_size), decodes, recipe)])
         if loaders.repeat_factors is not None and loaders.repeat_factor_threshold is not None:
             drawn = None if loaders.train_loader is None else len(loaders.train_loader.sampler)
             report += "\n" + describe_repeat_factors(loaders.repeat_factors, loaders.repeat_factor_threshold, drawn)
         return report
+
+    def announce(self, scans: list[SplitScan], trainer: Any) -> None:
+        """Print the scan line of each split just set up (before any worker starts) and write the scans.
+
+        Args:
+            scans: the splits scanned for the first time.
+            trainer: the ``Trainer`` or None (the lines are then logged).
+        """
+        if scans:
+            print_summary(trainer, "seg_datamodule: what each split holds\n" + "\n".join(s.line() for s in scans))
+            self.write_json(trainer)
+
+    def print_report(self, trainer: Any, when: str = "", world_size: int = 1) -> None:
+        """Print :meth:`report` once (the end of fit) and write it, with the scans, to ``data_scan.json``."""
+        print_summary(trainer, f"seg_datamodule: where the annotations went (by reason){when}\n{self.report(world_size)}")
+        self.write_json(trainer, self.skip_counts(world_size))
+
+    def write_json(self, trainer: Any, delivered: dict[str, dict[str, int]] | None = None) -> None:
+        """``data_scan.json`` in the run's log folder, on rank 0, when the Trainer has a logger."""
+        if trainer is None or not getattr(trainer, "loggers", None):
+            return
+        folder = trainer.log_dir  # a collective under DDP: every rank sets up and tears down
+        if trainer.is_global_zero and folder is not None:
+            write_scan_json(folder, self.sources.scans, delivered)

@@ -26,11 +26,13 @@ from typing import Any
 
 from lightning.pytorch.utilities import rank_zero_warn
 
+from seg_datamodule.data.scan import SplitScan, check_scan, scan_index
 from seg_datamodule.data.splits import CategoryMismatchError, check_categories, check_split_images
 from seg_datamodule.errors import UserInputError
 from seg_datamodule.io.coco import CocoIndex, IndexOptions
 from seg_datamodule.io.predict_source import PredictImages, images_from_index, list_image_folder
-from seg_datamodule.io.yolo import DatasetYaml, build_yolo_index, ground_truth, read_dataset_yaml
+from seg_datamodule.io.yolo import (DatasetYaml, build_yolo_index, crowd_as_instances_ground_truth, ground_truth,
+                                    read_dataset_yaml)
 
 __all__ = ["CategoriesUnknownError", "Fallback", "MissingSplitError", "SPLITS", "STAGE_SPLITS", "SplitPaths",
            "SplitSources"]
@@ -88,11 +90,16 @@ class SplitSources:
         storage_options (dict | None): boto3 arguments for an ``s3://`` ``train_stream``.
         fallback (Fallback | None): what stands in when no split is named; None: nothing.
         demo_dir (str | None): the folder handed to ``fallback``.
+        allow_no_targets (bool): let a split without a target instance through
+            (:func:`~seg_datamodule.data.scan.check_scan`).
     """
 
     def __init__(self, paths: SplitPaths, index_options: IndexOptions, storage_options: dict[str, Any] | None = None,
-                 fallback: Fallback | None = None, demo_dir: str | None = None) -> None:
+                 fallback: Fallback | None = None, demo_dir: str | None = None, allow_no_targets: bool = False) -> None:
         self.paths, self.index_options, self.storage_options = paths, index_options, dict(storage_options or {})
+        self.allow_no_targets = allow_no_targets
+        #: Each split's scan, from its first check (:mod:`~seg_datamodule.data.scan`).
+        self.scans: dict[str, SplitScan] = {}
         self.fallback, self.demo_dir = fallback, demo_dir
         self.dataset_yaml: DatasetYaml | None = None  # the data.yaml, once read
         self.stream_meta: dict[str, Any] | None = None
@@ -169,17 +176,29 @@ class SplitSources:
             self.stream_meta = check_stream_source(self.paths.train_stream, self.storage_options)
         return self.stream_meta
 
-    def check_images(self, stage: str) -> None:
-        """Each split ``stage`` reads, once: stop on no image to use, warn on many missing (issue 35)."""
+    def check_images(self, stage: str) -> list[SplitScan]:
+        """Each split ``stage`` reads, once: stop on no image to use, warn on many missing (issue 35),
+        scan it and stop it with nothing to learn or score (issue 49).
+
+        Returns:
+            the scans of the splits checked for the first time (to print).
+        """
+        new = []
         for split in STAGE_SPLITS.get(stage, ()):
             index = None if split == "train" and self.paths.train_stream is not None else self.split_index(split)
             if index is None or split in self.checked_splits:
                 continue
-            self.checked_splits.add(split)
             what = f"{split}_split" if self.paths.dataset is not None else f"{split}_images"
             warning = check_split_images(index, what)
             if warning is not None:
                 rank_zero_warn(warning)
+            if split != "predict":  # images to predict have nothing to learn or score
+                scan = scan_index(split, str(self.named(split)), index)
+                check_scan(scan, index, self.allow_no_targets)
+                self.scans[split] = scan
+                new.append(scan)
+            self.checked_splits.add(split)
+        return new
 
     def predict_images(self) -> PredictImages | None:
         """The images ``trainer.predict`` reads, in order; None without ``predict_images``."""
@@ -276,11 +295,16 @@ class SplitSources:
 
         For a data.yaml split, a COCO ground truth written from the split's index
         (:func:`~seg_datamodule.io.yolo.ground_truth`, in the index cache's folder), once the
-        stage is set up: the same COCO AP as for a COCO file.
+        stage is set up: the same COCO AP as for a COCO file. With ``crowd_as_instances`` a COCO
+        file's crowd regions are scored as instances, as they are trained
+        (:func:`~seg_datamodule.io.yolo.crowd_as_instances_ground_truth`).
         """
         paths = self.resolve_paths()
+        options = self.index_options
         if paths.dataset is not None:
             index = {"fit": self.val_index, "validate": self.val_index, "test": self.test_index}.get(stage)
-            options = self.index_options
             return None if index is None else str(ground_truth(index, options.cache_dir, options.use_cache))
-        return {"fit": paths.val_ann, "validate": paths.val_ann, "test": paths.test_ann}.get(stage)
+        ann = {"fit": paths.val_ann, "validate": paths.val_ann, "test": paths.test_ann}.get(stage)
+        if ann is None or not options.crowd_as_instances:
+            return ann
+        return str(crowd_as_instances_ground_truth(ann, options.cache_dir, options.use_cache))

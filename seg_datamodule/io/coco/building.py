@@ -13,7 +13,7 @@ import dataclasses
 import os
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Literal, Mapping, NamedTuple, Sequence
+from typing import Any, Callable, Literal, Mapping, NamedTuple, Sequence
 
 import numpy as np
 
@@ -22,11 +22,23 @@ from seg_datamodule.io.coco.crowd import crowd_to_instances
 from seg_datamodule.io.coco.errors import error_from_first
 from seg_datamodule.io.coco.parse import build_tables
 from seg_datamodule.io.coco.reading import count_image_errors
-from seg_datamodule.io.coco.tables import select_images, without_box_only, without_crowd
+from seg_datamodule.errors import UserInputError
+from seg_datamodule.io.coco.tables import box_only_mask, select_images, without_box_only, without_crowd
 from seg_datamodule.io.images import BadImageError
 from seg_datamodule.ops.checks import check_bool, check_choice
 
-__all__ = ["IndexOptions", "Loaded", "apply_options", "load_tables", "merge_options"]
+__all__ = ["BOX_ONLY_CHOICES", "BoxOnlyError", "IndexOptions", "Loaded", "apply_options", "box_only_error", "box_only_images",
+           "load_tables", "merge_options"]
+
+#: What ``box_only`` can say, the default first.
+BOX_ONLY_CHOICES = ("raise", "drop_images", "drop", "keep")
+#: Images a :class:`BoxOnlyError` names.
+_NAMED = 3
+
+
+class BoxOnlyError(UserInputError, ValueError):
+    """Annotations with a box and no mask, under ``box_only: raise`` (the default): trained as they
+    are, their objects would be learned as background."""
 
 
 @dataclass(frozen=True)
@@ -47,9 +59,16 @@ class IndexOptions:
             converted to exact polygons (:func:`~seg_datamodule.io.coco.crowd.crowd_to_instances`;
             for exports that mark every mask a crowd, as CVAT's does), counted under
             ``"crowd_as_instances"`` in ``dropped_counts``.
-        box_only (str): annotations with a box and no mask: ``"drop"`` them, counted as
-            ``"box_only"`` in ``dropped_counts``, or ``"keep"`` them as targets without a ring
-            (``DetectionBatch.has_mask`` False: a box loss, no mask loss).
+        box_only (str): annotations with a box and no mask. ``"raise"`` (the default): a
+            :class:`BoxOnlyError` naming the files, so no image trains its boxed objects as
+            background by surprise (Ultralytics refuses such a segment dataset too).
+            ``"drop_images"``: leave out every image with one, counted (``image_box_only_dropped``
+            images; their boxes as ``box_only``, their other annotations as
+            ``annotation_of_box_only_image``). ``"drop"``: drop the boxes alone, counted as
+            ``"box_only"`` (the rest of their images trains, those objects as background: chosen
+            on purpose). ``"keep"``: targets without a ring (``DetectionBatch.has_mask`` False: a
+            box loss, no mask loss). Whatever the choice, ``source_counts["image_box_only"]``
+            counts the images that had one.
         index_check (str): what a start checks before an Ultralytics split's cached index serves
             it (a COCO file's cache is keyed on the file alone either way). ``"files"`` (the
             default): the walk of the image folders and every label file's size, times and inode.
@@ -62,7 +81,7 @@ class IndexOptions:
 
     Raises:
         TypeError, ValueError: ``on_bad_sample`` is not a str, or neither ``"raise"`` nor ``"skip"``;
-            the same for ``box_only`` (``"drop"`` or ``"keep"``) and ``index_check`` (``"files"``
+            the same for ``box_only`` (``"raise"``, ``"drop_images"``, ``"drop"`` or ``"keep"``) and ``index_check`` (``"files"``
             or ``"folders"``).
         TypeError: a flag is not a bool.
         ValueError: ``crowd_as_instances`` and ``drop_crowd`` both set.
@@ -75,12 +94,12 @@ class IndexOptions:
     cache_dir: str | os.PathLike[str] | None = None
     use_cache: bool = True
     crowd_as_instances: bool = False
-    box_only: Literal["drop", "keep"] = "drop"
+    box_only: Literal["raise", "drop_images", "drop", "keep"] = "raise"
     index_check: Literal["files", "folders"] = "files"
 
     def __post_init__(self) -> None:
         check_choice("on_bad_sample", self.on_bad_sample, ("raise", "skip"))
-        check_choice("box_only", self.box_only, ("drop", "keep"))
+        check_choice("box_only", self.box_only, BOX_ONLY_CHOICES)
         check_choice("index_check", self.index_check, ("files", "folders"))
         for name in ("drop_crowd", "drop_empty", "verify_images", "use_cache", "crowd_as_instances"):
             check_bool(name, getattr(self, name))
@@ -169,7 +188,9 @@ def apply_options(loaded: Loaded, options: IndexOptions, image_errors: Sequence[
     Raises:
         BadImageError: with ``verify_images`` in ``"raise"`` mode, the first bad image.
     """
-    if options.box_only == "drop":
+    if options.box_only == "drop_images":
+        loaded = _without_box_only_images(loaded)
+    elif options.box_only == "drop":
         tables, removed = without_box_only(loaded.tables)
         dropped = dict(loaded.dropped_counts)
         dropped["box_only"] = dropped.get("box_only", 0) + removed
@@ -191,6 +212,54 @@ def apply_options(loaded: Loaded, options: IndexOptions, image_errors: Sequence[
         dropped["crowd_dropped"] += int(np.diff(loaded.tables["crowd_offsets"])[~keep].sum())
         loaded = loaded._replace(tables=select_images(loaded.tables, keep), dropped_counts=dropped)
     return loaded
+
+
+def box_only_images(tables: Mapping[str, np.ndarray]) -> np.ndarray:
+    """(ndarray[I] int64) the number of box-only instances (a box, no ring) of each image."""
+    per_image = np.diff(tables["instance_offsets"])
+    owner = np.repeat(np.arange(len(per_image), dtype=np.int64), per_image)
+    return np.bincount(owner[box_only_mask(tables)], minlength=len(per_image))
+
+
+def box_only_error(tables: Mapping[str, np.ndarray], source: str,
+                   where: Callable[[int, int, int], str]) -> BoxOnlyError | None:
+    """The :class:`BoxOnlyError` of tables with box-only instances (None without one).
+
+    Args:
+        tables: the unfiltered tables.
+        source: the annotation file or split, as messages name it.
+        where: (image position, its box-only instances, all its instances) -> what names them (a
+            COCO file's image id and file name with the annotation ids, a YOLO label file).
+    """
+    per_image = box_only_images(tables)
+    images = np.flatnonzero(per_image)
+    if not len(images):
+        return None
+    counts = np.diff(tables["instance_offsets"])
+    total, emptied = int(per_image.sum()), int((per_image[images] == counts[images]).sum())
+    named = "; ".join(where(int(i), int(per_image[i]), int(counts[i])) for i in images[:_NAMED]) + ("; ..." if len(images) > _NAMED else "")
+    return BoxOnlyError(
+        f"{source}: {total} annotation{'s' if total != 1 else ''} in {len(images)} image{'s' if len(images) != 1 else ''} "
+        f"ha{'ve' if total != 1 else 's'} a box and no mask ({named}); {emptied} of those images would have no target "
+        "left and their objects would be learned as background. Choose box_only (--data.box_only): drop_images "
+        "(leave those images out, counted), keep (box loss without mask loss; the demo model), or drop (train the "
+        "images without those boxes)")
+
+
+def _without_box_only_images(loaded: Loaded) -> Loaded:
+    """Leave out every image with a box-only instance, counting the images, the boxes and the rest."""
+    t = loaded.tables
+    per_image = box_only_images(t)
+    if not per_image.any():
+        return loaded
+    keep = per_image == 0
+    boxes = int(per_image.sum())
+    others = int(np.diff(t["instance_offsets"])[~keep].sum()) - boxes + int(np.diff(t["crowd_offsets"])[~keep].sum())
+    dropped = dict(loaded.dropped_counts)
+    for key, n in (("box_only", boxes), ("annotation_of_box_only_image", others),
+                   ("image_box_only_dropped", int((~keep).sum()))):
+        dropped[key] = dropped.get(key, 0) + n
+    return loaded._replace(tables=select_images(t, keep), dropped_counts=dropped)
 
 
 def _without_bad_images(loaded: Loaded, errors: Sequence[BadImageError | None], on_bad_sample: str) -> Loaded:

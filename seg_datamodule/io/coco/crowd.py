@@ -12,13 +12,15 @@ count in the end-of-fit report hints at it. So:
   instance, converted to exact polygons by :func:`~seg_datamodule.ops.rle.mask_to_rings` as
   non-crowd RLE is (filling the rings at pixel centres gives the RLE mask back bit for bit), with
   its label, annotation id, box and area. Applied on the loaded tables, so one cache serves both
-  settings; the conversion is paid at each build (about a millisecond per region).
+  settings; the conversion is paid at each build (about a millisecond per region);
+* :func:`crowd_as_instances_dict`: the same choice for the evaluation's ground truth, so a
+  validation or test split read with ``crowd_as_instances`` scores the regions as instances.
 """
 
 from __future__ import annotations
 
 import warnings
-from typing import Mapping
+from typing import Any, Mapping
 
 import numpy as np
 from pycocotools import mask as mask_utils
@@ -27,7 +29,7 @@ from seg_datamodule.io.coco.instances import VERTEX_SCALE
 from seg_datamodule.io.coco.tables import assemble
 from seg_datamodule.ops.rle import mask_to_rings
 
-__all__ = ["CROWD_TRAP_SHARE", "CrowdShareWarning", "crowd_to_instances", "crowd_trap_message", "warn_crowd_trap"]
+__all__ = ["CROWD_TRAP_SHARE", "CrowdShareWarning", "crowd_as_instances_dict", "crowd_to_instances", "crowd_trap_message", "warn_crowd_trap"]
 
 #: Above this share of crowd regions among a file's annotations, the file is probably such an export.
 CROWD_TRAP_SHARE = 0.5
@@ -69,6 +71,25 @@ def warn_crowd_trap(ann_file: str, instances: int, crowd: int) -> bool:
     _warned.add(ann_file)
     warnings.warn(message, CrowdShareWarning, stacklevel=3)
     return True
+
+
+def crowd_as_instances_dict(data: dict[str, Any]) -> dict[str, Any]:
+    """A COCO instances dict with every crowd region an instance (``iscrowd: 0``, its RLE mask kept).
+
+    ``pycocotools`` scores an ``iscrowd: 0`` annotation given as RLE by its mask, as it does a
+    polygon, so these are scored as the instances ``crowd_as_instances`` trains on.
+
+    Args:
+        data: the parsed JSON (not modified).
+
+    Returns:
+        a new dict, or ``data`` itself when it has no crowd region.
+    """
+    annotations = data.get("annotations") or []
+    if not any(isinstance(a, dict) and a.get("iscrowd") for a in annotations):
+        return data
+    return {**data, "annotations": [{**a, "iscrowd": 0} if isinstance(a, dict) and a.get("iscrowd") else a
+                                    for a in annotations]}
 
 
 def crowd_to_instances(tables: Mapping[str, np.ndarray]) -> tuple[dict[str, np.ndarray], int]:

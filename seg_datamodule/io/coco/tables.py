@@ -20,7 +20,7 @@ from seg_datamodule.ops.ragged import offsets_from_lengths, ragged_index
 from seg_datamodule.structures import Polygons
 
 __all__ = [
-    "FEDERATED_TABLES", "TABLE_KEYS", "assemble", "box_only_chunk", "category_presence", "check_tables", "crowd_mask", "crowd_rles",
+    "FEDERATED_TABLES", "TABLE_KEYS", "assemble", "box_only_chunk", "box_only_mask", "category_presence", "check_tables", "crowd_mask", "crowd_rles",
     "image_polygons", "select_images", "tables_equal", "without_box_only", "without_crowd",
 ]
 
@@ -180,6 +180,11 @@ def box_only_chunk(rows: Sequence[Sequence[float]]) -> dict[str, np.ndarray]:
         "nrings": np.zeros(len(table), np.int64), "ring_lens": np.zeros(0, np.int64),
         "vertices": np.zeros((0, 2), np.int32),
     }
+
+
+def box_only_mask(tables: Mapping[str, np.ndarray]) -> np.ndarray:
+    """(ndarray[N] bool) which instances are box-only (a box, no ring)."""
+    return np.diff(tables["instance_ring_offsets"]) == 0
 
 
 def without_box_only(tables: Mapping[str, np.ndarray]) -> tuple[dict[str, np.ndarray], int]:

@@ -7,6 +7,10 @@ instance as a polygon in pixels with its box, its polygon's area and ``iscrowd: 
 ids being the labels (``0..C-1``) named as in ``names``. Instances the index left out (bad lines,
 box-only lines) are left out here too, so validation scores exactly what it trains on.
 
+:func:`crowd_as_instances_ground_truth` does the same for a COCO file read with
+``crowd_as_instances``: the file with every crowd region made an instance (``iscrowd: 0``, its
+RLE mask kept), so validation scores the regions training learns from rather than ignoring them.
+
 The file is named after a digest of its content and written atomically in the index cache's
 folder (or, without a usable cache, a folder of this process's own): DDP ranks that write it at
 once write the same bytes, a changed split gets a new file, and a file already there is reused.
@@ -26,9 +30,10 @@ from typing import Any
 
 from seg_datamodule.io.coco import CocoIndex
 from seg_datamodule.io.coco.cache import default_cache_dir
+from seg_datamodule.io.coco.crowd import crowd_as_instances_dict
 from seg_datamodule.io.paths import make_private_dirs
 
-__all__ = ["ground_truth", "ground_truth_dict"]
+__all__ = ["crowd_as_instances_ground_truth", "ground_truth", "ground_truth_dict"]
 
 _log = logging.getLogger(__name__)
 _own_folder: list[Path] = []  # the process's folder when the cache folder cannot be used
@@ -89,9 +94,33 @@ def ground_truth(index: CocoIndex, cache_dir: str | os.PathLike[str] | None = No
     Returns:
         Path: the JSON, named ``<data.yaml stem>-<digest>.json``.
     """
-    text = json.dumps(ground_truth_dict(index), separators=(",", ":")).encode("utf-8")
+    return _write_once(ground_truth_dict(index), Path(index.ann_file).stem, cache_dir, use_cache)
+
+
+def crowd_as_instances_ground_truth(ann_file: str | os.PathLike[str], cache_dir: str | os.PathLike[str] | None = None,
+                                    use_cache: bool = True) -> Path:
+    """``ann_file`` with its crowd regions as instances (:func:`~seg_datamodule.io.coco.crowd.crowd_as_instances_dict`), written once.
+
+    Args:
+        ann_file: a COCO instances JSON.
+        cache_dir, use_cache: as for :func:`ground_truth`.
+
+    Returns:
+        Path: the JSON, named ``<stem>-crowd_as_instances-<digest>.json``; ``ann_file`` itself
+        when it has no crowd region.
+    """
+    data = json.loads(Path(ann_file).read_bytes())
+    converted = crowd_as_instances_dict(data)
+    if converted is data:
+        return Path(ann_file)
+    return _write_once(converted, f"{Path(ann_file).stem}-crowd_as_instances", cache_dir, use_cache)
+
+
+def _write_once(data: dict[str, Any], stem: str, cache_dir: str | os.PathLike[str] | None, use_cache: bool) -> Path:
+    """``data`` as compact JSON in ``<folder>/<stem>-<digest>.json``, unless that file is already there."""
+    text = json.dumps(data, separators=(",", ":")).encode("utf-8")
     digest = hashlib.blake2b(text, digest_size=12).hexdigest()
-    path = _folder(cache_dir, use_cache) / f"{Path(index.ann_file).stem}-{digest}.json"
+    path = _folder(cache_dir, use_cache) / f"{stem}-{digest}.json"
     if path.is_file() and path.stat().st_size == len(text):
         return path
     fd, tmp = tempfile.mkstemp(prefix=path.name + ".", suffix=".tmp", dir=path.parent)

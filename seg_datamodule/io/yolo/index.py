@@ -350,6 +350,11 @@ def _tables(dataset: DatasetYaml, split: str, listing: SplitImages, path: Path |
     return (tables, meta), (from_cache, written)
 
 
+def _box_lines(index: CocoIndex, i: int, boxes: int, instances: int) -> str:
+    """Image ``i``'s label file and how many of its lines are boxes (a BoxOnlyError's words)."""
+    return f"{label_paths([str(index.file_path(i))])[0]}: {boxes} box line{'s' if boxes != 1 else ''} of {instances}"
+
+
 def build_yolo_index(data_yaml: str | os.PathLike[str], split: str, options: IndexOptions | None = None,
                      **fields: Any) -> CocoIndex:
     """The index of one split of an Ultralytics dataset (see the module docstring), cached.
@@ -391,7 +396,8 @@ def build_yolo_index(data_yaml: str | os.PathLike[str], split: str, options: Ind
         (tables, meta), cached = _tables(dataset, split, listing, path, options, taken_ns)
     if options.on_bad_sample == "raise" and meta.get("first_problem") is not None:
         raise error_from_problem(meta["first_problem"])
-    index = CocoIndex.from_tables(tables, _with_listing(meta, listing), dataset.file, listing.root, options, cached)
+    index = CocoIndex.from_tables(tables, _with_listing(meta, listing), dataset.file, listing.root, options, cached,
+                                  source=f"{dataset.file} [{split}]", where=_box_lines)
     counts = ", ".join(f"{k} {v}" for k, v in index.source_counts.items())
     _log.info("%s [%s]: %s%s", dataset.file, split, index.summary(), f"; {counts}" if counts else "")
     return index
