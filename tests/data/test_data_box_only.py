@@ -68,7 +68,7 @@ def test_validation_box_only_targets_are_their_letterboxed_boxes(stripped, tmp_p
 
 def test_drop_gives_no_flag_and_no_box_only_target(stripped, tmp_path: Path) -> None:
     _, ids, _ = stripped
-    dm = _module(stripped, tmp_path)
+    dm = _module(stripped, tmp_path, box_only="drop")
     dm.setup("fit")
     for _, batch in zip(range(2), dm.val_dataloader()):
         assert batch.has_mask is None and not set(batch.annotation_ids.tolist()) & ids

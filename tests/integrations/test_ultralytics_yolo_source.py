@@ -11,7 +11,8 @@ own dataset code in validation mode (letterbox to 640, ``rect=False``); this pac
   classes in the same order, polygons equal to 1e-4 px and boxes to 1e-4 px once denormalised
   (Ultralytics holds float32 normalised numbers);
 * the image with a box line: Ultralytics 8.4 drops the whole image ("labels mix segment and
-  detection rows"); here its polygons are kept and the box line is counted as ``box_only``;
+  detection rows"); here, with ``box_only: drop``, its polygons are kept and the box line is counted
+  as ``box_only`` (the default refuses the split; ``drop_images`` drops the image as Ultralytics does);
 * the background image has no instance in either, and is counted as ``image_label_missing``;
 * the letterboxed validation canvases are pixel-identical where the scale is 1 (the photo
   included), and one fixed YOLO11n-seg model gives the same box, class and DFL losses on a batch
@@ -79,12 +80,13 @@ def test_the_same_instances_as_ultralytics(split, coco_mini: Path) -> None:
     from seg_datamodule.io.yolo import build_yolo_index
 
     yaml, dataset, (background, boxed, turned) = split
-    index = build_yolo_index(yaml, "val", use_cache=False)
+    index = build_yolo_index(yaml, "val", use_cache=False, box_only="drop")
     theirs = {Path(label["im_file"]).stem: label for label in dataset.labels}
     ours = {Path(index.file_name(i)).stem: i for i in range(len(index))}
     assert set(ours) - set(theirs) == {boxed} and len(ours) == len(theirs) + 1  # Ultralytics drops the mixed image
     assert len(ours) == len(json.loads((coco_mini / "annotations/instances_val2017.json").read_text())["images"])
-    assert index.dropped_counts["box_only"] == 1 and index.source_counts == {"image_label_missing": 1}
+    assert index.dropped_counts["box_only"] == 1
+    assert index.source_counts == {"image_label_missing": 1, "image_box_only": 1}
     assert len(index.labels(ours[boxed])) > 0
     polygon_error = box_error = 0.0
     for stem, label in theirs.items():
@@ -111,8 +113,8 @@ def test_letterboxed_batches_and_their_losses_match(split, tmp_path: Path) -> No
     from ultralytics.data.dataset import YOLODataset
 
     yaml, dataset, (_, _, turned) = split
-    dm = COCOSegDataModule(dataset=str(yaml), train_split=None, test_split=None, image_size=SIZE, num_workers=0,
-                           use_cache=False)
+    dm = COCOSegDataModule(dataset=str(yaml), train_split=None, test_split=None, image_size=SIZE, box_only="drop",
+                           num_workers=0, use_cache=False)
     dm.setup("validate")
     ours = {str(Path(dm.val_index.file_name(i)).stem): dm.val_dataset[i] for i in range(len(dm.val_dataset))}
     theirs = {Path(dataset.im_files[k]).stem: k for k in range(len(dataset))}

@@ -27,8 +27,8 @@ from seg_datamodule.io.coco.tables import box_only_mask, select_images, without_
 from seg_datamodule.io.images import BadImageError
 from seg_datamodule.ops.checks import check_bool, check_choice
 
-__all__ = ["BOX_ONLY_CHOICES", "BoxOnlyError", "IndexOptions", "Loaded", "apply_options", "box_only_error", "box_only_images",
-           "load_tables", "merge_options"]
+__all__ = ["BOX_ONLY_CHOICES", "BoxOnlyError", "IndexOptions", "Loaded", "apply_options", "box_only_counts",
+           "box_only_images", "load_tables", "merge_options", "refuse_box_only"]
 
 #: What ``box_only`` can say, the default first.
 BOX_ONLY_CHOICES = ("raise", "drop_images", "drop", "keep")
@@ -221,29 +221,51 @@ def box_only_images(tables: Mapping[str, np.ndarray]) -> np.ndarray:
     return np.bincount(owner[box_only_mask(tables)], minlength=len(per_image))
 
 
-def box_only_error(tables: Mapping[str, np.ndarray], source: str,
-                   where: Callable[[int, int, int], str]) -> BoxOnlyError | None:
-    """The :class:`BoxOnlyError` of tables with box-only instances (None without one).
+def box_only_counts(tables: Mapping[str, np.ndarray]) -> dict[str, int]:
+    """``{"image_box_only": images with a box-only instance}``, or ``{}`` without one (a source count)."""
+    images = int(np.count_nonzero(box_only_images(tables)))
+    return {"image_box_only": images} if images else {}
+
+
+def refuse_box_only(tables: Mapping[str, np.ndarray], source: str, file_name: Callable[[int], str],
+                    where: Callable[[int, int, int], str] | None = None) -> None:
+    """Raise a :class:`BoxOnlyError` when the tables hold box-only instances (``box_only: raise``).
 
     Args:
         tables: the unfiltered tables.
         source: the annotation file or split, as messages name it.
-        where: (image position, its box-only instances, all its instances) -> what names them (a
-            COCO file's image id and file name with the annotation ids, a YOLO label file).
+        file_name: image position -> its file name.
+        where: (image position, its box-only instances, all its instances) -> what names them; None:
+            the image id, file name and box-only annotation ids (a COCO file; a YOLO split names its
+            label files).
+
+    Raises:
+        BoxOnlyError: naming the first images, the counts and the choices.
     """
     per_image = box_only_images(tables)
     images = np.flatnonzero(per_image)
     if not len(images):
-        return None
+        return
     counts = np.diff(tables["instance_offsets"])
     total, emptied = int(per_image.sum()), int((per_image[images] == counts[images]).sum())
-    named = "; ".join(where(int(i), int(per_image[i]), int(counts[i])) for i in images[:_NAMED]) + ("; ..." if len(images) > _NAMED else "")
-    return BoxOnlyError(
+    named = "; ".join((where or _annotation_ids(tables, file_name))(int(i), int(per_image[i]), int(counts[i]))
+                      for i in images[:_NAMED]) + ("; ..." if len(images) > _NAMED else "")
+    raise BoxOnlyError(
         f"{source}: {total} annotation{'s' if total != 1 else ''} in {len(images)} image{'s' if len(images) != 1 else ''} "
         f"ha{'ve' if total != 1 else 's'} a box and no mask ({named}); {emptied} of those images would have no target "
         "left and their objects would be learned as background. Choose box_only (--data.box_only): drop_images "
         "(leave those images out, counted), keep (box loss without mask loss; the demo model), or drop (train the "
         "images without those boxes)")
+
+
+def _annotation_ids(tables: Mapping[str, np.ndarray], file_name: Callable[[int], str]) -> Callable[[int, int, int], str]:
+    """Names image ``i`` of a COCO file by its id and file name, with its box-only annotation ids."""
+    def where(i: int, boxes: int, instances: int) -> str:
+        a, b = int(tables["instance_offsets"][i]), int(tables["instance_offsets"][i + 1])
+        ids = tables["annotation_ids"][a:b][np.diff(tables["instance_ring_offsets"][a : b + 1]) == 0]
+        shown = ", ".join(map(str, ids[:5].tolist())) + (", ..." if len(ids) > 5 else "")
+        return f"image id {int(tables['image_ids'][i])} ({file_name(i)}): annotation id{'s' * (len(ids) > 1)} {shown}"
+    return where
 
 
 def _without_box_only_images(loaded: Loaded) -> Loaded:

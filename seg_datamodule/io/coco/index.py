@@ -25,8 +25,8 @@ from typing import Any, Callable, Mapping
 
 import numpy as np
 
-from seg_datamodule.io.coco.building import (IndexOptions, Loaded, apply_options, box_only_error, box_only_images,
-                                             load_tables, merge_options)
+from seg_datamodule.io.coco.building import IndexOptions, Loaded, apply_options, box_only_counts, load_tables
+from seg_datamodule.io.coco.building import merge_options, refuse_box_only
 from seg_datamodule.io.coco.cache import default_cache_dir
 from seg_datamodule.io.coco.crowd import warn_crowd_trap
 from seg_datamodule.io.coco.errors import format_skip_summary
@@ -102,25 +102,16 @@ class CocoIndex:
             image_root: folder holding the images named by ``file_name``.
             options (IndexOptions | None): the options below as one object; None: the defaults.
             **fields: any :class:`~seg_datamodule.io.coco.building.IndexOptions` field, given
-                flat (``CocoIndex.build(ann, images, on_bad_sample="skip")``), over ``options``:
-            on_bad_sample: ``"raise"`` fails on the first problem with a message naming the file
-                and ids; ``"skip"`` leaves bad entries out, counts them by reason
-                (:attr:`skip_counts`) and logs a summary once.
-            drop_crowd: leave crowd (``iscrowd=1``) regions out; :meth:`crowd_mask` then returns None.
-            drop_empty: leave out images without a target instance (kept as negatives by
-                default). Applied after ``drop_crowd``; crowd-only images count as empty.
-            verify_images: decode every image now (threads) and check its size against the
-                JSON; bad images raise, or in skip mode are left out and counted.
-            cache_dir: folder of the cache (see the module docstring); None: :func:`default_cache_dir`.
-            use_cache: read and write the cache.
-            crowd_as_instances: crowd regions as target instances (see :mod:`~seg_datamodule.io.coco.crowd`;
-                without it, a file of mostly crowd regions is named in a ``CrowdShareWarning``).
+                flat (``CocoIndex.build(ann, images, on_bad_sample="skip")``), over ``options``
+                (``on_bad_sample``, ``drop_crowd``, ``drop_empty``, ``verify_images``, ``cache_dir``,
+                ``use_cache``, ``crowd_as_instances``, ``box_only``: each explained there).
 
         Raises:
             TypeError, ValueError: ``on_bad_sample`` is neither ``"raise"`` nor ``"skip"``; a flag is not a bool.
             FileNotFoundError: ``ann_file`` does not exist.
             BadAnnotationError: a problem in the JSON (structural ones always; every one in ``"raise"`` mode).
             BadImageError: ``verify_images`` in ``"raise"`` mode found a bad image.
+            BoxOnlyError: box-only annotations under ``box_only="raise"`` (the default).
         """
         options = merge_options(options, fields, "CocoIndex.build()")
         ann_path = Path(ann_file).absolute()
@@ -132,30 +123,22 @@ class CocoIndex:
     @classmethod
     def from_tables(cls, tables: Mapping[str, np.ndarray], meta: Mapping[str, Any], ann_file: str | os.PathLike[str],
                     image_root: str | os.PathLike[str], options: IndexOptions,
-                    cached: tuple[bool, Path | None] = (False, None), source: str | None = None,
-                    where: Callable[["CocoIndex", int, int, int], str] | None = None) -> "CocoIndex":
+                    cached: tuple[bool, Path | None] = (False, None),
+                    where: tuple[str, Callable[["CocoIndex", int, int, int], str]] | None = None) -> "CocoIndex":
         """The index of unfiltered tables a reader loaded or built, with ``options`` applied as :meth:`build` does.
 
-        ``ann_file`` is what messages name (``source``, when given, instead: a data.yaml's split);
-        ``cached``: (:attr:`from_cache`, :attr:`cache_path`); ``where(index, i, boxes, instances)``
-        names image ``i``'s annotations in a :class:`~seg_datamodule.io.coco.building.BoxOnlyError`
-        (default: its id, file name and box-only annotation ids).
+        ``ann_file`` is what messages name; ``cached``: (:attr:`from_cache`, :attr:`cache_path`); ``where``:
+        (the source, ``(index, i, boxes, instances) ->`` image ``i``'s name) for a ``BoxOnlyError``.
 
         Raises:
-            BadImageError: ``verify_images`` in ``"raise"`` mode found a bad image.
-            BoxOnlyError: box-only annotations under ``box_only="raise"`` (the default).
+            BadImageError, BoxOnlyError: ``verify_images`` found a bad image; box-only annotations (``"raise"``).
         """
         index = cls(tables, meta, ann_file=ann_file, image_root=image_root)
         index.from_cache, index.cache_path, index.on_bad_sample = cached[0], cached[1], options.on_bad_sample
-        # Images with a box and no mask: counted whatever the choice, refused by default.
-        had_box_only = int(np.count_nonzero(box_only_images(index._t)))
-        if had_box_only:
-            index.source_counts["image_box_only"] = had_box_only
+        index.source_counts.update(box_only_counts(index._t))  # images with a box and no mask
         if options.box_only == "raise":
-            error = box_only_error(index._t, source or str(index.ann_file),
-                                   lambda *image: (where or _box_only_annotations)(index, *image))
-            if error is not None:
-                raise error
+            source, namer = where or (str(index.ann_file), None)
+            refuse_box_only(index._t, source, index.file_name, namer and (lambda *image: namer(index, *image)))
         # Options applied on the loaded arrays, so one cache serves them all.
         errors = find_bad_images(index.load_image, index.num_images) if options.verify_images else []
         loaded = Loaded(index._t, index._skip_counts, index._skip_examples, index.dropped_counts)
@@ -403,15 +386,6 @@ class CocoIndex:
             ids={"image_id": int(self._t["image_ids"][i]), "image_index": i},
             orientation=int(self._t["orientations"][i]),
         )
-
-
-def _box_only_annotations(index: CocoIndex, i: int, boxes: int, instances: int) -> str:
-    """Image ``i``'s id, file name and box-only annotation ids (before any option is applied)."""
-    t = index._t
-    a, b = int(t["instance_offsets"][i]), int(t["instance_offsets"][i + 1])
-    ids = t["annotation_ids"][a:b][np.diff(t["instance_ring_offsets"][a : b + 1]) == 0]
-    shown = ", ".join(map(str, ids[:5].tolist())) + (", ..." if len(ids) > 5 else "")
-    return f"image id {int(t['image_ids'][i])} ({index.file_name(i)}): annotation id{'s' if len(ids) > 1 else ''} {shown}"
 
 
 def _readonly(array: np.ndarray) -> np.ndarray:

@@ -350,11 +350,6 @@ def _tables(dataset: DatasetYaml, split: str, listing: SplitImages, path: Path |
     return (tables, meta), (from_cache, written)
 
 
-def _box_lines(index: CocoIndex, i: int, boxes: int, instances: int) -> str:
-    """Image ``i``'s label file and how many of its lines are boxes (a BoxOnlyError's words)."""
-    return f"{label_paths([str(index.file_path(i))])[0]}: {boxes} box line{'s' if boxes != 1 else ''} of {instances}"
-
-
 def build_yolo_index(data_yaml: str | os.PathLike[str], split: str, options: IndexOptions | None = None,
                      **fields: Any) -> CocoIndex:
     """The index of one split of an Ultralytics dataset (see the module docstring), cached.
@@ -397,7 +392,8 @@ def build_yolo_index(data_yaml: str | os.PathLike[str], split: str, options: Ind
     if options.on_bad_sample == "raise" and meta.get("first_problem") is not None:
         raise error_from_problem(meta["first_problem"])
     index = CocoIndex.from_tables(tables, _with_listing(meta, listing), dataset.file, listing.root, options, cached,
-                                  source=f"{dataset.file} [{split}]", where=_box_lines)
+                                  (f"{dataset.file} [{split}]", lambda index, i, boxes, lines: (  # a BoxOnlyError's words
+                                      f"{label_paths([str(index.file_path(i))])[0]}: {boxes} box lines of {lines}")))
     counts = ", ".join(f"{k} {v}" for k, v in index.source_counts.items())
     _log.info("%s [%s]: %s%s", dataset.file, split, index.summary(), f"; {counts}" if counts else "")
     return index

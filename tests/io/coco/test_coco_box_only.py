@@ -1,4 +1,4 @@
-"""``box_only: drop | keep`` on the index (issue 41): every annotation is an instance or counted, one
+"""``box_only: raise | drop_images | drop | keep`` on the index (issue 41): every annotation is an instance or counted, one
 cache serves both settings, and a kept box-only annotation is an instance without a ring and its box."""
 
 from __future__ import annotations
@@ -10,6 +10,7 @@ import numpy as np
 import pytest
 
 from seg_datamodule.io.coco import CocoIndex, IndexOptions
+from seg_datamodule.io.coco.building import BoxOnlyError
 
 
 def strip_segmentations(coco_mini: Path, out: Path, every: int = 4) -> tuple[Path, set[int]]:
@@ -32,16 +33,22 @@ def test_keep_and_drop_counts_add_up_and_share_one_cache(coco_mini: Path, tmp_pa
     ann, stripped = strip_segmentations(coco_mini, tmp_path / "val.json")
     data = json.loads(ann.read_text())
     cache = tmp_path / "cache"
-    drop = CocoIndex.build(ann, coco_mini / "val2017", cache_dir=cache)
+    drop = CocoIndex.build(ann, coco_mini / "val2017", cache_dir=cache, box_only="drop")
     keep = CocoIndex.build(ann, coco_mini / "val2017", cache_dir=cache, box_only="keep")
-    assert not drop.from_cache and keep.from_cache  # one cache serves both settings
+    images = CocoIndex.build(ann, coco_mini / "val2017", cache_dir=cache, box_only="drop_images")
+    assert not drop.from_cache and keep.from_cache and images.from_cache  # one cache serves every setting
     total = len(data["annotations"])
     assert drop.dropped_counts["box_only"] == len(stripped) > 0 and keep.dropped_counts["box_only"] == 0
     for index in (drop, keep):
         assert index.skip_counts == {}
         assert index.num_instances + index.num_crowd + index.dropped_counts["box_only"] == total
     assert keep.num_instances == drop.num_instances + len(stripped)
-    # The default is today's index: box-only annotations nowhere in it.
+    counts = images.dropped_counts
+    assert counts["box_only"] == len(stripped) and counts["image_box_only_dropped"] == drop.source_counts["image_box_only"]
+    assert images.num_instances + images.num_crowd + counts["box_only"] + counts["annotation_of_box_only_image"] == total
+    with pytest.raises(BoxOnlyError, match=f"{len(stripped)} annotations in"):  # the default, from the same cache
+        CocoIndex.build(ann, coco_mini / "val2017", cache_dir=cache)
+    # drop: box-only annotations nowhere in the index.
     drop_ids = np.concatenate([drop.annotation_ids(i) for i in range(len(drop))])
     assert not set(drop_ids.tolist()) & stripped
     # Kept: an instance without a ring, with the JSON's label and box.
@@ -60,8 +67,8 @@ def test_keep_and_drop_counts_add_up_and_share_one_cache(coco_mini: Path, tmp_pa
     assert seen == stripped
 
 
-def test_drop_is_the_default_and_the_key_is_checked() -> None:
-    assert IndexOptions().box_only == "drop"
+def test_raise_is_the_default_and_the_key_is_checked() -> None:
+    assert IndexOptions().box_only == "raise"
     with pytest.raises(ValueError, match="box_only"):
         IndexOptions(box_only="maybe")  # type: ignore[arg-type]
     with pytest.raises(TypeError, match="box_only"):
@@ -77,6 +84,6 @@ def test_a_box_only_image_is_not_empty_when_kept(coco_mini: Path, tmp_path: Path
             ann["segmentation"], ann["iscrowd"] = [], 0
     ann_file = tmp_path / "val.json"
     ann_file.write_text(json.dumps(data))
-    drop = CocoIndex.build(ann_file, coco_mini / "val2017", use_cache=False, drop_empty=True)
+    drop = CocoIndex.build(ann_file, coco_mini / "val2017", use_cache=False, drop_empty=True, box_only="drop")
     keep = CocoIndex.build(ann_file, coco_mini / "val2017", use_cache=False, drop_empty=True, box_only="keep")
     assert image_id not in drop.image_ids.tolist() and image_id in keep.image_ids.tolist()

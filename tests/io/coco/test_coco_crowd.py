@@ -19,6 +19,7 @@ from pycocotools import mask as mask_utils
 from pycocotools.coco import COCO
 
 from _reference import reference_rasterize
+from seg_datamodule.data.scan import NothingToLearnError
 from seg_datamodule.io.coco import CocoIndex, IndexOptions
 from seg_datamodule.io.coco import crowd
 from seg_datamodule.io.coco.crowd import CrowdShareWarning, crowd_trap_message
@@ -128,9 +129,13 @@ def test_the_datamodule_warns_at_setup_and_trains_on_the_regions(cvat_export: Pa
     images = str(coco_mini / "val2017")
     plain = COCOSegDataModule(train_ann=str(cvat_export), train_images=images, image_size=128, batch_size=4,
                               num_workers=0, use_cache=False)
-    with pytest.warns(CrowdShareWarning, match="crowd_as_instances: true"):
-        plain.setup("fit")
-    assert sum(len(b.boxes) for b in plain.train_dataloader()) == 0  # the trap: nothing to train on
+    with pytest.warns(CrowdShareWarning, match="crowd_as_instances: true"), \
+            pytest.raises(NothingToLearnError, match="crowd_as_instances: true"):
+        plain.setup("fit")  # the trap (nothing to train on) stops setup
+    allowed = COCOSegDataModule(train_ann=str(cvat_export), train_images=images, image_size=128, batch_size=4,
+                                num_workers=0, use_cache=False, allow_no_targets=True)
+    allowed.setup("fit")
+    assert sum(len(b.boxes) for b in allowed.train_dataloader()) == 0  # allowed on purpose: nothing to train on
 
     dm = COCOSegDataModule(train_ann=str(cvat_export), train_images=images, image_size=128, batch_size=4,
                            num_workers=0, use_cache=False, crowd_as_instances=True)
@@ -141,7 +146,7 @@ def test_the_datamodule_warns_at_setup_and_trains_on_the_regions(cvat_export: Pa
     assert delivered and delivered <= crowd_ids
     assert all(not b.ignore_masks.any() for b in batches)  # no region is ignored any more
     assert dm.skip_counts["train_index"]["crowd_as_instances"] == len(crowd_ids)
-    assert "crowd_as_instances" in dm.report()
+    assert f"train_index: {len(crowd_ids)} crowd regions converted to instances (crowd_as_instances)" in dm.report()
 
 
 def test_convert_takes_crowd_as_instances(cvat_export: Path, coco_mini: Path, tmp_path: Path) -> None:

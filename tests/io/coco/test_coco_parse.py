@@ -5,6 +5,7 @@ from __future__ import annotations
 import copy
 import json
 import logging
+import re
 from pathlib import Path
 from typing import Any
 
@@ -15,6 +16,7 @@ from _coco_cases import (
     Mutator, _ann, _annotation_skips, _base, _build, _delete, _image_skips, _kept_annotations, _set, _square, _write, flat,
 )
 from seg_datamodule.io.coco import BadAnnotationError, SKIP_REASONS
+from seg_datamodule.io.coco.building import BoxOnlyError
 from seg_datamodule.io.coco import parse as parse_module
 
 
@@ -143,7 +145,11 @@ def test_box_only_annotations_are_dropped_and_counted_apart_in_either_mode(tmp_p
     _set(102, "segmentation", None)(data)
     _set(105, "segmentation", [])(data)
     data["annotations"].append({**copy.deepcopy(_ann(data, 105)), "id": 106, "segmentation": ""})
-    index = _build(_write(tmp_path, data), on_bad_sample=mode)
+    named = ("4 annotations in 2 images have a box and no mask (image id 10 (a.jpg): annotation id 102; "
+             "image id 20 (b.jpg): annotation ids 101, 105, 106); 1 of those images would have no target left")
+    with pytest.raises(BoxOnlyError, match=re.escape(named)):
+        _build(_write(tmp_path, data), on_bad_sample=mode)  # the default: refused, never a bad entry
+    index = _build(_write(tmp_path, data), on_bad_sample=mode, box_only="drop")
     assert index.skip_counts == {} and index.dropped_counts["box_only"] == 4
     kept = _kept_annotations(index)
     assert kept == {103, 104}

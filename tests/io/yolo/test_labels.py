@@ -12,6 +12,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from _yolo_cases import SQUARE, TRIANGLE, make_dataset
+from seg_datamodule.io.coco.building import BoxOnlyError
 from seg_datamodule.io.images import BadImageError
 from seg_datamodule.io.yolo import YOLO_SKIP_REASONS, BadLabelError, build_yolo_index
 from seg_datamodule.io.yolo.labels import parse_label_files
@@ -69,11 +70,15 @@ def test_a_bad_line_is_skipped_and_counted(tmp_path: Path, line: str, reason: st
     assert any(reason in r.getMessage() and "b.txt:2" in r.getMessage() for r in caplog.records)
 
 
-def test_box_lines_are_dropped_and_counted_not_errors(tmp_path: Path) -> None:
+def test_box_lines_are_refused_by_default_or_dropped_and_counted_not_errors(tmp_path: Path) -> None:
     yaml = make_dataset(tmp_path, {"a.jpg": f"{TRIANGLE}\n1 0.5 0.5 0.2 0.3\n", "b.jpg": "0 0.3 0.3 0.1 0.1\n"})
-    index = build_yolo_index(yaml, "train", use_cache=False)  # raise mode: not a problem
+    with pytest.raises(BoxOnlyError) as caught:  # box_only: raise, the default
+        build_yolo_index(yaml, "train", use_cache=False)
+    assert f"{tmp_path / 'labels' / 'train' / 'a.txt'}: 1 box lines of 2" in str(caught.value)
+    assert "1 of those images would have no target left" in str(caught.value)
+    index = build_yolo_index(yaml, "train", use_cache=False, box_only="drop")  # not a problem: no BadLabelError
     assert index.skip_counts == {} and index.dropped_counts["box_only"] == 2 and index.num_instances == 1
-    assert index.source_counts == {}
+    assert index.source_counts == {"image_box_only": 2}
 
 
 def test_line_ends_bom_and_blank_lines(tmp_path: Path) -> None:

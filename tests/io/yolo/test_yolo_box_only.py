@@ -15,11 +15,16 @@ def test_box_lines_are_dropped_or_kept_and_counted(tmp_path: Path) -> None:
     yaml = make_dataset(tmp_path, {"a.jpg": f"{TRIANGLE}\n1 .5 .5 .2 .4\n{SQUARE}\n", "b.jpg": "0 .25 .5 .5 1\n",
                                    "c.jpg": SQUARE})
     cache = tmp_path / "cache"
-    drop = build_yolo_index(yaml, "train", cache_dir=cache)
+    drop = build_yolo_index(yaml, "train", cache_dir=cache, box_only="drop")
     keep = build_yolo_index(yaml, "train", cache_dir=cache, box_only="keep")
-    assert keep.from_cache
+    images = build_yolo_index(yaml, "train", cache_dir=cache, box_only="drop_images")
+    assert keep.from_cache and images.from_cache
     lines = 5
     assert (drop.num_instances, drop.dropped_counts["box_only"]) == (3, 2)
+    # drop_images: only c.jpg is left; a.jpg's two polygons are counted with its image.
+    assert [images.file_name(i) for i in range(len(images))] == ["c.jpg"]
+    assert {k: images.dropped_counts[k] for k in ("box_only", "annotation_of_box_only_image", "image_box_only_dropped")} \
+        == {"box_only": 2, "annotation_of_box_only_image": 2, "image_box_only_dropped": 2}
     assert (keep.num_instances, keep.dropped_counts["box_only"]) == (5, 0)
     for index in (drop, keep):
         assert index.num_instances + index.dropped_counts["box_only"] == lines and index.skip_counts == {}

@@ -26,7 +26,7 @@ from seg_datamodule.io.yolo import BadLabelError, build_yolo_index, ground_truth
 def test_the_index_of_a_split(tmp_path: Path) -> None:
     yaml = make_dataset(tmp_path, {"000000000042.jpg": f"{TRIANGLE}\n{SQUARE}\n", "IMG_7.jpg": SQUARE,
                                    "background.jpg": None, "empty.jpg": "\n", "7.jpg": f"{SQUARE}\n1 .5 .5 .1 .1\n"})
-    index = build_yolo_index(yaml, "train", cache_dir=tmp_path / "cache")
+    index = build_yolo_index(yaml, "train", cache_dir=tmp_path / "cache", box_only="drop")
     assert [index.file_name(i) for i in range(len(index))] == ["000000000042.jpg", "7.jpg", "IMG_7.jpg",
                                                                "background.jpg", "empty.jpg"]
     assert index.image_ids.tolist() == [42, 7, stable_image_id("IMG_7.jpg"), stable_image_id("background.jpg"),
@@ -39,7 +39,7 @@ def test_the_index_of_a_split(tmp_path: Path) -> None:
     np.testing.assert_allclose(index.polygons(0).instance(1)[0], [[36, 24], [54, 24], [54, 36], [36, 36]])
     np.testing.assert_allclose(index.bboxes(0), [[6, 4, 24, 16], [36, 24, 18, 12]])
     assert index.dropped_counts["box_only"] == 1 and index.skip_counts == {}
-    assert index.source_counts == {"image_label_missing": 1, "image_label_empty": 1}
+    assert index.source_counts == {"image_label_missing": 1, "image_label_empty": 1, "image_box_only": 1}
     assert index.ann_file == yaml and index.image_root == tmp_path / "images" / "train"
     assert pickle.loads(pickle.dumps(index)) == index
     assert index.load_image(0).shape == (40, 60, 3)
@@ -186,11 +186,11 @@ def test_chunks_of_any_size_give_the_same_index(tmp_path: Path, monkeypatch: pyt
     labels = {f"{k}.jpg": f"{TRIANGLE}\n{SQUARE}\n" if k % 3 else None for k in range(7)}
     labels["5.jpg"] = f"{TRIANGLE}\n9 0 0 1 0 1 1\n1 .5 .5 .1 .1\n"
     yaml = make_dataset(tmp_path, labels)
-    whole = build_yolo_index(yaml, "train", use_cache=False, on_bad_sample="skip")
+    whole = build_yolo_index(yaml, "train", use_cache=False, on_bad_sample="skip", box_only="drop")
     monkeypatch.setattr(index_module, "_CHUNK_IMAGES", 2)
-    chunked = build_yolo_index(yaml, "train", use_cache=False, on_bad_sample="skip")
+    chunked = build_yolo_index(yaml, "train", use_cache=False, on_bad_sample="skip", box_only="drop")
     assert chunked == whole and chunked.skip_counts == {"label_bad_class": 1}
-    assert chunked.source_counts == whole.source_counts == {"image_label_missing": 3}
+    assert chunked.source_counts == whole.source_counts == {"image_label_missing": 3, "image_box_only": 1}
     assert chunked.dropped_counts["box_only"] == 1 and chunked.num_instances == 7
     monkeypatch.setattr(index_module, "_CHUNK_IMAGES", 3)
     with pytest.raises(BadLabelError, match=r"5.txt:2: class 9"):
