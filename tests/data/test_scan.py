@@ -297,3 +297,40 @@ def test_scan_index_counts_backgrounds_and_labels_missing(coco_mini: Path, tmp_p
     scan = scan_index("val", "here", build_yolo_index(yaml, "val", use_cache=False))
     assert (scan.images, scan.backgrounds, scan.labels_missing) == (6, 2, 1)
     assert "2 backgrounds, 1 without a label file" in scan.line()
+
+
+# ---------------------------------------------------------------------------------------- skipped as bad
+
+
+def test_an_image_whose_every_annotation_was_skipped_is_left_out_not_a_background(coco_mini: Path,
+                                                                                   tmp_path: Path) -> None:
+    data = json.loads(_subset(coco_mini, tmp_path / "s.json").read_text())
+    first, second = sorted(im["id"] for im in data["images"])[:2]
+    bad = [a for a in data["annotations"] if a["image_id"] == first and not a["iscrowd"]]
+    crowd = sum(1 for a in data["annotations"] if a["image_id"] == first and a["iscrowd"])
+    for a in bad:
+        a["segmentation"] = [[1.0, 1.0, 5.0, 5.0]]  # two points: polygon_too_few_points
+    one = next(a for a in data["annotations"] if a["image_id"] == second and not a["iscrowd"])
+    one["segmentation"] = [[1.0, 1.0, 5.0, 5.0]]  # one of several: its image keeps the others
+    ann = tmp_path / "bad.json"
+    ann.write_text(json.dumps(data))
+    index = CocoIndex.build(ann, coco_mini / "val2017", use_cache=False, on_bad_sample="skip")
+    assert first not in index.image_ids.tolist() and second in index.image_ids.tolist()
+    assert index.skip_counts == {"polygon_too_few_points": len(bad) + 1, "image_all_annotations_skipped": 1}
+    assert index.dropped_counts["crowd_dropped"] == crowd
+    # Every annotation is in the index or counted with its reason.
+    assert index.num_instances + index.num_crowd + len(bad) + 1 + crowd == len(data["annotations"])
+    scan = scan_index("train", str(ann), index)
+    assert scan.left_out["image_all_annotations_skipped"] == 1 and "image_all_annotations_skipped 1" in scan.line()
+
+
+def test_a_label_file_whose_every_line_was_skipped_leaves_its_image_out(coco_mini: Path, tmp_path: Path) -> None:
+    root = tmp_path / "yolo"
+    yaml = _yolo(coco_mini, root, limit=4)
+    labels = sorted((root / "labels" / "val").glob("*.txt"))
+    lines = [line for line in labels[0].read_text().split("\n") if line.strip()]
+    labels[0].write_text("".join(f"999 {line.split(' ', 1)[1]}\n" for line in lines))  # every class out of range
+    index = build_yolo_index(yaml, "val", use_cache=False, on_bad_sample="skip")
+    names = [index.file_name(i) for i in range(len(index))]
+    assert f"{labels[0].stem}.jpg" not in names and len(names) == 3
+    assert index.skip_counts == {"label_bad_class": len(lines), "image_all_annotations_skipped": 1}

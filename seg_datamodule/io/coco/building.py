@@ -132,12 +132,14 @@ class Loaded(NamedTuple):
         skip_examples: reason -> the first few messages.
         dropped_counts: what was left out that is not a skip, ``"crowd_dropped"``,
             ``"image_empty_dropped"`` and ``"box_only"``.
+        skipped_image_ids: the ids of the images an annotation was skipped from (skip mode).
     """
 
     tables: dict[str, np.ndarray]
     skip_counts: dict[str, int]
     skip_examples: dict[str, list[str]]
     dropped_counts: dict[str, int]
+    skipped_image_ids: Sequence[int] = ()
 
 
 def load_tables(
@@ -175,7 +177,8 @@ def load_tables(
 
 def apply_options(loaded: Loaded, options: IndexOptions, image_errors: Sequence[BadImageError | None]) -> Loaded:
     """The tables with the options applied, in order: box-only annotations (dropped, or kept as
-    instances without a ring), bad images, crowd regions (as instances, or dropped), empty images.
+    instances without a ring), bad images, crowd regions as instances, images whose every target
+    was skipped as bad (left out, never trained as backgrounds), crowd regions dropped, empty images.
 
     Args:
         loaded: the tables as loaded (not modified).
@@ -201,6 +204,7 @@ def apply_options(loaded: Loaded, options: IndexOptions, image_errors: Sequence[
         tables, converted = crowd_to_instances(loaded.tables)
         dropped = {**loaded.dropped_counts, "crowd_as_instances": converted}
         loaded = loaded._replace(tables=tables, dropped_counts=dropped)
+    loaded = _without_emptied_images(loaded)
     if options.drop_crowd:
         dropped = dict(loaded.dropped_counts)
         dropped["crowd_dropped"] += len(loaded.tables["crowd_labels"])
@@ -284,6 +288,23 @@ def _without_box_only_images(loaded: Loaded) -> Loaded:
     return loaded._replace(tables=select_images(t, keep), dropped_counts=dropped)
 
 
+def _without_emptied_images(loaded: Loaded) -> Loaded:
+    """Leave out the images whose every target annotation was skipped as bad (skip mode): trained,
+    their objects would be learned as background. Counted as ``image_all_annotations_skipped``
+    (their annotations are already counted by reason), their crowd regions as ``crowd_dropped``."""
+    t = loaded.tables
+    if not len(loaded.skipped_image_ids):
+        return loaded
+    emptied = np.isin(t["image_ids"], np.asarray(loaded.skipped_image_ids, np.int64)) & (
+        np.diff(t["instance_offsets"]) == 0)
+    if not emptied.any():
+        return loaded
+    counts = {**loaded.skip_counts, "image_all_annotations_skipped": int(emptied.sum())}
+    dropped = dict(loaded.dropped_counts)
+    dropped["crowd_dropped"] = dropped.get("crowd_dropped", 0) + int(np.diff(t["crowd_offsets"])[emptied].sum())
+    return loaded._replace(tables=select_images(t, ~emptied), skip_counts=counts, dropped_counts=dropped)
+
+
 def _without_bad_images(loaded: Loaded, errors: Sequence[BadImageError | None], on_bad_sample: str) -> Loaded:
     """Raise the first bad image, or leave the bad ones out, counted with their annotations."""
     bad = [e for e in errors if e is not None]
@@ -295,4 +316,4 @@ def _without_bad_images(loaded: Loaded, errors: Sequence[BadImageError | None], 
     t = loaded.tables
     lost = int(np.diff(t["instance_offsets"])[~keep].sum() + np.diff(t["crowd_offsets"])[~keep].sum())
     counts, examples = count_image_errors(loaded.skip_counts, loaded.skip_examples, bad, lost)
-    return Loaded(select_images(t, keep), counts, examples, dict(loaded.dropped_counts))
+    return loaded._replace(tables=select_images(t, keep), skip_counts=counts, skip_examples=examples)

@@ -51,8 +51,9 @@ _log = logging.getLogger(__name__)
 _warned_folders: set[str] = set()  # cache folders found unusable in this process
 
 #: Bump when the cached arrays change meaning; older caches are then rebuilt.
-CACHE_FORMAT_VERSION = 5  # 2: LVIS's per-image neg / not-exhaustive label lists; 3: orientations, box_only;
-# 4: box-only annotations stored as instances without a ring; 5: a checksum of every array in the metadata
+CACHE_FORMAT_VERSION = 6  # 2: LVIS's per-image neg / not-exhaustive label lists; 3: orientations, box_only;
+# 4: box-only annotations stored as instances without a ring; 5: a checksum of every array in the metadata;
+# 6: the ids of the images an annotation was skipped from (skipped_image_ids)
 
 
 def default_cache_dir() -> Path:

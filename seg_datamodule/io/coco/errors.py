@@ -48,6 +48,10 @@ SKIP_REASONS: dict[str, str] = {
         "byte or not valid Unicode"
     ),
     "image_duplicate_id": "image entry whose id an earlier entry has (the first one is kept)",
+    "image_all_annotations_skipped": (
+        "image whose every target annotation was skipped as bad: left out, not trained as a background "
+        "(its annotations are counted under their own reasons)"
+    ),
     "image_missing": "image file does not exist",
     "image_unreadable": "image file exists but cannot be read",
     "image_truncated": "image file cut short",
@@ -148,6 +152,8 @@ class ProblemLog:
         self.counts: Counter[str] = Counter()
         self.examples: dict[str, list[str]] = {}
         self.first: tuple[tuple[int, int], dict[str, Any]] | None = None
+        #: Ids of the images an annotation was skipped from (one losing every object is left out).
+        self.images: set[int] = set()
 
     def add(
         self,
@@ -172,6 +178,8 @@ class ProblemLog:
         # A lone surrogate (a \\ud800 escape in the JSON) would make the message unprintable.
         message = (" ".join(where) + " " + detail).encode("utf-8", "backslashreplace").decode("utf-8")
         self.counts[reason] += 1
+        if what == "annotation" and type(image_id) is int:
+            self.images.add(image_id)
         examples = self.examples.setdefault(reason, [])
         if len(examples) < MAX_EXAMPLES:
             examples.append(message)

@@ -141,10 +141,10 @@ class CocoIndex:
             refuse_box_only(index._t, source, index.file_name, namer and (lambda *image: namer(index, *image)))
         # Options applied on the loaded arrays, so one cache serves them all.
         errors = find_bad_images(index.load_image, index.num_images) if options.verify_images else []
-        loaded = Loaded(index._t, index._skip_counts, index._skip_examples, index.dropped_counts)
-        index._t, index._skip_counts, index._skip_examples, index.dropped_counts = apply_options(
-            loaded, options, errors
-        )
+        loaded = Loaded(index._t, index._skip_counts, index._skip_examples, index.dropped_counts,
+                        meta.get("skipped_image_ids", ()))
+        index._t, index._skip_counts, index._skip_examples, index.dropped_counts, _ = apply_options(
+            loaded, options, errors)
         if index._skip_counts:
             example = next(iter(index._skip_examples.values()), [""])[0]
             _log.warning("%s: %s; e.g. %s", index.ann_file, format_skip_summary(index._skip_counts), example)

@@ -257,5 +257,6 @@ def _tables_from_json(
         "skip_counts": dict(problems.counts),
         "skip_examples": problems.examples,
         "first_problem": None if problems.first is None else problems.first[1],
+        "skipped_image_ids": sorted(problems.images),
     }
     return tables, meta

@@ -34,6 +34,7 @@ YOLO_SKIP_REASONS: dict[str, str] = {
     "image_list_unreadable": "a .txt list of images that cannot be read as UTF-8 text",
     "image_label_unreadable": "label file that exists but cannot be read",
     "image_size_mismatch": "image whose size changed since the index was built",
+    "image_all_annotations_skipped": "image whose every label line was skipped as bad: left out, not a background",
     # Label lines (each counts one line).
     "label_of_skipped_image": "line of the label file of an image that was skipped",
     "label_not_numbers": "line with a token that is not a number",

@@ -66,9 +66,12 @@ class _Problems:
         self.counts: Counter[str] = Counter()
         self.examples: dict[str, list[str]] = {}
         self.first: tuple[tuple[int, int], dict[str, Any]] | None = None
+        self.images: set[int] = set()  # ids of the images a line was skipped from
 
     def add(self, order: tuple[int, int], reason: str, problem: dict[str, Any]) -> None:
         self.counts[reason] += 1
+        if problem["kind"] == "line":
+            self.images.add(problem["image_id"])
         kept = self.examples.setdefault(reason, [])
         if len(kept) < MAX_EXAMPLES:
             kept.append(problem["message"])
@@ -286,8 +289,8 @@ def _build_tables(dataset: DatasetYaml, listing: SplitImages, images: list[str],
         not_exhaustive_labels=np.zeros(0, np.int64),
     )
     meta = {
-        "class_names": list(dataset.class_names), "skip_counts": dict(problems.counts),
-        "skip_examples": problems.examples, "first_problem": None if problems.first is None else problems.first[1],
+        "class_names": list(dataset.class_names), "skip_counts": dict(problems.counts), "skip_examples": problems.examples,
+        "first_problem": None if problems.first is None else problems.first[1], "skipped_image_ids": sorted(problems.images),
         "source_counts": {k: kept.counts[k] for k in ("image_label_missing", "image_label_empty")},
     }
     return tables, meta
@@ -358,13 +361,10 @@ def build_yolo_index(data_yaml: str | os.PathLike[str], split: str, options: Ind
         data_yaml: the dataset's ``data.yaml``.
         split: the split to read: ``"train"``, ``"val"``, ``"test"``, or any other the file names.
         options (IndexOptions | None): as for :meth:`~seg_datamodule.io.coco.CocoIndex.build`
-            (``on_bad_sample``, ``drop_empty``, ``verify_images``, ``cache_dir``, ``use_cache``;
-            an Ultralytics dataset has no crowd regions).
-        **fields: any :class:`~seg_datamodule.io.coco.IndexOptions` field, given flat.
+            (an Ultralytics dataset has no crowd regions); ``**fields``: any of its fields, flat.
 
     Returns:
-        CocoIndex: its ``ann_file`` is the data.yaml, its ``image_root`` the folder every image of
-        the split is below.
+        CocoIndex: its ``ann_file`` is the data.yaml, its ``image_root`` the folder below which every image is.
 
     Raises:
         DatasetYamlError, DatasetNotFoundError: the data.yaml, or the split, cannot be read.
@@ -372,6 +372,7 @@ def build_yolo_index(data_yaml: str | os.PathLike[str], split: str, options: Ind
         BadLabelError: with ``on_bad_sample="raise"``, the first bad line (file and line named),
             or a bad line of a ``.txt`` list.
         BadImageError: with ``on_bad_sample="raise"``, the first image that cannot be read.
+        BoxOnlyError: box lines under ``box_only="raise"`` (the default), naming the label files.
         ValueError: the split lists no image.
     """
     options = merge_options(options, fields, "build_yolo_index()")
