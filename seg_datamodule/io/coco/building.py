@@ -289,8 +289,8 @@ def _without_box_only_images(loaded: Loaded) -> Loaded:
 
 
 def _without_emptied_images(loaded: Loaded) -> Loaded:
-    """Leave out the images whose every target annotation was skipped as bad (skip mode): trained,
-    their objects would be learned as background. Counted as ``image_all_annotations_skipped``
+    """Leave out the images an annotation was skipped from (skip mode) that have no target left:
+    trained, their objects (or crowd) would be learned as background. Counted as ``image_all_annotations_skipped``
     (their annotations are already counted by reason), their crowd regions as ``crowd_dropped``."""
     t = loaded.tables
     if not len(loaded.skipped_image_ids):

@@ -49,7 +49,7 @@ SKIP_REASONS: dict[str, str] = {
     ),
     "image_duplicate_id": "image entry whose id an earlier entry has (the first one is kept)",
     "image_all_annotations_skipped": (
-        "image whose every target annotation was skipped as bad: left out, not trained as a background "
+        "image with no target left after its annotations were skipped as bad: left out, not trained as a background "
         "(its annotations are counted under their own reasons)"
     ),
     "image_missing": "image file does not exist",

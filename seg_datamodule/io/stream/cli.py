@@ -39,9 +39,10 @@ def convert_parser() -> argparse.ArgumentParser:
     parser.add_argument("--crowd-as-instances", action="store_true",
                         help="train on crowd (iscrowd=1) regions as instances (exports such as CVAT's mark every "
                              "mask a crowd)")
-    parser.add_argument("--box-only", choices=("drop", "keep"), default="drop",
-                        help="annotations with a box and no mask: drop and count them (default) or keep them as "
-                             "box targets without a mask")
+    parser.add_argument("--box-only", choices=("raise", "drop_images", "drop", "keep"), default="raise",
+                        help="annotations with a box and no mask: stop naming them (default: dropped, their objects "
+                             "would train as background), leave their images out, drop the boxes alone, or keep "
+                             "them as box targets without a mask")
     parser.add_argument("--drop-empty", action="store_true", help="leave out images without target instances")
     parser.add_argument("--verify-images", action="store_true",
                         help="decode every image now; bad ones raise or are skipped (recommended for training)")
