@@ -9,12 +9,14 @@ Importing this package never imports ``ultralytics``.
 
 from seg_datamodule.integrations._box_only import BoxOnlyUnsupportedError
 from seg_datamodule.integrations._ema import UltralyticsEMA
+from seg_datamodule.integrations._stages import NonFiniteLossError
 from seg_datamodule.integrations.torchvision import MaskRCNNModule, full_resolution_masks, to_torchvision
 from seg_datamodule.integrations.ultralytics import YOLOSegModule, semantic_masks, to_ultralytics_batch
 
 __all__ = [
     "BoxOnlyUnsupportedError",
     "MaskRCNNModule",
+    "NonFiniteLossError",
     "UltralyticsEMA",
     "YOLOSegModule",
     "full_resolution_masks",

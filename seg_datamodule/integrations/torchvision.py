@@ -31,7 +31,9 @@ from seg_datamodule.integrations._mask_rcnn import (
     build_mask_rcnn, build_pretrained_mask_rcnn, load_pretrained, read_pretrained, resolve_weights,
 )
 from seg_datamodule.integrations._optim import check_optim_args, configure_from_hparams
+from seg_datamodule.integrations._stages import NON_FINITE_CHOICES, EvaluationStages, check_loss
 from seg_datamodule.integrations._weights import Transfer
+from seg_datamodule.ops.checks import check_choice
 from seg_datamodule.structures import DetectionBatch
 
 __all__ = ["MaskRCNNModule", "full_resolution_masks", "to_torchvision"]
@@ -89,7 +91,7 @@ def to_torchvision(batch: DetectionBatch) -> tuple[list[Tensor], list[dict[str, 
     return images, targets
 
 
-class MaskRCNNModule(L.LightningModule):
+class MaskRCNNModule(EvaluationStages, L.LightningModule):
     """torchvision Mask R-CNN trained on :class:`DetectionBatch` es, scored by COCO mAP.
 
     Args:
@@ -127,16 +129,22 @@ class MaskRCNNModule(L.LightningModule):
         mask_rcnn_kwargs (dict | None): further ``torchvision.models.detection.MaskRCNN``
             arguments, e.g. ``rpn_post_nms_top_n_train`` or ``box_batch_size_per_image`` (fewer
             proposals make a CPU step several times cheaper).
+        on_nonfinite_loss (str): a NaN or infinite training loss ``"stop"`` s the run (default;
+            with ``InterruptCheckpoint`` a checkpoint is saved) or is ``"skip"`` ped, named once
+            with the step and the terms (:func:`~seg_datamodule.integrations._stages.check_loss`).
 
     Logs ``train/loss`` and ``train/{loss_classifier,loss_box_reg,loss_mask,loss_objectness,
-    loss_rpn_box_reg}`` and the COCO ``val/{segm,bbox}_{AP,...}``. torchvision computes losses in
-    training mode only, so validation logs no loss.
+    loss_rpn_box_reg}`` and the COCO ``val/{segm,bbox}_{AP,...}`` (``test/`` in ``trainer.test``);
+    ``trainer.predict`` returns COCO detections (:class:`EvaluationStages`). torchvision computes
+    losses in training mode only, so validation logs no loss.
 
     Raises:
         ValueError: a bad argument (an unknown backbone or weights name included), or a weights
             file that does not fit the model (``WeightsFileError``, which a failed download
             raises too, naming where to put the file).
     """
+
+    detections_name = "Mask R-CNN detections"
 
     def __init__(
         self,
@@ -159,6 +167,7 @@ class MaskRCNNModule(L.LightningModule):
         weights_backbone: str | None = None,
         weights_file: str | None = None,
         trainable_backbone_layers: int | None = None,
+        on_nonfinite_loss: Literal["stop", "skip"] = "stop",
     ) -> None:
         super().__init__()
         for name, value in (("num_classes", num_classes), ("min_size", min_size), ("max_size", max_size),
@@ -170,6 +179,7 @@ class MaskRCNNModule(L.LightningModule):
         if not (isinstance(box_score_thresh, (int, float)) and 0 <= box_score_thresh <= 1):
             raise ValueError(f"box_score_thresh must be in [0, 1], got {box_score_thresh!r}")
         check_optim_args(optimizer, lr, momentum, weight_decay, warmup_steps)
+        check_choice("on_nonfinite_loss", on_nonfinite_loss, NON_FINITE_CHOICES)
         from torchvision.models import resnet
 
         if backbone not in resnet.__all__ or not backbone.startswith(("resnet", "resnext", "wide_resnet")):
@@ -193,6 +203,7 @@ class MaskRCNNModule(L.LightningModule):
         if pretrained is not None:
             self.pretrained = load_pretrained(self.model, choice, *pretrained)
         self.coco_metric: COCOMaskMAP | None = None
+        self.test_metric: COCOMaskMAP | None = None
 
     def compute_losses(self, batch: DetectionBatch) -> tuple[Tensor, dict[str, Tensor]]:
         """Mask R-CNN's losses in training mode: their sum and each of the five."""
@@ -203,6 +214,8 @@ class MaskRCNNModule(L.LightningModule):
     def training_step(self, batch: DetectionBatch, batch_idx: int) -> Tensor:
         """The summed losses; logs ``train/loss`` and each term."""
         loss, losses = self.compute_losses(batch)
+        if not check_loss(self, loss, losses, "train"):
+            return None  # type: ignore[return-value]  # on_nonfinite_loss: skip
         self.log("train/loss", loss, prog_bar=True, batch_size=len(batch))
         for name, value in losses.items():
             self.log(f"train/{name}", value, batch_size=len(batch))
@@ -215,6 +228,7 @@ class MaskRCNNModule(L.LightningModule):
         self._fit_sizes_to_canvas()
         if self.hparams.coco_eval and self.coco_metric is None and stage in ("fit", "validate"):
             self.coco_metric = make_coco_metric(self, self.hparams.coco_ann_file, self.num_classes)
+        self.setup_stage(stage)
 
     def _fit_sizes_to_canvas(self) -> None:
         """``min_size`` / ``max_size`` left unset become the canvas side, so nothing is resized."""
@@ -255,7 +269,7 @@ class MaskRCNNModule(L.LightningModule):
 
     def on_validation_epoch_end(self) -> None:
         """Logs COCO ``val/{segm,bbox}_{AP,...}`` of the detections and prints both APs."""
-        log_coco_results(self, self.coco_metric, "Mask R-CNN detections")
+        log_coco_results(self, self.coco_metric, self.detections_name)
 
     def configure_optimizers(self) -> Any:
         """SGD or AdamW (no decay on norms and biases), linear warmup, per-step cosine."""

@@ -20,6 +20,7 @@ user set them), so nothing checks the network or pip-installs at run time.
 
 from __future__ import annotations
 
+import math
 import os
 from typing import Any, Literal
 
@@ -32,8 +33,10 @@ from seg_datamodule.integrations._box_only import refuse_box_only
 from seg_datamodule.integrations._coco import log_coco_results, make_coco_metric
 from seg_datamodule.integrations._ema import UltralyticsEMA, check_ema_args
 from seg_datamodule.integrations._optim import apply_nominal_batch, check_optim_args, configure_from_hparams
+from seg_datamodule.integrations._stages import NON_FINITE_CHOICES, EvaluationStages, check_loss
 from seg_datamodule.integrations._ultralytics_checkpoint import read_yolo_weights
 from seg_datamodule.integrations._weights import Transfer, load_matching
+from seg_datamodule.ops.checks import check_choice, check_number
 from seg_datamodule.structures import DetectionBatch
 
 __all__ = ["YOLOSegModule", "import_ultralytics", "semantic_masks", "to_ultralytics_batch"]
@@ -127,7 +130,7 @@ def to_ultralytics_batch(batch: DetectionBatch, semantic: bool = False) -> dict[
 # ------------------------------------------------------------------------------ the module
 
 
-class YOLOSegModule(L.LightningModule):
+class YOLOSegModule(EvaluationStages, L.LightningModule):
     """An Ultralytics segmentation model trained with its own loss on :class:`DetectionBatch` es.
 
     Args:
@@ -158,12 +161,19 @@ class YOLOSegModule(L.LightningModule):
         cosine_schedule (bool): cosine decay to 0 over the run after the warmup.
         conf, iou (float): validation NMS confidence and IoU thresholds (Ultralytics' val defaults).
         max_det (int): detections kept per image after NMS.
+        nms_time_limit (float | None): Ultralytics' NMS gives up on a batch after ``2 + limit *
+            images`` seconds, keeping no detection for the images left (and logs a warning per
+            batch); ``None`` (default) sets no limit, so every image is scored, as on a GPU.
+        on_nonfinite_loss (str): a NaN or infinite training loss ``"stop"`` s the run (default;
+            with ``InterruptCheckpoint`` a checkpoint is saved) or is ``"skip"`` ped (no optimiser
+            step), named once with the step and the terms (:func:`~seg_datamodule.integrations._stages.check_loss`).
         coco_eval (bool): score validation detections with COCO mAP (``val/segm_AP``, ...).
         coco_ann_file (str | None): the COCO JSON to score against; ``None`` takes the
             DataModule's ``val_ann`` at ``setup``.
 
     Logs ``train/{loss,box_loss,seg_loss,cls_loss,dfl_loss}``, the same under ``val/`` and the COCO
-    ``val/{segm,bbox}_{AP,AP50,AP75,AP_small,AP_medium,AP_large}`` of the NMS detections.
+    ``val/{segm,bbox}_{AP,AP50,AP75,AP_small,AP_medium,AP_large}`` of the NMS detections (``test/``
+    in ``trainer.test``); ``trainer.predict`` returns COCO detections (:class:`EvaluationStages`).
 
     Raises:
         ImportError: Ultralytics is not installed (the message names the extra).
@@ -171,6 +181,8 @@ class YOLOSegModule(L.LightningModule):
             at ``setup`` a ``nominal_batch_size`` without a DataModule's ``batch_size``, or (at
             the first batch) a canvas that is not a multiple of the model's stride.
     """
+
+    detections_name = "YOLO detections after NMS"
 
     def __init__(
         self,
@@ -195,6 +207,8 @@ class YOLOSegModule(L.LightningModule):
         ema_decay: float = 0.9999,
         ema_tau: float = 2000.0,
         nominal_batch_size: int | None = 64,
+        nms_time_limit: float | None = None,
+        on_nonfinite_loss: Literal["stop", "skip"] = "stop",
     ) -> None:
         super().__init__()
         if isinstance(num_classes, bool) or not isinstance(num_classes, int) or num_classes < 1:
@@ -208,6 +222,9 @@ class YOLOSegModule(L.LightningModule):
         if isinstance(max_det, bool) or not isinstance(max_det, int) or max_det < 1:
             raise ValueError(f"max_det must be a positive int, got {max_det!r}")
         check_optim_args(optimizer, lr, momentum, weight_decay, warmup_steps)
+        check_choice("on_nonfinite_loss", on_nonfinite_loss, NON_FINITE_CHOICES)
+        if nms_time_limit is not None:
+            check_number("nms_time_limit", nms_time_limit, 0.0)
         if not isinstance(ema, bool):
             raise ValueError(f"ema must be a bool, got {ema!r}")
         check_ema_args(ema_decay, ema_tau)
@@ -230,6 +247,7 @@ class YOLOSegModule(L.LightningModule):
         self._criterion: Any = None
         self._criterion_device: torch.device | None = None
         self.coco_metric: COCOMaskMAP | None = None
+        self.test_metric: COCOMaskMAP | None = None
 
     # ------------------------------------------------------------------------------ loss
 
@@ -283,6 +301,8 @@ class YOLOSegModule(L.LightningModule):
         set, so that after Lightning's division by both the gradients are Ultralytics' sums.
         """
         loss, items, _ = self.compute_losses(batch)
+        if not check_loss(self, loss, items, "train"):
+            return None  # type: ignore[return-value]  # on_nonfinite_loss: skip
         self.log("train/loss", loss, prog_bar=True, batch_size=len(batch))
         for name, value in items.items():
             self.log(f"train/{name}", value, batch_size=len(batch))
@@ -311,6 +331,7 @@ class YOLOSegModule(L.LightningModule):
             self.model.args.epochs = int(max_epochs)
         if self.hparams.coco_eval and self.coco_metric is None and stage in ("fit", "validate"):
             self.coco_metric = make_coco_metric(self, self.hparams.coco_ann_file, self.num_classes)
+        self.setup_stage(stage)
 
     def predict_batch(self, batch: DetectionBatch, outputs: Any = None) -> list[dict[str, Tensor]]:
         """Detections per image: Ultralytics' NMS and mask decoding, on the canvas.
@@ -335,6 +356,7 @@ class YOLOSegModule(L.LightningModule):
         detections = non_max_suppression(
             head.float(), self.hparams.conf, self.hparams.iou, nc=self.num_classes, multi_label=True,
             max_det=self.hparams.max_det, end2end=bool(getattr(self.model, "end2end", False)),
+            max_time_img=math.inf if self.hparams.get("nms_time_limit") is None else self.hparams.nms_time_limit,
         )
         canvas = tuple(batch.images.shape[-2:])
         # 4 for YOLOv8/YOLO11 (the ProtoNet upsamples P3 by 2); masks go to the canvas otherwise.
@@ -349,6 +371,7 @@ class YOLOSegModule(L.LightningModule):
     def validation_step(self, batch: DetectionBatch, batch_idx: int) -> None:
         """Logs ``val/loss`` and its terms; the NMS detections go into the COCO metric."""
         loss, items, outputs = self.compute_losses(batch)
+        check_loss(self, loss, items, "val")
         self.log("val/loss", loss, batch_size=len(batch))
         for name, value in items.items():
             self.log(f"val/{name}", value, batch_size=len(batch))
@@ -357,7 +380,7 @@ class YOLOSegModule(L.LightningModule):
 
     def on_validation_epoch_end(self) -> None:
         """Logs COCO ``val/{segm,bbox}_{AP,...}`` of the detections and prints both APs."""
-        log_coco_results(self, self.coco_metric, "YOLO detections after NMS")
+        log_coco_results(self, self.coco_metric, self.detections_name)
 
     def configure_optimizers(self) -> Any:
         """AdamW or SGD (no decay on norms and biases, the rest scaled for the nominal batch), warmup, cosine."""
