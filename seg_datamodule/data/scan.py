@@ -10,7 +10,7 @@ job (issue 49):
 * training on no target instance (every annotation a crowd region, every box dropped, every
   label file missing, nothing in the file) is a :class:`NothingToLearnError`;
 * a validation or test ground truth with no instance to score (COCO AP would print -1, or not
-  be computed at all) is a :class:`NothingScoredError`; a test file without annotations at all
+  be computed at all) is a :class:`NothingToScoreError`; a test file without annotations at all
   (COCO test-dev's image info) is not scored, by design, and passes;
 * an Ultralytics split where no image has a label file is a :class:`LabelsNotFoundError` naming
   where labels were looked for and the nearest folder there is (``Labels/`` beside ``labels/``).
@@ -31,7 +31,7 @@ from seg_datamodule.data.splits import EmptySplitError
 from seg_datamodule.io.coco import CocoIndex
 from seg_datamodule.io.yolo.labels_hint import labels_not_found_hint
 
-__all__ = ["LabelsNotFoundError", "NothingScoredError", "NothingToLearnError", "SCAN_FILE", "SplitScan",
+__all__ = ["LabelsNotFoundError", "NothingToScoreError", "NothingToLearnError", "SCAN_FILE", "SplitScan",
            "check_scan", "scan_index", "write_scan_json"]
 
 #: The scans' file in the run's log folder.
@@ -44,7 +44,7 @@ class NothingToLearnError(EmptySplitError):
     """A training split without a single target instance: it would train every object as background."""
 
 
-class NothingScoredError(EmptySplitError):
+class NothingToScoreError(EmptySplitError):
     """A validation or test ground truth without an instance COCO AP can score (it would print -1)."""
 
 
@@ -146,7 +146,7 @@ def check_scan(scan: SplitScan, index: CocoIndex, allow_no_targets: bool = False
     Raises:
         LabelsNotFoundError: an Ultralytics split where no image has a label file.
         NothingToLearnError: a training split without a target instance.
-        NothingScoredError: a validation split, or an annotated test split, without one.
+        NothingToScoreError: a validation split, or an annotated test split, without one.
     """
     if scan.instances or allow_no_targets or not scan.images:
         return
@@ -162,7 +162,7 @@ def check_scan(scan: SplitScan, index: CocoIndex, allow_no_targets: bool = False
     annotated = scan.crowd or scan.crowd_dropped or any(not k.startswith("image_") for k in scan.left_out)
     if scan.split == "test" and not annotated:
         return  # an image-info file (COCO test-dev): not scored, by design
-    raise NothingScoredError(f"{scan.source}: no instance for COCO AP to score ({scan.split}): {why}; "
+    raise NothingToScoreError(f"{scan.source}: no instance for COCO AP to score ({scan.split}): {why}; "
                              f"its AP would be -1 or not computed. On purpose: {_ALLOW}")
 
 

@@ -61,7 +61,7 @@ class BatchLetterbox:
         )
 
 
-@dataclass(frozen=True)
+@dataclass  # not frozen: Lightning moves what predict_step returns to the CPU field by field
 class CocoDetections:
     """Detections of a run of image occurrences, in original pixels and COCO category ids.
 

@@ -21,7 +21,7 @@ from pycocotools.cocoeval import COCOeval
 
 from _yolo import write_data_yaml, write_yolo_split
 from seg_datamodule import COCOSegDataModule
-from seg_datamodule.data.scan import (SCAN_FILE, LabelsNotFoundError, NothingScoredError, NothingToLearnError,
+from seg_datamodule.data.scan import (SCAN_FILE, LabelsNotFoundError, NothingToScoreError, NothingToLearnError,
                                       scan_index)
 from seg_datamodule.io.coco import CocoIndex
 from seg_datamodule.io.coco.building import BoxOnlyError
@@ -255,7 +255,7 @@ def test_a_crowd_only_validation_file_is_named_at_setup_and_scored_with_crowd_as
         coco_mini: Path, tmp_path: Path) -> None:
     ann = _subset(coco_mini, tmp_path / "cvat.json", crowd=True)
     images = str(coco_mini / "val2017")
-    with pytest.warns(UserWarning), pytest.raises(NothingScoredError) as caught:
+    with pytest.warns(UserWarning), pytest.raises(NothingToScoreError) as caught:
         _dm(tmp_path, val_ann=str(ann), val_images=images).setup("validate")
     assert "no instance for COCO AP to score (val)" in str(caught.value)
     assert "crowd_as_instances: true" in str(caught.value) and "-1" in str(caught.value)

@@ -20,6 +20,7 @@ from pycocotools.cocoeval import COCOeval
 
 from _yolo import write_data_yaml, write_yolo_split
 from seg_datamodule import COCOResultsWriter, COCOSegDataModule, InterruptCheckpoint
+from seg_datamodule.evaluation import CocoDetections
 from seg_datamodule.integrations import MaskRCNNModule, NonFiniteLossError
 
 pytest.importorskip("ultralytics")
@@ -60,6 +61,10 @@ def _test_and_predict(module: L.LightningModule, dm: COCOSegDataModule, truth: P
     writer = COCOResultsWriter(output=str(tmp_path / "results.json"), score_threshold=0.0)
     _trainer(tmp_path, callbacks=[writer]).predict(module, datamodule=dm, return_predictions=False)
     results = json.loads((tmp_path / "results.json").read_text())
+    # Returned to Python too (Lightning moves them to the CPU): the same detections per image.
+    returned = _trainer(tmp_path).predict(module, datamodule=dm)
+    assert all(isinstance(d, CocoDetections) for d in returned)
+    assert sum(int(d.dets_per_image.sum()) for d in returned) == len(results)
     gt_data = json.loads(truth.read_text())
     sizes = {im["id"]: (im["height"], im["width"]) for im in gt_data["images"]}
     categories = {c["id"] for c in gt_data["categories"]}
