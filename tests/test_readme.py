@@ -246,9 +246,12 @@ def test_readme_step_runs(name, runner):
     assert result.returncode == 0, f"{shlex.join(result.argv)}\n{result.output[-4000:]}"
     if step.kind == "bench":
         assert "usage:" in result.output
-    if step.kind == "cli" and step.subcommand == "predict":  # the writer's files, as configs/predict.yaml names them
-        results = json.loads((runner.work / "runs" / "predict" / "results.json").read_text())
-        images = json.loads((runner.work / "runs" / "predict" / "results_images.json").read_text())
+    if step.kind == "cli" and step.subcommand == "predict":  # the writer's files, as the command or configs/predict.yaml names them
+        argv = list(step.argv)
+        output = argv[argv.index("--trainer.callbacks.output") + 1] if "--trainer.callbacks.output" in argv else (
+            "runs/predict/results.json")
+        results = json.loads((runner.work / output).read_text())
+        images = json.loads((runner.work / output).with_name(Path(output).stem + "_images.json").read_text())
         assert isinstance(results, list) and images["info"]["images_predicted"] == len(images["images"]) > 0
     if step.kind == "cli" and step.subcommand == "test":
         assert "test/segm_AP" in result.output, result.output[-2000:]
