@@ -17,6 +17,7 @@ once); in validation it is said once per validation run.
 
 from __future__ import annotations
 
+import logging
 import math
 import warnings
 from typing import Any, Mapping
@@ -31,7 +32,7 @@ from seg_datamodule.evaluation.predictions import CocoDetections
 from seg_datamodule.evaluation.results import batch_detections
 from seg_datamodule.integrations._coco import log_coco_results, make_coco_metric
 
-__all__ = ["EvaluationStages", "NON_FINITE_CHOICES", "NonFiniteLossError", "check_loss"]
+__all__ = ["EvaluationStages", "NON_FINITE_CHOICES", "NonFiniteLossError", "OnceFilter", "check_loss"]
 
 #: What ``on_nonfinite_loss`` can say, the default first.
 NON_FINITE_CHOICES = ("stop", "skip")
@@ -83,6 +84,40 @@ def check_loss(module: L.LightningModule, loss: Tensor, terms: Mapping[str, Tens
         rank_zero_warn(f"{type(module).__name__}: a non-finite {stage} loss ({value:g}) in the validation at {where}; "
                        f"not finite: {bad}")
     return False
+
+
+class OnceFilter(logging.Filter):
+    """Lets a peer's per-batch console line through once, with ``hint`` appended; drops its repeats.
+
+    Ultralytics' NMS logs "NMS time limit ... exceeded" for every batch it gives up on (35 times
+    in one CPU validation); :meth:`install` puts one such filter on its logger, once per process.
+
+    Args:
+        prefix: the start of the message to say once.
+        hint: words appended to the one line (what to change).
+    """
+
+    def __init__(self, prefix: str, hint: str) -> None:
+        super().__init__()
+        self.prefix, self.hint, self.seen = prefix, hint, 0
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        message = record.getMessage()
+        if not message.startswith(self.prefix):
+            return True
+        self.seen += 1
+        record.msg, record.args = f"{message} ({self.hint}; said once, not per batch)", ()
+        return self.seen == 1
+
+    @classmethod
+    def install(cls, logger: logging.Logger, prefix: str, hint: str) -> "OnceFilter":
+        """The filter of ``prefix`` on ``logger``, added unless one is there already."""
+        for existing in logger.filters:
+            if isinstance(existing, cls) and existing.prefix == prefix:
+                return existing
+        once = cls(prefix, hint)
+        logger.addFilter(once)
+        return once
 
 
 class EvaluationStages:

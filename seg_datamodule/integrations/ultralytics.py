@@ -33,7 +33,7 @@ from seg_datamodule.integrations._box_only import refuse_box_only
 from seg_datamodule.integrations._coco import log_coco_results, make_coco_metric
 from seg_datamodule.integrations._ema import UltralyticsEMA, check_ema_args
 from seg_datamodule.integrations._optim import apply_nominal_batch, check_optim_args, configure_from_hparams
-from seg_datamodule.integrations._stages import NON_FINITE_CHOICES, EvaluationStages, check_loss
+from seg_datamodule.integrations._stages import NON_FINITE_CHOICES, EvaluationStages, OnceFilter, check_loss
 from seg_datamodule.integrations._ultralytics_checkpoint import read_yolo_weights
 from seg_datamodule.integrations._weights import Transfer, load_matching
 from seg_datamodule.ops.checks import check_choice, check_number
@@ -348,6 +348,12 @@ class YOLOSegModule(EvaluationStages, L.LightningModule):
         from ultralytics.utils.nms import non_max_suppression
         from ultralytics.utils.ops import process_mask
 
+        limit = self.hparams.get("nms_time_limit")
+        if limit is not None:  # Ultralytics warns per batch it gives up on: once here
+            from ultralytics.utils import LOGGER
+
+            OnceFilter.install(LOGGER, "NMS time limit", "detections of the batch's later images are dropped; "
+                                                         "nms_time_limit: null sets no limit")
         if outputs is None:
             outputs = self.model(to_ultralytics_batch(batch)["img"])
         head, proto = outputs[0]  # eval mode: ((B, 4 + C + k, A), protos (B, k, Hp, Wp)), raw dict
@@ -356,7 +362,7 @@ class YOLOSegModule(EvaluationStages, L.LightningModule):
         detections = non_max_suppression(
             head.float(), self.hparams.conf, self.hparams.iou, nc=self.num_classes, multi_label=True,
             max_det=self.hparams.max_det, end2end=bool(getattr(self.model, "end2end", False)),
-            max_time_img=math.inf if self.hparams.get("nms_time_limit") is None else self.hparams.nms_time_limit,
+            max_time_img=math.inf if limit is None else limit,
         )
         canvas = tuple(batch.images.shape[-2:])
         # 4 for YOLOv8/YOLO11 (the ProtoNet upsamples P3 by 2); masks go to the canvas otherwise.

@@ -96,6 +96,9 @@ class _ReferenceEMA(L.Callback):
 
 
 @pytest.mark.slow
+# SGD at lr 0.05 without warmup moves the average far from the weights in 3 steps, and the model diverges:
+# its validation loss is NaN, which the module names (check_loss) and these tests of the average ignore.
+@pytest.mark.filterwarnings("ignore:YOLOSegModule. a non-finite val loss")
 def test_the_ema_is_ultralytics_model_ema(demo_dir, tmp_path, ema_class) -> None:
     module = YOLOSegModule(num_classes=4, optimizer="SGD", lr=0.05, warmup_steps=0, ema=False, nominal_batch_size=8,
                            coco_eval=False)
@@ -118,6 +121,9 @@ class _Validated(L.Callback):
 
 
 @pytest.mark.slow
+# SGD at lr 0.05 without warmup moves the average far from the weights in 3 steps, and the model diverges:
+# its validation loss is NaN, which the module names (check_loss) and these tests of the average ignore.
+@pytest.mark.filterwarnings("ignore:YOLOSegModule. a non-finite val loss")
 def test_the_checkpoint_holds_the_ema_and_resumes_exactly(demo_dir, tmp_path, ema_class) -> None:
     def run(max_steps: int, ckpt_path=None) -> tuple[YOLOSegModule, _ReferenceEMA, UltralyticsEMA]:
         L.seed_everything(0)
