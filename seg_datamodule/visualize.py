@@ -2,6 +2,8 @@
 
 :func:`draw_instances` is a pure function over one image's arrays; :func:`save_batch_png` lays a
 :class:`~seg_datamodule.structures.batch.DetectionBatch` out as a grid and writes it as a PNG.
+:func:`draw_results` draws COCO results entries (RLE masks, xywh boxes) on their original image,
+labelled with class names and scores (what ``COCOResultsWriter(draw_dir=...)`` writes).
 """
 
 from __future__ import annotations
@@ -13,7 +15,7 @@ import numpy as np
 
 from seg_datamodule.structures import DetectionBatch
 
-__all__ = ["batch_grid", "draw_instances", "save_batch_png"]
+__all__ = ["batch_grid", "draw_instances", "draw_results", "save_batch_png"]
 
 
 def _palette(n: int) -> np.ndarray:
@@ -93,6 +95,48 @@ def draw_instances(
             cv2.putText(out, f"{tag}{int(labels[k])}", (x0 + 2, max(y0 + 10, 10)),
                         cv2.FONT_HERSHEY_SIMPLEX, 0.35, c, 1, cv2.LINE_AA)
     return out
+
+
+def draw_results(image: np.ndarray, results: list[dict], names: dict[int, str], min_score: float = 0.3,
+                 alpha: float = 0.45) -> tuple[np.ndarray, list[str]]:
+    """Draw one image's COCO results entries: masks blended, boxes, ``"<class name> <score>"`` labels.
+
+    Args:
+        image (ndarray[H, W, 3] uint8): the original image, RGB, as the results' pixels refer to it.
+        results: its entries (``bbox`` xywh, ``score``, ``category_id``, optional ``segmentation``
+            RLE of size ``[H, W]``).
+        names: COCO category id -> class name (an id without one is written as the id).
+        min_score: entries scoring below this are not drawn.
+        alpha: mask opacity.
+
+    Returns:
+        (a new RGB image, the labels drawn, best score first).
+    """
+    from pycocotools import mask as mask_utils
+
+    kept = sorted((r for r in results if r["score"] >= min_score), key=lambda r: -r["score"])
+    out = image.astype(np.float32)
+    colours = _palette(max(len(kept), 1))
+    for r, colour in zip(kept, colours):
+        if "segmentation" in r:
+            rle = dict(r["segmentation"])
+            rle["counts"] = rle["counts"].encode() if isinstance(rle["counts"], str) else rle["counts"]
+            mask = mask_utils.decode(rle).astype(bool)
+            out[mask] = (1 - alpha) * out[mask] + alpha * colour
+    out = np.ascontiguousarray(out.clip(0, 255).astype(np.uint8))
+    labels = []
+    for r, colour in zip(kept, colours):
+        x, y, w, h = r["bbox"]
+        c = tuple(int(v) for v in colour)
+        cv2.rectangle(out, (int(round(x)), int(round(y))), (int(round(x + w)), int(round(y + h))), c, 2, cv2.LINE_AA)
+        label = f"{names.get(int(r['category_id']), str(r['category_id']))} {r['score']:.2f}"
+        labels.append(label)
+        (tw, th), _ = cv2.getTextSize(label, cv2.FONT_HERSHEY_SIMPLEX, 0.5, 1)
+        top = max(int(round(y)) - th - 4, 0)
+        cv2.rectangle(out, (int(round(x)), top), (int(round(x)) + tw + 4, top + th + 4), c, -1)
+        cv2.putText(out, label, (int(round(x)) + 2, top + th + 1), cv2.FONT_HERSHEY_SIMPLEX, 0.5, (0, 0, 0), 1,
+                    cv2.LINE_AA)
+    return out, labels
 
 
 def batch_grid(batch: DetectionBatch, max_images: int = 16, columns: int = 4) -> np.ndarray:

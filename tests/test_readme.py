@@ -254,6 +254,9 @@ def test_readme_step_runs(name, runner):
         results = json.loads((runner.work / output).read_text())
         images = json.loads((runner.work / output).with_name(Path(output).stem + "_images.json").read_text())
         assert isinstance(results, list) and images["info"]["images_predicted"] == len(images["images"]) > 0
+        if "--trainer.callbacks.draw_dir" in argv:  # a picture per image predicted (at most 50)
+            pictures = list((runner.work / argv[argv.index("--trainer.callbacks.draw_dir") + 1]).glob("*.jpg"))
+            assert len(pictures) == min(50, len(images["images"]))
     if step.kind == "cli" and step.subcommand == "test":
         assert "test/segm_AP" in result.output, result.output[-2000:]
     if step.kind == "cli" and step.subcommand == "fit":

@@ -39,6 +39,7 @@ from lightning.pytorch.callbacks import BasePredictionWriter
 from lightning.pytorch.utilities import rank_zero_info
 
 from seg_datamodule.evaluation.predictions import CocoDetections
+from seg_datamodule.io.images import BadImageError
 from seg_datamodule.evaluation.results import batch_detections, detections_to_results
 from seg_datamodule.ops.checks import check_int, check_number
 
@@ -57,10 +58,18 @@ class COCOResultsWriter(BasePredictionWriter):
         category_ids (Sequence[int] | None): COCO category id of each label, for canvas
             predictions; None takes the DataModule's ``category_ids``.
         images_file (str | None): the image-info file; None: ``<output stem>_images.json``.
+        draw_dir (str | None): also write the first :attr:`draw_max_images` images predicted there
+            (``<image id>.jpg``), as shown (EXIF applied for a folder), with their detections
+            scoring at least :attr:`draw_min_score` drawn: masks, boxes, class names and scores
+            (:func:`~seg_datamodule.visualize.draw_results`). None (default): no pictures.
 
     Raises:
         TypeError, ValueError: a bad argument.
     """
+
+    #: With ``draw_dir``: how many images are drawn, and the score a detection needs to be drawn.
+    draw_max_images: int = 50
+    draw_min_score: float = 0.3
 
     def __init__(
         self,
@@ -70,8 +79,10 @@ class COCOResultsWriter(BasePredictionWriter):
         mask_threshold: float = 0.5,
         category_ids: Sequence[int] | None = None,
         images_file: str | None = None,
+        draw_dir: str | None = None,
     ) -> None:
         super().__init__(write_interval="batch")
+        self.draw_dir = None if draw_dir is None else Path(draw_dir)
         if not isinstance(output, (str, os.PathLike)) or not str(output):
             raise TypeError(f"output must be a file path, got {output!r}")
         self.output = Path(output)
@@ -185,12 +196,44 @@ class COCOResultsWriter(BasePredictionWriter):
             "images": _image_entries(images, datamodule),
             "categories": _categories(datamodule, self.category_ids),
         })
+        drawn = self._draw(results, list(images), datamodule) if self.draw_dir is not None else 0
         left_out = "".join(f", {key} {n}" for key, n in listing.items())
         rank_zero_info(
             f"COCOResultsWriter: {len(results)} detections on {len(images)} images -> {self.output} "
             f"(images: {self.images_file}); skipped {sum(skipped.values())} bad images {dict(skipped) or ''}".rstrip()
             + f"; {ignored} files ignored (not images){left_out}"
+            + (f"; {drawn} pictures -> {self.draw_dir}" if self.draw_dir is not None else "")
         )
+
+    def _draw(self, results: list[dict[str, Any]], predicted: list[int], datamodule: Any) -> int:
+        """Draw the first images predicted (ids in order) with their results into ``draw_dir``; how many were written."""
+        import cv2
+
+        from seg_datamodule.io.orientation import decode_oriented, exif_orientation
+        from seg_datamodule.visualize import draw_results
+
+        listing = getattr(getattr(datamodule, "predict_dataset", None), "images", None)
+        if listing is None:
+            return 0
+        names = {int(c["id"]): str(c["name"]) for c in _categories(datamodule, self.category_ids)}
+        by_image: dict[int, list[dict[str, Any]]] = collections.defaultdict(list)
+        for r in results:
+            by_image[int(r["image_id"])].append(r)
+        assert self.draw_dir is not None
+        self.draw_dir.mkdir(parents=True, exist_ok=True)
+        written = 0
+        position = {int(image_id): i for i, image_id in enumerate(listing.image_ids.tolist())}
+        for image_id in [i for i in predicted if i in position][: self.draw_max_images]:
+            path = listing.path(position[image_id])
+            try:
+                data = Path(path).read_bytes()
+                image, _ = decode_oriented(data, exif_orientation(data) if listing.oriented else 1, name=path)
+            except (OSError, ValueError, BadImageError):  # skipped and counted when predicting: nothing to draw
+                continue
+            picture, _ = draw_results(image, by_image.get(int(image_id), []), names, self.draw_min_score)
+            cv2.imwrite(str(self.draw_dir / f"{image_id}.jpg"), cv2.cvtColor(picture, cv2.COLOR_RGB2BGR))
+            written += 1
+        return written
 
 
 def _write_json(path: Path, value: Any) -> None:

@@ -10,6 +10,7 @@ import json
 import logging
 from pathlib import Path
 
+import cv2
 import lightning as L
 import numpy as np
 import pytest
@@ -23,6 +24,7 @@ from seg_datamodule import COCOResultsWriter, COCOSegDataModule, InterruptCheckp
 from seg_datamodule.evaluation import CocoDetections
 from seg_datamodule.integrations import MaskRCNNModule, NonFiniteLossError
 from seg_datamodule.integrations._stages import OnceFilter
+from seg_datamodule.visualize import draw_results
 
 pytest.importorskip("ultralytics")
 from seg_datamodule.integrations import YOLOSegModule  # noqa: E402
@@ -59,7 +61,9 @@ def _test_and_predict(module: L.LightningModule, dm: COCOSegDataModule, truth: P
     metrics = _trainer(tmp_path).test(module, datamodule=dm, verbose=False)[0]
     assert {"test/segm_AP", "test/bbox_AP", "test/segm_AP50"} <= set(metrics)
     assert all(0.0 <= metrics[k] <= 1.0 for k in ("test/segm_AP", "test/bbox_AP"))  # scored: never -1
-    writer = COCOResultsWriter(output=str(tmp_path / "results.json"), score_threshold=0.0)
+    writer = COCOResultsWriter(output=str(tmp_path / "results.json"), score_threshold=0.0,
+                               draw_dir=str(tmp_path / "pictures"))
+    writer.draw_min_score = 0.0  # an untrained model's scores are low
     _trainer(tmp_path, callbacks=[writer]).predict(module, datamodule=dm, return_predictions=False)
     results = json.loads((tmp_path / "results.json").read_text())
     # Returned to Python too (Lightning moves them to the CPU): the same detections per image.
@@ -83,6 +87,18 @@ def _test_and_predict(module: L.LightningModule, dm: COCOSegDataModule, truth: P
         if mask_utils.area(rle):
             mx, my, mw, mh = mask_utils.toBbox(rle)
             assert mx >= x - cell and my >= y - cell and mx + mw <= x + w + cell and my + mh <= y + h + cell
+    # Pictures: each predicted image as shown, its detections drawn with class names (not indices).
+    names = {c["id"]: c["name"] for c in gt_data["categories"]}
+    for image_id, (height, width) in sizes.items():
+        picture = cv2.imread(str(tmp_path / "pictures" / f"{image_id}.jpg"))
+        assert picture.shape == (height, width, 3)
+    first = max(results, key=lambda r: r["score"])
+    original = cv2.cvtColor(cv2.imread(str(dm.predict_dataset.images.path(
+        dm.predict_dataset.images.image_ids.tolist().index(first["image_id"])))), cv2.COLOR_BGR2RGB)
+    drawn, labels = draw_results(original, [r for r in results if r["image_id"] == first["image_id"]], names, 0.0)
+    assert labels[0] == f"{names[first['category_id']]} {first['score']:.2f}"
+    assert all(label.rsplit(" ", 1)[0] in names.values() for label in labels)
+    assert (drawn != original).any()
     # The independent reference: pycocotools reads the file and scores it against the ground truth.
     with contextlib.redirect_stdout(io.StringIO()):
         gt = COCO(str(truth))
