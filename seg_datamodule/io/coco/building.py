@@ -17,12 +17,12 @@ from typing import Any, Callable, Literal, Mapping, NamedTuple, Sequence
 
 import numpy as np
 
+from seg_datamodule.errors import UserInputError
 from seg_datamodule.io.coco.cache import cached_tables
 from seg_datamodule.io.coco.crowd import crowd_to_instances
 from seg_datamodule.io.coco.errors import error_from_first
 from seg_datamodule.io.coco.parse import build_tables
 from seg_datamodule.io.coco.reading import count_image_errors
-from seg_datamodule.errors import UserInputError
 from seg_datamodule.io.coco.tables import box_only_mask, select_images, without_box_only, without_crowd
 from seg_datamodule.io.images import BadImageError
 from seg_datamodule.ops.checks import check_bool, check_choice
@@ -81,8 +81,8 @@ class IndexOptions:
 
     Raises:
         TypeError, ValueError: ``on_bad_sample`` is not a str, or neither ``"raise"`` nor ``"skip"``;
-            the same for ``box_only`` (``"raise"``, ``"drop_images"``, ``"drop"`` or ``"keep"``) and ``index_check`` (``"files"``
-            or ``"folders"``).
+            the same for ``box_only`` (``"raise"``, ``"drop_images"``, ``"drop"`` or ``"keep"``) and
+            ``index_check`` (``"files"`` or ``"folders"``).
         TypeError: a flag is not a bool.
         ValueError: ``crowd_as_instances`` and ``drop_crowd`` both set.
     """

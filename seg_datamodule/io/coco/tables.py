@@ -198,7 +198,7 @@ def without_box_only(tables: Mapping[str, np.ndarray]) -> tuple[dict[str, np.nda
     """
     t = tables
     nrings = np.diff(t["instance_ring_offsets"])
-    keep = nrings > 0
+    keep = ~box_only_mask(t)
     if keep.all():
         return dict(t), 0
     per_image = np.diff(t["instance_offsets"])
