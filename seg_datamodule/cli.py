@@ -77,6 +77,27 @@ class SegCLI(LightningCLI):
         self._resumed_step: int | None = None
         super().__init__(*args, **kwargs)
 
+    def parse_arguments(self, parser, args: ArgsType) -> None:  # noqa: ANN001 (jsonargparse parser)
+        """Parse as LightningCLI does, noting the ``--model...`` options typed on the command line."""
+        words = sys.argv[1:] if args is None else args
+        self._typed_model_keys = typed_model_keys(words) if isinstance(words, (list, tuple)) else set()
+        super().parse_arguments(parser, args)
+
+    def _parse_ckpt_path(self) -> None:
+        """The ``--ckpt_path`` checkpoint's hyperparameters build the model, but what is typed wins.
+
+        Lightning >= 2.6 replaces the model's configuration with the checkpoint's hyperparameters,
+        the command line included: ``predict --ckpt_path last.ckpt --model.init_args.conf 0.25`` ran
+        with the training run's ``conf`` and said nothing (Lightning's open PR 21455). The options
+        typed on the command line are put back over them; config files still give way.
+        """
+        subcommand = self.config.get("subcommand")
+        typed = {key: self.config[f"{subcommand}.{key}"] for key in self._typed_model_keys
+                 if subcommand and f"{subcommand}.{key}" in self.config}
+        super()._parse_ckpt_path()
+        for key, value in typed.items():
+            self.config[f"{subcommand}.{key}"] = value
+
     def add_arguments_to_parser(self, parser) -> None:  # noqa: ANN001 (jsonargparse parser)
         parser.link_arguments("data", "model.init_args.num_classes", compute_fn=self._num_classes,
                               apply_on="instantiate")
@@ -155,6 +176,25 @@ def main(args: ArgsType = None) -> SegCLI | None:
             raise
         sys.stderr.write(message + "\n")
         raise SystemExit(2) from None
+
+
+def typed_model_keys(words: Sequence[object]) -> set[str]:
+    """The model options in command-line ``words``, as config keys under the subcommand.
+
+    ``--model.init_args.conf 0`` and ``--model.conf=0`` (jsonargparse's short form) give
+    ``model.init_args.conf``; ``--model X`` (a class or a file) gives ``model``.
+    """
+    keys = set()
+    for word in words:
+        name = str(word).split("=", 1)[0]
+        if name == "--model":
+            keys.add("model")
+        elif name.startswith("--model."):
+            parts = name.removeprefix("--").split(".")
+            if parts[1] not in ("class_path", "init_args", "dict_kwargs"):
+                parts.insert(1, "init_args")
+            keys.add(".".join(parts))
+    return keys
 
 
 class _DataOnlyCLI(SegCLI):

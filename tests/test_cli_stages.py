@@ -81,3 +81,39 @@ def test_validate_test_and_predict_from_a_checkpoint_with_only_their_split(coco_
     proc = _cli(["validate", *coco, "--ckpt_path", ckpt, *NO_TRAIN, "--data.val_ann", str(fewer),
                  "--data.val_images", images["val"], "--trainer.limit_val_batches", "1"], tmp_path, ok=False)
     assert "fewer_categories.json: category ids" in proc.stderr
+
+
+# LightningCLI's own call of a jsonargparse API that jsonargparse deprecates (add_instantiator).
+@pytest.mark.filterwarnings("ignore::jsonargparse._deprecated.JsonargparseDeprecationWarning")
+def test_options_typed_with_ckpt_path_win_over_the_checkpoints_hyperparameters(tmp_path: Path,
+                                                                              monkeypatch: pytest.MonkeyPatch) -> None:
+    # Lightning >= 2.6 builds the model from the checkpoint's hyperparameters, and replaced a typed
+    # `--model.init_args.width` by them silently; a config file's values still give way to them.
+    import lightning as L
+    import torch
+    from lightning.pytorch.cli import LightningCLI
+
+    from seg_datamodule import COCOSegDataModule
+    from seg_datamodule.cli import SegCLI, typed_model_keys
+
+    assert typed_model_keys(["--model.init_args.conf", "0", "--model.iou=0.5", "--model", "x.yaml", "--data.model.a",
+                             "--trainer.max_epochs", "1"]) == {"model.init_args.conf", "model.init_args.iou", "model"}
+    if not hasattr(LightningCLI, "_parse_ckpt_path"):
+        pytest.skip("this Lightning does not read --ckpt_path hyperparameters into the config")
+    ckpt = tmp_path / "hparams.ckpt"
+    torch.save({"hyper_parameters": {"_class_path": "seg_datamodule.demo.model.YolactLite", "width": 8,
+                                     "num_prototypes": 12, "lr": 0.5}}, ckpt)
+    seen = {}
+
+    class Parsed(SegCLI):
+        def instantiate_classes(self) -> None:
+            seen.update(self.config[self.subcommand]["model"]["init_args"])
+            raise SystemExit(0)
+
+    monkeypatch.setattr(sys, "argv", sys.argv[:1])
+    with pytest.raises(SystemExit):
+        Parsed(L.LightningModule, COCOSegDataModule, subclass_mode_model=True, args=[
+            "predict", "--config", str(ROOT / "configs" / "predict.yaml"), "--ckpt_path", str(ckpt),
+            "--model.init_args.width", "24", "--model.lr=0.25"])
+    # typed: 24 and 0.25; from the checkpoint over predict.yaml's 32: num_prototypes 12
+    assert (seen["width"], seen["lr"], seen["num_prototypes"]) == (24, 0.25, 12)

@@ -85,7 +85,7 @@ def publish_report(
 ) -> list[Path]:
     """Print the table and write ``<filename>.json`` (and ``.png``) into ``dirpath``; rank 0 calls it.
 
-    Nothing is reported (a warning says so) for a fit of no more than ``warmup_steps`` steps,
+    Nothing is reported (one line through ``show`` says so) for a fit of no more than ``warmup_steps`` steps,
     unless it stopped early after some: then the partial report has the rows. A fit an exception
     stopped before any step reports nothing and warns of nothing (the exception says what happened).
     ``show`` prints the table and the paths (the callback's goes through the progress bar).
@@ -97,10 +97,8 @@ def publish_report(
     if not summary and not (facts.stopped_by and steps):
         if facts.stopped_by:
             return []
-        rank_zero_warn(
-            f"StepTimeProfiler: {steps} training steps, not more than"
-            f" warmup_steps={warmup_steps}; nothing to report."
-        )
+        # One plain line: a short run on purpose (a smoke test, a docs example) is not a defect.
+        show(f"StepTimeProfiler: {steps} training steps, not more than warmup_steps={warmup_steps}; nothing to report.")
         return []
     report = build_report(summary, rows, warmup_steps, facts)
     if summary:

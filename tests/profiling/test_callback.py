@@ -7,6 +7,8 @@ within 10 % (or 3 ms) of what the doubles measured they injected.
 from __future__ import annotations
 
 import json
+import logging
+import warnings
 from pathlib import Path
 from typing import Any
 
@@ -265,10 +267,16 @@ def test_amp_scaler_skipped_steps_stay_sane(tmp_path: Path) -> None:
 
 
 @pytest.mark.slow
-def test_fewer_steps_than_warmup_warns_and_writes_nothing(tmp_path: Path) -> None:
+def test_fewer_steps_than_warmup_says_so_in_one_line_and_writes_nothing(tmp_path: Path,
+                                                                       caplog: pytest.LogCaptureFixture) -> None:
+    caplog.set_level(logging.INFO)  # without a progress bar the line is logged (rank_zero_info)
     profiler = StepTimeProfiler(warmup_steps=5)
-    with pytest.warns(UserWarning, match="3 training steps, not more than warmup_steps=5"):
+    with warnings.catch_warnings():
+        # a plain line (issue 51), not a Python warning with its source line
+        warnings.filterwarnings("error", message="StepTimeProfiler")
         fit(tmp_path, profiler, CostModel(forward_ms=0.0), max_steps=3)
+    lines = [message for message in caplog.messages if "StepTimeProfiler" in message]
+    assert lines == ["StepTimeProfiler: 3 training steps, not more than warmup_steps=5; nothing to report."]
     assert profiler.summary() == {} and len(profiler.rows()) == 3
     assert not (tmp_path / "step_time.json").exists()
 
