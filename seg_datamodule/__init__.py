@@ -2,7 +2,8 @@
 
 Data path, one folder a stage: ``io`` (load) -> ``transforms`` (augment) -> ``data`` (dataset,
 collate, ``COCOSegDataModule``), all speaking ``structures`` and built on the pure kernels in
-``ops``; ``profiling`` (the ``StepTimeProfiler`` callback) beside it, importing nothing from it.
+``ops``; ``profiling`` (the ``StepTimeProfiler`` callback) beside it, importing nothing from it;
+``pictures`` (``FitPictures``: the data drawn into the run folder at fit start).
 """
 
 from seg_datamodule.structures import DetectionBatch, Polygons, Sample
@@ -17,6 +18,7 @@ from seg_datamodule.demo.data import ensure_demo_dataset
 from seg_datamodule.profiling import StepTimeAccumulator, StepTimeProfiler, plot_step_split
 from seg_datamodule.evaluation import COCOMaskMAP, COCOResultsWriter
 from seg_datamodule.checkpointing import InterruptCheckpoint
+from seg_datamodule.pictures import FitPictures
 
 __all__ = [
     "BadAnnotationError",
@@ -28,6 +30,7 @@ __all__ = [
     "DetectionBatch",
     "DetectionCollate",
     "EpochShardSampler",
+    "FitPictures",
     "InterruptCheckpoint",
     "Polygons",
     "Sample",

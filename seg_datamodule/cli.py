@@ -54,9 +54,10 @@ __all__ = ["SegCLI", "datamodule_from_config", "loader_bench_main", "main"]
 #: What ``seg-datamodule --help`` says above LightningCLI's own subcommands: the two it dispatches itself.
 _DESCRIPTION = (
     "Train, validate, test or predict with COCOSegDataModule (the LightningCLI subcommands below). "
-    "Two more commands: 'seg-datamodule convert ANN IMAGES OUTPUT' writes LitData chunks to stream "
+    "Three more commands: 'seg-datamodule convert ANN IMAGES OUTPUT' writes LitData chunks to stream "
     "(data.train_stream); 'seg-datamodule loader-bench --config CONFIG' runs the train loader alone at "
-    "several num_workers. Each takes --help."
+    "several num_workers; 'seg-datamodule inspect --config CONFIG [--split S]' writes an HTML report of a "
+    "split. Each takes --help."
 )
 
 
@@ -169,6 +170,11 @@ def main(args: ArgsType = None) -> SegCLI | None:
         if words[:1] == ["loader-bench"]:
             loader_bench_main(words[1:])
             return None
+        if words[:1] == ["inspect"]:
+            from seg_datamodule.pictures.inspect import inspect_main
+
+            inspect_main(words[1:])
+            return None
         return SegCLI(LightningModule, COCOSegDataModule, subclass_mode_model=True, args=args)
     except Exception as exc:
         message = user_error_message(prog, exc)
@@ -214,21 +220,41 @@ def datamodule_from_config(cli_args: Sequence[str]) -> COCOSegDataModule:
     The config's ``trainer.max_epochs`` reaches the training dataset as the Trainer's would
     (``close_mosaic`` counts back from it).
     """
+    datamodule, config = configured(cli_args)
+    datamodule.setup("fit")
+    max_epochs = config.get("trainer", {}).get("max_epochs")
+    if isinstance(max_epochs, int) and max_epochs > 0 and datamodule.train_dataset is not None:
+        datamodule.train_dataset.set_max_epochs(max_epochs)
+    return datamodule
+
+
+class _DataModuleOnlyCLI(_DataOnlyCLI):
+    """Instantiates the DataModule alone: no model is built (its weights files need not be there) and
+    no split is read (the class count the model would get is not asked for)."""
+
+    def instantiate_classes(self) -> None:
+        config = self.config.clone()
+        config["model"] = None
+        self.config_init = self.parser.instantiate_classes(config)
+        self.datamodule = self._get(self.config_init, "data")
+        self.model = None
+
+    def _num_classes(self, datamodule: COCOSegDataModule) -> int:
+        return 1  # never used: no model is built
+
+
+def configured(cli_args: Sequence[str]) -> tuple[COCOSegDataModule, Any]:
+    """The DataModule these LightningCLI arguments configure (not set up) and the parsed config."""
     # LightningCLI warns when it is given args while sys.argv holds others (ours, the subcommand's).
     argv, sys.argv = sys.argv, sys.argv[:1]
     try:
-        cli = _DataOnlyCLI(
+        cli = _DataModuleOnlyCLI(
             LightningModule, COCOSegDataModule, subclass_mode_model=True, run=False, save_config_callback=None,
             args=list(cli_args),
         )
     finally:
         sys.argv = argv
-    datamodule = cli.datamodule
-    datamodule.setup("fit")
-    max_epochs = cli.config.get("trainer", {}).get("max_epochs")
-    if isinstance(max_epochs, int) and max_epochs > 0 and datamodule.train_dataset is not None:
-        datamodule.train_dataset.set_max_epochs(max_epochs)
-    return datamodule
+    return cli.datamodule, cli.config
 
 
 def _loader_bench_parser() -> argparse.ArgumentParser:

@@ -8,10 +8,12 @@ labelled with class names and scores (what ``COCOResultsWriter(draw_dir=...)`` w
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from pathlib import Path
 
 import cv2
 import numpy as np
+import torch
 
 from seg_datamodule.structures import DetectionBatch
 
@@ -44,7 +46,8 @@ def draw_instances(
         image (ndarray[H, W, 3] uint8): RGB image.
         masks (ndarray[N, Hp, Wp] bool): instance masks on the stride grid.
         boxes (ndarray[N, 4] float): xyxy boxes in image pixels.
-        labels (ndarray[N] int | None): class indices, written at each box's corner.
+        labels (ndarray[N] int | Sequence[str] | None): class indices or names, written at each
+            box's corner.
         mask_stride (int): stride of the mask grid.
         ignore_mask (ndarray[Hp, Wp] bool | None): crowd regions, hatched in grey.
         alpha (float): mask opacity.
@@ -69,10 +72,25 @@ def draw_instances(
         big = np.repeat(np.repeat(m, mask_stride, axis=0), mask_stride, axis=1)
         return big[:h, :w]
 
-    # 1. Masks, blended; crowd regions as a grey checkerboard.
+    def window(m: np.ndarray) -> tuple[int, int, np.ndarray] | None:
+        """``(top, left, the mask's bounding window upsampled)`` in image pixels; None when empty.
+        Only the window is upsampled and blended: the cost follows the instance, not the image."""
+        rows, cols = np.flatnonzero(m.any(axis=1)), np.flatnonzero(m.any(axis=0))
+        if not len(rows):
+            return None
+        top, left = int(rows[0]) * mask_stride, int(cols[0]) * mask_stride
+        sub = m[rows[0] : rows[-1] + 1, cols[0] : cols[-1] + 1]
+        big = np.repeat(np.repeat(sub, mask_stride, axis=0), mask_stride, axis=1)
+        return top, left, big[: max(h - top, 0), : max(w - left, 0)]
+
+    # 1. Masks, blended in turn; crowd regions as a grey checkerboard.
     for mask, colour in zip(masks, colours):
-        big = up(np.asarray(mask, bool))
-        out[big] = (1 - alpha) * out[big] + alpha * colour
+        found = window(np.asarray(mask, bool))
+        if found is None:
+            continue
+        top, left, big = found
+        region = out[top : top + big.shape[0], left : left + big.shape[1]]
+        region[big] = (1 - alpha) * region[big] + alpha * colour
     if ignore_mask is not None and np.any(ignore_mask):
         big = up(np.asarray(ignore_mask, bool))
         yy, xx = np.indices((h, w))
@@ -81,8 +99,12 @@ def draw_instances(
     out = np.ascontiguousarray(out.clip(0, 255).astype(np.uint8))
     origins = np.zeros(len(masks), np.uint8) if origins is None else np.asarray(origins)
     for mask in np.asarray(masks)[origins == 1]:
-        contours, _ = cv2.findContours(up(np.asarray(mask, bool)).astype(np.uint8), cv2.RETR_EXTERNAL,
-                                       cv2.CHAIN_APPROX_SIMPLE)
+        found = window(np.asarray(mask, bool))
+        if found is None:
+            continue
+        top, left, big = found
+        contours, _ = cv2.findContours(big.astype(np.uint8), cv2.RETR_EXTERNAL, cv2.CHAIN_APPROX_SIMPLE,
+                                       offset=(left, top))
         cv2.drawContours(out, contours, -1, (255, 255, 255), 2, cv2.LINE_AA)
 
     # 2. Boxes and labels.
@@ -92,7 +114,8 @@ def draw_instances(
         cv2.rectangle(out, (x0, y0), (max(x1 - 1, x0), max(y1 - 1, y0)), c, 1, cv2.LINE_AA)
         if labels is not None:
             tag = ("", "P", "M")[int(origins[k])] if origins[k] < 3 else "?"
-            cv2.putText(out, f"{tag}{int(labels[k])}", (x0 + 2, max(y0 + 10, 10)),
+            text = labels[k] if isinstance(labels[k], str) else str(int(labels[k]))
+            cv2.putText(out, f"{tag}{text}", (x0 + 2, max(y0 + 10, 10)),
                         cv2.FONT_HERSHEY_SIMPLEX, 0.35, c, 1, cv2.LINE_AA)
     return out
 
@@ -139,18 +162,25 @@ def draw_results(image: np.ndarray, results: list[dict], names: dict[int, str], 
     return out, labels
 
 
-def batch_grid(batch: DetectionBatch, max_images: int = 16, columns: int = 4) -> np.ndarray:
+def _named(labels: list[int], names: Sequence[str] | None) -> list[str]:
+    """Class names for ``labels`` (a label without one, or no names at all: the label itself)."""
+    return [names[k] if names is not None and 0 <= k < len(names) else str(k) for k in labels]
+
+
+def batch_grid(batch: DetectionBatch, max_images: int = 16, columns: int = 4,
+               names: Sequence[str] | None = None) -> np.ndarray:
     """Draw every image of a batch (up to ``max_images``) and tile them in a grid.
 
     Args:
-        batch (DetectionBatch): a collated batch.
+        batch (DetectionBatch): a collated batch (``images`` uint8 or float in [0, 255]).
         max_images (int): at most this many images.
         columns (int): images per row.
+        names (Sequence[str] | None): class names by label (the DataModule's ``class_names``).
 
     Returns:
         ndarray[rows * H, columns * W, 3] uint8: RGB grid (fill 0 where no image).
     """
-    images = batch.images[:max_images].permute(0, 2, 3, 1).cpu().numpy()
+    images = batch.images[:max_images].permute(0, 2, 3, 1).cpu().clamp(0, 255).to(torch.uint8).numpy()
     masks = batch.split_masks()
     counts = batch.boxes_per_image.tolist()
     starts = np.cumsum([0, *counts])
@@ -164,7 +194,7 @@ def batch_grid(batch: DetectionBatch, max_images: int = 16, columns: int = 4) ->
             images[i],
             masks[i].cpu().numpy(),
             batch.boxes[sl].cpu().numpy(),
-            batch.labels[sl].cpu().numpy(),
+            _named(batch.labels[sl].tolist(), names),
             mask_stride=batch.mask_stride,
             ignore_mask=batch.ignore_masks[i].cpu().numpy(),
             origins=None if batch.origins is None else batch.origins[sl].cpu().numpy(),
@@ -175,7 +205,8 @@ def batch_grid(batch: DetectionBatch, max_images: int = 16, columns: int = 4) ->
 
 
 def save_batch_png(
-    batch: DetectionBatch, path: str | Path, max_images: int = 16, columns: int = 4
+    batch: DetectionBatch, path: str | Path, max_images: int = 16, columns: int = 4,
+    names: Sequence[str] | None = None,
 ) -> Path:
     """Write :func:`batch_grid` of ``batch`` as a PNG.
 
@@ -184,6 +215,7 @@ def save_batch_png(
         path (str | Path): output file (parent folders are created).
         max_images (int): at most this many images.
         columns (int): images per row.
+        names (Sequence[str] | None): class names by label (the DataModule's ``class_names``).
 
     Returns:
         Path: the written file.
@@ -193,7 +225,7 @@ def save_batch_png(
     """
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
-    grid = batch_grid(batch, max_images=max_images, columns=columns)
+    grid = batch_grid(batch, max_images=max_images, columns=columns, names=names)
     if not cv2.imwrite(str(path), cv2.cvtColor(grid, cv2.COLOR_RGB2BGR)):
         raise OSError(f"could not write PNG {str(path)!r}")
     return path

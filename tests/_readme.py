@@ -99,6 +99,8 @@ def cli_limits(subcommand: str | None, resumes: bool, config: str | None = None)
         return [*CLI_LIMITS, *model, "--trainer.max_epochs", "2" if resumes else "1"]
     if subcommand == "loader-bench":
         return ["--data.batch_size", "4", "--data.image_size", SIZE]
+    if subcommand == "inspect":  # a few images and probe samples, at the suite's canvas
+        return ["--data.batch_size", "4", "--data.image_size", SIZE, "--samples", "4", "--probe", "8"]
     if subcommand in ("validate", "test", "predict"):
         return [f"--trainer.limit_{'val' if subcommand == 'validate' else subcommand}_batches", "2", *_EVAL_LIMITS]
     return []

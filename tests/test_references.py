@@ -28,7 +28,7 @@ COMMAND = re.compile(r"`+(seg-datamodule[a-z-]*)(?: ([a-z][a-z-]*))?")
 #: The console scripts pyproject.toml installs.
 SCRIPTS = set(re.findall(r"^([\w-]+) = ", (ROOT / "pyproject.toml").read_text().split("[project.scripts]")[1].split("[")[0], re.M))
 #: LightningCLI's subcommands and the two that cli.main dispatches itself.
-SUBCOMMANDS = {"fit", "validate", "test", "predict", "convert", "loader-bench"}
+SUBCOMMANDS = {"fit", "validate", "test", "predict", "convert", "loader-bench", "inspect"}
 _MISSING = object()
 
 

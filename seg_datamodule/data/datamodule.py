@@ -44,7 +44,6 @@ from typing import Any, ClassVar, Literal
 
 import albumentations as A
 from lightning.pytorch import LightningDataModule
-from lightning.pytorch.utilities import rank_zero_info
 from lightning.pytorch.utilities.model_helpers import is_overridden
 from torch.utils.data import DataLoader
 
@@ -53,6 +52,7 @@ from seg_datamodule.data.loader_factory import AUTO_CACHE_MAX_IMAGES, LoaderCont
 from seg_datamodule.data.resume import batch_counts
 from seg_datamodule.data.run_counts import RunCounts
 from seg_datamodule.data.sources import STAGE_SPLITS, Fallback, SplitSources
+from seg_datamodule.pictures import attach_run_pictures
 from seg_datamodule.transforms import Step
 from seg_datamodule.transforms.hsv import apply_pending_hsv
 
@@ -134,6 +134,11 @@ class COCOSegDataModule(LightningDataModule):
         allow_no_targets: let a split without a single target instance through setup (negatives
             only on purpose); otherwise setup stops it (nothing to learn, nothing to score, no
             label file found) naming why and the key that fixes it (:mod:`~seg_datamodule.data.scan`).
+        plots: at fit start, write the label pictures of each split and the first three training
+            batches drawn into the run folder (and a logger that takes images):
+            :class:`~seg_datamodule.pictures.FitPictures`; with a model scored by a COCO metric also
+            validation batches beside their predictions, results, PR curves and a confusion matrix
+            (:class:`~seg_datamodule.pictures.ValPictures`).
         drop_empty: leave out images without target instances (kept as negatives by default).
         verify_images: decode every image at setup and check its size.
         cache_dir: where the annotation index cache lives (default: the user cache dir).
@@ -273,6 +278,7 @@ class COCOSegDataModule(LightningDataModule):
         crowd_as_instances: bool = False,
         box_only: Literal["raise", "drop_images", "drop", "keep"] = "raise",
         allow_no_targets: bool = False,
+        plots: bool = True,
         drop_empty: bool = False,
         verify_images: bool = False,
         cache_dir: str | None = None,
@@ -306,6 +312,7 @@ class COCOSegDataModule(LightningDataModule):
         self.loaders = LoaderFactory(options.augment, options.loader, options.seed, options.stream,
                                      options.on_resume_mismatch, options.repeat_factor_threshold)
         self.counts = RunCounts(self.sources, self.loaders)
+        self.plots = options.plots
 
     # ------------------------------------------------------------------ options, read back
 
@@ -386,6 +393,7 @@ class COCOSegDataModule(LightningDataModule):
         self.counts.announce(self.sources.check_images(stage), getattr(self, "trainer", None))
         if stage == "fit":
             self._setup_train()
+            attach_run_pictures(self.trainer, self.plots)
         if stage in ("fit", "validate"):
             self.loaders.setup_eval("val", self.sources.val_index)
         elif stage == "test":
@@ -518,17 +526,8 @@ class COCOSegDataModule(LightningDataModule):
 
     def teardown(self, stage: str) -> None:
         if stage == "fit":
-            self._print_report("")
+            self.counts.print_report(getattr(self, "trainer", None), "", self._world_size())
 
     def on_exception(self, exception: BaseException) -> None:
         """The end-of-fit report, also when ``fit`` stops on Ctrl-C or an exception (so far)."""
-        trainer = getattr(self, "trainer", None)
-        if trainer is None or trainer.state.fn != "fit" or trainer.global_step == 0:
-            return  # nothing trained: the exception's own line says what happened
-        try:
-            self._print_report(f", until {type(exception).__name__} stopped fit")
-        except Exception as error:  # never hide the exception being handled
-            rank_zero_info(f"seg_datamodule: no report of where the annotations went: {error!r}")
-
-    def _print_report(self, when: str) -> None:
-        self.counts.print_report(getattr(self, "trainer", None), when, self._world_size())
+        self.counts.report_on_exception(getattr(self, "trainer", None), exception, self._world_size())

@@ -53,6 +53,7 @@ class DataModuleOptions:
         on_resume_mismatch (str): ``"raise"`` or ``"restart"``.
         repeat_factor_threshold (float | None): repeat-factor sampling's ``t``, or None (off).
         allow_no_targets (bool): let a split without a target instance through setup.
+        plots (bool): draw the label pictures and first training batches at fit start.
     """
 
     paths: SplitPaths
@@ -65,6 +66,7 @@ class DataModuleOptions:
     on_resume_mismatch: str
     repeat_factor_threshold: float | None
     allow_no_targets: bool = False
+    plots: bool = True
 
     @classmethod
     def from_keys(cls, keys: Mapping[str, Any]) -> DataModuleOptions:
@@ -103,7 +105,8 @@ class DataModuleOptions:
             train_stream, keys["stream_cache_dir"], keys["stream_max_cache_size"],
             dict(keys["stream_storage_options"] or {}))
         return cls(paths, index, loader, augment, stream, seed, keys["cache_images"], on_resume_mismatch,
-                   keys["repeat_factor_threshold"], check_bool("allow_no_targets", keys["allow_no_targets"]))
+                   keys["repeat_factor_threshold"], check_bool("allow_no_targets", keys["allow_no_targets"]),
+                   check_bool("plots", keys["plots"]))
 
 
 def _check_splits(keys: Mapping[str, Any]) -> None:

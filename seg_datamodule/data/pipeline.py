@@ -128,6 +128,8 @@ class Pipeline:
         self.images = ImageSource(index, cache_images)
         self.tiles = TileLoader(self.geometry, self.sizes, self.skip_bad, max_retries)
         self.steps = SampleSteps(recipe.pixel_steps, sampling.min_area_ratio, sampling.min_box_size)
+        #: When a list: per sample built, (annotation ids, DROP_REASONS codes) of the instances dropped.
+        self.drop_log: list[tuple[np.ndarray, np.ndarray]] | None = None
 
     def generator(self, key: SampleKey) -> np.random.Generator:
         """The generator sample ``key`` draws from: ``default_rng([seed, epoch, index(, copy)])``."""
@@ -190,6 +192,8 @@ class Pipeline:
                   counts: Counts, transported: tuple[Polygons, np.ndarray, np.ndarray] | None = None) -> Sample:
         sample, codes = assemble_sample(tiles, targets, self.steps, rng, draw.canvas, transported=transported)
         _count_codes(codes, counts)
+        if self.drop_log is not None:  # `seg-datamodule inspect`: which annotation went, and why
+            self.drop_log.append((targets.annotation_ids[codes > 0], codes[codes > 0]))
         return sample
 
     def _build(self, rng: np.random.Generator, key: SampleKey, draw: TileDraw, decoder: Decoder,

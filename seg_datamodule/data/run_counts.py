@@ -13,6 +13,8 @@ from __future__ import annotations
 
 from typing import Any
 
+from lightning.pytorch.utilities import rank_zero_info
+
 from seg_datamodule.console import print_summary
 from seg_datamodule.data.accounting import ConsumedCounts, format_report
 from seg_datamodule.data.dataset import COUNT_KEYS, DECODE_KEYS
@@ -108,6 +110,15 @@ class RunCounts:
         """Print :meth:`report` once (the end of fit) and write it, with the scans, to ``data_scan.json``."""
         print_summary(trainer, f"seg_datamodule: where the annotations went (by reason){when}\n{self.report(world_size)}")
         self.write_json(trainer, self.skip_counts(world_size))
+
+    def report_on_exception(self, trainer: Any, exception: BaseException, world_size: int = 1) -> None:
+        """:meth:`print_report` when ``fit`` stops on Ctrl-C or an exception after some steps; never raises."""
+        if trainer is None or trainer.state.fn != "fit" or trainer.global_step == 0:
+            return  # nothing trained: the exception's own line says what happened
+        try:
+            self.print_report(trainer, f", until {type(exception).__name__} stopped fit", world_size)
+        except Exception as error:  # never hide the exception being handled
+            rank_zero_info(f"seg_datamodule: no report of where the annotations went: {error!r}")
 
     def write_json(self, trainer: Any, delivered: dict[str, dict[str, int]] | None = None) -> None:
         """``data_scan.json`` in the run's log folder, on rank 0, when the Trainer has a logger."""

@@ -210,7 +210,8 @@ def checked_request(iou_types: Iterable[str], dets: CocoDetections, known: Conta
 
 
 def evaluate_detections(
-    coco: COCO, dets: CocoDetections, iou_types: Iterable[str] = IOU_TYPES, backend: Backend = "auto"
+    coco: COCO, dets: CocoDetections, iou_types: Iterable[str] = IOU_TYPES, backend: Backend = "auto",
+    curves: dict[str, np.ndarray] | None = None,
 ) -> dict[str, float]:
     """COCO AP / AR of the detections, over the images they cover.
 
@@ -220,6 +221,10 @@ def evaluate_detections(
             ``"segm"`` is evaluated.
         iou_types: any of ``"segm"`` and ``"bbox"``.
         backend: ``"auto"``, ``"pycocotools"`` or ``"faster_coco_eval"``.
+        curves: when given, filled with each iou type's precision table as COCOeval accumulates it:
+            ``ndarray[T, R, K, A, M]`` (IoU thresholds .5:.05:.95, 101 recall points, the file's
+            categories sorted by id, areas all / small / medium / large, max detections 1 / 10 / 100;
+            -1 where a class has no ground truth), what the run pictures' PR curves are drawn from.
 
     Returns:
         ``{f"{iou_type}_{name}": value}`` for every name in :data:`STAT_NAMES`; ``-1.0`` where
@@ -244,6 +249,8 @@ def evaluate_detections(
             evaluator.accumulate()
             evaluator.summarize()
         out.update({f"{iou_type}_{name}": float(v) for name, v in zip(STAT_NAMES, evaluator.stats)})
+        if curves is not None:
+            curves[iou_type] = np.asarray(evaluator.eval["precision"], np.float64)
     return out
 
 

@@ -241,7 +241,10 @@ class COCOMaskMAP(Metric):
         return CocoDetections(**values)
 
     def _evaluate(self) -> dict[str, float]:
-        return evaluate_detections(self.coco, deduplicate(self.detections()), self.iou_types, self.backend)
+        # The precision tables of the last evaluation, for the run pictures' PR curves (rank 0's).
+        self.last_precision: dict[str, Any] = {}
+        return evaluate_detections(self.coco, deduplicate(self.detections()), self.iou_types, self.backend,
+                                   curves=self.last_precision)
 
     def _distributed(self) -> bool:
         available = self.distributed_available_fn

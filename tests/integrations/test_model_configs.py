@@ -107,8 +107,12 @@ def test_a_shipped_model_config_fits_validates_tests_and_predicts(config: str, l
                           env=env, capture_output=True, text=True, timeout=900)
     assert proc.returncode == 0, (proc.stdout[-2000:], proc.stderr[-4000:])
 
-    # fit: validation scored, a checkpoint written; then validate (version_1) and test (version_2) score it.
+    # fit: validation scored, a checkpoint written, the run pictures drawn (issue 51); then validate
+    # (version_1) and test (version_2) score it.
     assert _metric_rows(run / "metrics.csv", "val/segm_AP")
+    drawn_at_fit = {"labels_train.png", "labels_val.png", "train_batch0.jpg", "train_batch1.jpg", "val_batch0_labels.jpg",
+                "val_batch0_pred.jpg", "results.png", "MaskPR_curve.png", "BoxPR_curve.png", "confusion_matrix.png"}
+    assert drawn_at_fit <= {p.name for p in run.iterdir()}
     validated = _metric_rows(run.parent / "version_1" / "metrics.csv", "val/segm_AP")
     assert len(validated) == 1 and 0.0 <= float(validated[0]["val/segm_AP"]) <= 1.0
     tested = _metric_rows(run.parent / "version_2" / "metrics.csv", "test/segm_AP")

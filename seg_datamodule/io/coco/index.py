@@ -240,11 +240,8 @@ class CocoIndex:
     def summary(self) -> str:
         """One line: images, instances, crowd regions, what was skipped and dropped."""
         dropped = ", ".join(f"{k} {v}" for k, v in self.dropped_counts.items() if v)
-        return (
-            f"{self.ann_file.name}: {self.num_images} images, {self.num_instances} instances, "
-            f"{self.num_crowd} crowd regions, {self.num_classes} classes; {self.skip_summary()}"
-            + (f"; dropped {dropped}" if dropped else "")
-        )
+        return (f"{self.ann_file.name}: {self.num_images} images, {self.num_instances} instances, {self.num_crowd} crowd"
+                f" regions, {self.num_classes} classes; {self.skip_summary()}" + (f"; dropped {dropped}" if dropped else ""))
 
     @property
     def nbytes(self) -> int:
@@ -322,6 +319,12 @@ class CocoIndex:
         i = self._check_index(i)
         off = self._t[offsets_key]
         return self._t[key][off[i] : off[i + 1]].copy()
+
+    def instance_columns(self) -> dict[str, np.ndarray]:
+        """All target instances (read-only views): ``labels``, ``annotation_ids``, ``bboxes`` (xywh), ``areas``,
+        ``instance_ring_offsets`` (no ring: box-only); image ``i``'s rows: ``instance_offsets[i : i + 2]``."""
+        keys = ("labels", "annotation_ids", "bboxes", "areas", "instance_offsets", "instance_ring_offsets")
+        return {k: _readonly(self._t[k]) for k in keys}
 
     def bboxes(self, i: int) -> np.ndarray:
         """(ndarray[N, 4] float64) the JSON's ``[x, y, w, h]`` boxes of image ``i``'s target instances."""
