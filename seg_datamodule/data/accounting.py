@@ -131,14 +131,19 @@ class SkipCounter:
 class ConsumedCounts:
     """The counts of the evaluation batches a loop consumed, per split (``val``, ``test``).
 
-    Fed one batch at a time where the loop takes it (the DataModule's ``on_after_batch_transfer``),
-    so batches that workers built ahead but nobody evaluated are not counted, for any
-    ``num_workers``. A new ``run`` key (another validation: the sanity check, each epoch's) starts
-    the split's counts afresh: a report says what one pass over the split delivered.
+    Fed one batch at a time as the loader hands it out (:class:`~seg_datamodule.data.resume.CountingLoader`),
+    so batches that workers built ahead but nobody took are not counted, for any ``num_workers``,
+    whether Lightning's loop or a user's ``for`` loop takes them. A new ``run`` key (another pass:
+    the sanity check, each epoch's validation) starts the split's counts afresh: a report says what
+    one pass over the split delivered.
     """
 
     def __init__(self) -> None:
         self._runs: dict[str, tuple[Hashable, collections.Counter[str]]] = {}
+
+    def start(self, split: str, run: Hashable) -> None:
+        """Begin evaluation run ``run`` of ``split`` with nothing counted (a pass that yields no batch too)."""
+        self._runs[split] = (run, collections.Counter())
 
     def add(self, split: str, run: Hashable, counts: dict[str, int]) -> None:
         """Count a consumed batch's ``counts`` for ``split``, in evaluation run ``run``."""

@@ -49,7 +49,6 @@ from torch.utils.data import DataLoader
 
 from seg_datamodule.data.flat_keys import DataModuleOptions, Forward, PathKey
 from seg_datamodule.data.loader_factory import AUTO_CACHE_MAX_IMAGES, LoaderContext, LoaderFactory
-from seg_datamodule.data.resume import batch_counts
 from seg_datamodule.data.run_counts import RunCounts
 from seg_datamodule.data.sources import STAGE_SPLITS, Fallback, SplitSources
 from seg_datamodule.pictures import attach_run_pictures
@@ -451,21 +450,13 @@ class COCOSegDataModule(LightningDataModule):
         return self.loaders.predict_loader(LoaderContext.of(self.trainer))
 
     def on_after_batch_transfer(self, batch: Any, dataloader_idx: int) -> Any:
-        """Count a consumed evaluation batch, apply the batch's pending HSV jitter (``hsv_on_device``)
-        on its device, then run the model's hook.
+        """Apply the batch's pending HSV jitter (``hsv_on_device``) on its device, then run the model's hook.
 
-        Lightning calls this for the batches its loops take, so an evaluation batch's counts are
-        added here (:class:`~seg_datamodule.data.accounting.ConsumedCounts`), not when a worker
-        builds it. Lightning runs only the DataModule's hook when both define it, so the model's
-        own ``on_after_batch_transfer`` is called from here, after the jitter.
+        Lightning runs only the DataModule's hook when both define it, so the model's own
+        ``on_after_batch_transfer`` is called from here, after the jitter. (Evaluation batches are
+        counted by their loader as it hands them out: :class:`~seg_datamodule.data.resume.CountingLoader`.)
         """
         trainer = self.trainer
-        split = None if trainer is None else (
-            "val" if trainer.validating or trainer.sanity_checking else "test" if trainer.testing else None)
-        if split is not None:
-            run = "sanity" if trainer.sanity_checking else (str(trainer.state.fn), trainer.global_step,
-                                                            trainer.current_epoch)
-            self.consumed.add(split, run, batch_counts(batch))
         batch = apply_pending_hsv(batch)
         model = None if trainer is None else trainer.lightning_module
         if model is not None and is_overridden("on_after_batch_transfer", model):
@@ -514,9 +505,9 @@ class COCOSegDataModule(LightningDataModule):
         (outside the canvas, clipped below ``min_area_ratio``, a tiny box, a bad image).
         Each batch carries its counts, and only the batches a loop took are counted (not those
         the workers built ahead), for any ``num_workers``: ``train`` over the run (a resumed run
-        continues the count saved in the checkpoint), ``val`` and ``test`` over the last
-        validation or test run (the sanity check is a run of its own). Under DDP each rank counts
-        its own shard.
+        continues the count saved in the checkpoint), ``val`` and ``test`` over the last pass
+        over their loader (the sanity check, each validation, a ``for`` loop of one's own: the
+        same numbers whoever iterates). Under DDP each rank counts its own shard.
         """
         return self.counts.skip_counts(self._world_size())
 

@@ -26,7 +26,8 @@ from seg_datamodule.data.loaders import LoaderPlan, loader_kwargs
 from seg_datamodule.data.options import AugmentOptions, LoaderOptions, StreamOptions
 from seg_datamodule.data.predict import PredictCollate, PredictDataset
 from seg_datamodule.data.repeat_factors import fit_repeat_factors
-from seg_datamodule.data.resume import DeliveredCounts, ResumableDataLoader
+from seg_datamodule.data.accounting import ConsumedCounts
+from seg_datamodule.data.resume import CountingLoader, DeliveredCounts, ResumableDataLoader
 from seg_datamodule.data.sampler import EpochShardSampler
 from seg_datamodule.io.predict_source import PredictImages
 
@@ -108,6 +109,8 @@ class LoaderFactory:
         self.predict_dataset: PredictDataset | None = None
         #: The last train loader built (a reloaded one keeps counting where it was).
         self.train_loader: Any = None
+        #: What the evaluation loaders handed out, per split, the last pass of each (:class:`CountingLoader`).
+        self.eval_counts = ConsumedCounts()
         self._loader_state: dict[str, Any] | None = None
 
     # ------------------------------------------------------------------ datasets
@@ -205,8 +208,8 @@ class LoaderFactory:
         what = {"val": "the validation loader", "test": "the test loader"}[split]
         batch_size = self.loader_options.val_batch_size
         # Sequential; under DDP Lightning shards it with its own DistributedSampler.
-        return DataLoader(dataset, batch_size=batch_size, shuffle=False,
-                          **self.loader_kwargs(context, dataset, batch_size, what))
+        return CountingLoader(dataset, batch_size=batch_size, shuffle=False, split=split, counts=self.eval_counts,
+                              **self.loader_kwargs(context, dataset, batch_size, what))
 
     def predict_loader(self, context: LoaderContext) -> DataLoader:
         """The predict images in order, letterboxed, without targets.

@@ -29,11 +29,12 @@ import numpy as np
 import torch
 from torch.utils.data import DataLoader
 
+from seg_datamodule.data.accounting import ConsumedCounts
 from seg_datamodule.data.sampler import EpochShardSampler
 from seg_datamodule.ops.checks import check_choice
 from seg_datamodule.structures import DetectionBatch
 
-__all__ = ["DeliveredCounts", "ResumableDataLoader", "batch_counts", "current_rank", "dataset_fingerprint", "gather_per_rank"]
+__all__ = ["CountingLoader", "DeliveredCounts", "ResumableDataLoader", "batch_counts", "current_rank", "dataset_fingerprint", "gather_per_rank"]
 
 _VERSION = 1
 
@@ -254,3 +255,36 @@ def gather_per_rank(counts: dict[str, int]) -> list[dict[str, int]]:
     gathered: list[Any] = [None] * torch.distributed.get_world_size()
     torch.distributed.all_gather_object(gathered, counts)
     return gathered
+
+
+class CountingLoader(DataLoader):
+    """An evaluation ``DataLoader`` that counts every batch it hands out, one pass at a time.
+
+    Each ``iter()`` is a pass of its own (Lightning's sanity check, each validation, a user's
+    ``for`` loop): it starts ``split``'s counts afresh in ``counts`` and adds each batch's
+    :func:`batch_counts` as it is handed out, so Lightning's loops and a loop of one's own report
+    the same numbers, and batches the workers built ahead but nobody took are not counted.
+    Lightning stops at ``limit_val_batches`` without asking the loader for another batch.
+
+    Args:
+        *args, **kwargs: as for ``DataLoader``.
+        split: ``"val"`` or ``"test"``.
+        counts: where the passes are counted (the DataModule's, shared with a loader Lightning
+            rebuilds for its ``DistributedSampler``).
+    """
+
+    def __init__(self, *args: Any, split: str, counts: ConsumedCounts, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self.split, self.counts = split, counts
+        self._passes = 0
+
+    def __iter__(self) -> Iterator[Any]:
+        self._passes += 1
+        run = (id(self), self._passes)
+        self.counts.start(self.split, run)
+        return self._counting(super().__iter__(), run)
+
+    def _counting(self, batches: Iterator[Any], run: tuple[int, int]) -> Iterator[Any]:
+        for batch in batches:
+            self.counts.add(self.split, run, batch_counts(batch))
+            yield batch

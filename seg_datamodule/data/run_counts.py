@@ -32,13 +32,15 @@ class RunCounts:
     Args:
         sources (SplitSources): the indices (what was left out at setup).
         loaders (LoaderFactory): the datasets and the train loader (what the batches kept and dropped).
-        consumed (ConsumedCounts | None): the evaluation batches the loops consumed; None: a new one.
     """
 
-    def __init__(self, sources: SplitSources, loaders: LoaderFactory, consumed: ConsumedCounts | None = None) -> None:
+    def __init__(self, sources: SplitSources, loaders: LoaderFactory) -> None:
         self.sources, self.loaders = sources, loaders
-        #: The validation and test batches the loops consumed, per split (the last run of each).
-        self.consumed = ConsumedCounts() if consumed is None else consumed
+
+    @property
+    def consumed(self) -> ConsumedCounts:
+        """The validation and test batches handed out, per split (the last pass of each): the loaders' own."""
+        return self.loaders.eval_counts
 
     def skip_counts(self, world_size: int = 1) -> dict[str, dict[str, int]]:
         """Where every annotation went, by source and reason (see ``COCOSegDataModule.skip_counts``).

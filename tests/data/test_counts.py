@@ -77,6 +77,37 @@ def test_a_second_validate_call_reports_its_own_counts(demo_dir: Path, tmp_path:
     assert dm.skip_counts["val"]["kept"] == second["kept"] > 0
 
 
+@pytest.mark.parametrize("workers", [0, pytest.param(2, marks=pytest.mark.slow)])
+def test_a_loop_of_ones_own_counts_what_lightning_counts(demo_dir: Path, tmp_path: Path, workers: int) -> None:
+    """Issue 52: iterating ``dm.val_dataloader()`` by hand left ``skip_counts["val"]`` at 0."""
+    demo = demo_dir / "annotations" / "instances_val2017.json"
+    dm = COCOSegDataModule(demo_dir=str(demo_dir), image_size=96, val_batch_size=3, num_workers=workers,
+                           persistent_workers=False, cache_dir=str(tmp_path / "cache"))
+    for split in ("val", "test"):
+        if split == "test":  # the demo's val file as a test split, as above
+            dm.test_ann, dm.test_images = str(demo), str(demo_dir / "val2017")
+        dm.setup("validate" if split == "val" else "test")
+        loader = dm.val_dataloader() if split == "val" else dm.test_dataloader()
+        taken: collections.Counter[str] = collections.Counter()
+        first: dict[str, int] = {}
+        for k, batch in enumerate(loader):
+            taken.update(batch.counts)
+            first = first or dict(batch.counts)
+            if k == 1:  # mid-pass: what was handed out so far, not what workers built ahead
+                assert dm.skip_counts[split] == {key: taken.get(key, 0) for key in COUNT_KEYS}
+        by_hand = dm.skip_counts[split]
+        assert by_hand == {key: taken.get(key, 0) for key in COUNT_KEYS} and by_hand["kept"] > 0
+        for _ in zip(range(1), loader):  # a new pass starts afresh
+            pass
+        assert dm.skip_counts[split] == {key: first.get(key, 0) for key in COUNT_KEYS}
+
+        # Lightning's loop over the whole split: the same numbers
+        trainer = L.Trainer(accelerator="cpu", logger=False, enable_progress_bar=False, enable_model_summary=False)
+        model = YolactLite(num_classes=dm.num_classes, width=4, num_prototypes=4)
+        (trainer.validate if split == "val" else trainer.test)(model, datamodule=dm, verbose=False)
+        assert dm.skip_counts[split] == by_hand
+
+
 def test_consumed_counts_start_afresh_per_run() -> None:
     counts = ConsumedCounts()
     counts.add("val", "sanity", {"kept": 5})
@@ -86,6 +117,8 @@ def test_consumed_counts_start_afresh_per_run() -> None:
     assert counts.counts("val") == {"kept": 5, "image_missing": 1} and counts.counts("test") == {"kept": 7}
     counts.reset("val")
     assert counts.counts("val") == {} and counts.counts("other") == {}
+    counts.start("test", "empty pass")  # a pass that yields nothing reports nothing, not the last pass
+    assert counts.counts("test") == {}
 
 
 def test_the_report_tells_crops_from_losses_per_recipe(demo_dir: Path, tmp_path: Path) -> None:
