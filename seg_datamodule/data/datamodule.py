@@ -1,40 +1,16 @@
-"""``COCOSegDataModule``: COCO loading, mosaic augmentation and worker-side mask collation.
+"""``COCOSegDataModule``: the LightningDataModule a config's ``data:`` section builds.
 
-The data path, one folder per stage: :mod:`~seg_datamodule.io.coco` (a flat, worker-safe index)
--> :mod:`~seg_datamodule.data.dataset` (mosaic / random affine / albumentations, or letterbox for
-validation) -> :mod:`~seg_datamodule.data.collate` (images and stride-grid masks, rasterised in
-the DataLoader workers into reused shared memory) -> a
-:class:`~seg_datamodule.structures.DetectionBatch`.
-
-Sharding and order: training uses :class:`~seg_datamodule.data.sampler.EpochShardSampler`, a
-``DistributedSampler`` (so Lightning keeps it under DDP) that reshuffles from ``(seed, epoch)``,
-gives every rank a disjoint shard (padding at most ``world_size - 1`` repeats per epoch) and hands
-the epoch to the dataset with every index. A batch is a pure function of ``(seed, epoch, its
-indices)``, so batches are the same for any ``num_workers``, and the train loader
-(:class:`~seg_datamodule.data.resume.ResumableDataLoader`) checkpoints its position: a run
-resumed from any checkpoint, mid-epoch included, continues with exactly the batches the
-uninterrupted run would have seen.
-
-The splits come from COCO JSON files or an Ultralytics ``data.yaml`` (``dataset``: :mod:`seg_datamodule.io.yolo`).
-Held-out data (:mod:`~seg_datamodule.data.sources`): ``test_ann`` / ``test_images`` for
-``trainer.test`` (letterboxed like validation; an image-info file without annotations works), and
-``predict_images`` (a folder, or with ``predict_ann`` a COCO JSON's images) for ``trainer.predict``
-(:mod:`~seg_datamodule.data.predict`). Each stage builds only the splits it reads, so a DataModule
-naming only ``val_ann`` / ``val_images`` validates a checkpoint; the categories come from the
-first split named, or the checkpoint (:mod:`~seg_datamodule.data.sources`). Before any
-worker starts, setup stops a split with no image to use and warns when many are missing.
-
-When no split at all is named the module uses the embedded demo dataset (:mod:`~seg_datamodule.demo.data`),
-through :attr:`COCOSegDataModule.fallback_splits`, which the package sets on import (``data/`` does
-not import the demo).
-
-The module holds three collaborators, each usable alone: :class:`~seg_datamodule.data.sources.SplitSources`
-(which splits, the indices, the categories), :class:`~seg_datamodule.data.loader_factory.LoaderFactory`
-(the datasets, samplers and DataLoaders, the train loader's state) and
-:class:`~seg_datamodule.data.run_counts.RunCounts` (where every annotation went, the report); the
-Lightning hooks here are thin adapters to them.
-With ``train_stream`` training streams LitData chunks written by ``seg-datamodule convert``
-(:mod:`~seg_datamodule.io.stream`) through the same dataset and collate.
+What this module holds: the YAML surface (one keyword argument per key, checked and turned into
+option objects by :mod:`~seg_datamodule.data.flat_keys`), and Lightning's hooks, each a thin
+adapter to one of three collaborators, each usable alone:
+:class:`~seg_datamodule.data.sources.SplitSources` (which splits, their indices, the categories;
+each stage builds only the splits it reads), :class:`~seg_datamodule.data.loader_factory.LoaderFactory`
+(datasets, samplers, DataLoaders, the train loader's resumable state) and
+:class:`~seg_datamodule.data.run_counts.RunCounts` (where every annotation went, the report).
+With no split named it trains on the embedded demo dataset, through
+:attr:`COCOSegDataModule.fallback_splits`, which the package sets on import (``data/`` does not
+import the demo). The data path itself (index, recipe, collate, batch) is described once, in the
+docs' package layout page; determinism and resume in the docs' determinism page.
 """
 
 from __future__ import annotations

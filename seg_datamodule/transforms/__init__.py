@@ -1,10 +1,19 @@
-"""Augmentation: tile plans (mosaic, letterbox, LSJ), single-resample warps, polygon transport, draws,
-copy-paste and MixUp.
+"""Augmentation: the steps a training sample goes through, and the pure geometry under them.
 
-``plan`` -> ``warp`` (pixels) and ``polygons`` (instances) are pure functions; ``steps`` names the
-step kinds (a layout, canvas steps, group steps) and the canvas they work on; ``augment``, ``lsj``,
-``albu`` and ``hsv`` hold the steps, thin classes that hold parameters and draw randomness from a
-generator passed in (``hsv`` also applies recorded gains to a batch on its device).
+- the step kinds and the recipe: ``steps`` (a layout, canvas steps, pixel steps, group steps, and
+  the canvas they work on), ``recipe`` (one ordered, checked list of steps);
+- layouts: ``augment`` (mosaic with a random affine, ``MosaicAffine``), ``lsj`` (large-scale
+  jitter), over ``plan`` (pure tile placement);
+- canvas steps: ``augment`` and ``orient`` (flips, 90-degree turns);
+- pixel steps: ``albu`` (the user's albumentations pipeline), ``hsv`` (YOLO's HSV jitter, its numpy
+  kernel in the workers and its torch kernel on the device);
+- group steps: ``mixing`` (copy-paste and MixUp across a batch) over ``copy_paste`` and ``mixup``;
+- kernels: ``warp`` (one resample per pixel), ``polygons`` (transport, clipping, drop reasons),
+  ``box_only`` (box-only instances through the geometry).
+
+Steps are thin classes that hold parameters and draw randomness from a generator passed in
+(``draw``), then apply what they drew (``apply``); the pipeline that runs them is
+:mod:`~seg_datamodule.data.pipeline`, described once in the docs' package layout page.
 """
 
 from seg_datamodule.transforms.albu import AlbumentationsTransform, RandomHSV, load_transforms
