@@ -11,7 +11,7 @@ validation, test and predict loaders) and prints, per configuration and number o
 * ``counts``: a SHA-256 of the module's ``skip_counts`` after those batches, apart (what is
   counted can change without a batch changing: issue 52 counts a loop of one's own);
 * ``device``: the same over the batches after the DataModule's device step
-  (:func:`~seg_datamodule.transforms.hsv.apply_pending_hsv`, what ``on_after_batch_transfer``
+  (:func:`~seg_datamodule.transforms.pixel.hsv.apply_pending_hsv`, what ``on_after_batch_transfer``
   runs; here on the CPU), which applies the HSV gains ``hsv_on_device`` ships;
 * ``draws``: a SHA-256 over every draw every seeded generator made, recorded at the generator
   (``numpy.random.default_rng`` is wrapped, in the workers too): per generator its seed and each
@@ -45,7 +45,7 @@ import numpy as np
 import torch
 
 from seg_datamodule import COCOSegDataModule
-from seg_datamodule.transforms.hsv import apply_pending_hsv
+from seg_datamodule.transforms.pixel.hsv import apply_pending_hsv
 
 _DECODES = ("samples", "decodes", "reduced_decodes")
 #: Batch fields added after the first recorded hashes, left out of the digest while None

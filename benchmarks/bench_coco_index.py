@@ -297,7 +297,7 @@ def bench_decoders(reps: int = 5) -> None:
     from PIL import Image
     from torchvision.io import ImageReadMode, decode_jpeg
 
-    from seg_datamodule.io.images import decode_image_bytes
+    from seg_datamodule.io.images.decode import decode_image_bytes
 
     cv2.setNumThreads(1)
     torch.set_num_threads(1)

@@ -38,8 +38,8 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import bench_loader as B  # noqa: E402  (the same loader, peer and timer)
 
-from seg_datamodule.data.allocator import keep_freed_memory  # noqa: E402
-from seg_datamodule.data.collate import DetectionCollate  # noqa: E402
+from seg_datamodule.data.batching.allocator import keep_freed_memory  # noqa: E402
+from seg_datamodule.data.batching.collate import DetectionCollate  # noqa: E402
 
 
 def _polygon_pool(root: Path) -> list[list[np.ndarray]]:

@@ -3,7 +3,7 @@ alone and beside busy processes, with torch's default thread count and with the 
 
 Issue 35 measured 4.0-7.6 s per 32 x 640^2 batch with torch's default threads while another
 process held a core, against 0.22-0.25 s on one thread: torch's OpenMP team waits for the thread
-whose core is taken. The kernel now runs on :data:`~seg_datamodule.transforms.hsv.CPU_THREADS`
+whose core is taken. The kernel now runs on :data:`~seg_datamodule.transforms.pixel.hsv.CPU_THREADS`
 threads of its own; this script prints both, alone and beside ``--busy`` spinning processes (one
 run each, best of ``--repeats``), and the ratio contended / alone of each: the fix holds when the
 kernel's own ratio stays near ``(busy + 1) / cores`` or below and the default one does not.
@@ -28,7 +28,7 @@ import torch
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from seg_datamodule.transforms import hsv  # noqa: E402
+from seg_datamodule.transforms.pixel import hsv  # noqa: E402
 
 
 def _spin(stop: multiprocessing.synchronize.Event) -> None:

@@ -18,7 +18,7 @@ is timed apart, below), and ``"uniform"`` partners (over the dataset: four decod
 ``--no-uniform`` leaves this row out). The decodes per output image are counted by the dataset
 and printed.
 
-The device step (:func:`~seg_datamodule.transforms.hsv.hsv_jitter_batch_` on one collated batch of
+The device step (:func:`~seg_datamodule.transforms.pixel.hsv.hsv_jitter_batch_` on one collated batch of
 ``--batch-size`` images) is timed on the CPU, one thread (an upper bound of what it costs on an
 accelerator), and on CUDA when one is available (CUDA events, after a warm-up that builds its
 tables), best of ``--device-repeat``.
@@ -56,7 +56,7 @@ image into stages (read, decode, resize/warp, polygons, pixel steps, jitter, ras
 on the machine inflates it less than wall time).
 
 Allocator: our loader keeps freed buffers in the process that builds samples (glibc's trim and
-mmap thresholds, :mod:`seg_datamodule.data.allocator`: its workers, or the main process with no
+mmap thresholds, :mod:`seg_datamodule.data.batching.allocator`: its workers, or the main process with no
 workers). ``--allocator kept`` (the default) sets it in this process before anything runs, so
 every row built here, ours and Ultralytics' alike, and Ultralytics' workers (forked from here)
 run with the same allocator: the ratios compare loaders, not allocator settings. ``--allocator
@@ -108,13 +108,14 @@ import numpy as np
 import torch
 from torch.utils.data import DataLoader, RandomSampler
 
-from seg_datamodule.transforms.hsv import HSVJitter, hsv_jitter_batch_
+from seg_datamodule.transforms.pixel.hsv import HSVJitter, hsv_jitter_batch_
 from seg_datamodule.io.coco.index import CocoIndex
-from seg_datamodule.data.allocator import keep_freed_memory
-from seg_datamodule.data.collate import DetectionCollate
-from seg_datamodule.data.dataset import SegDataset, worker_init_fn
-from seg_datamodule.data.options import AugmentOptions
-from seg_datamodule.transforms.augment import MosaicAffine
+from seg_datamodule.data.batching.allocator import keep_freed_memory
+from seg_datamodule.data.batching.collate import DetectionCollate
+from seg_datamodule.data.samples.dataset import SegDataset
+from seg_datamodule.data.loaders.arguments import worker_init_fn
+from seg_datamodule.data.config.options import AugmentOptions
+from seg_datamodule.transforms.layouts.mosaic import MosaicAffine
 
 DEFAULT_ROOT = Path(__file__).resolve().parents[2] / "shared" / "data" / "coco-mini"
 
@@ -213,22 +214,22 @@ def measure_ours(ds: SegDataset, workers: int, batch_size: int, warmup: int, cou
 
 #: The stages of ``--breakdown``: stage -> the functions it times, as ``"module:attribute.path"``.
 #: A function imported with ``from m import f`` is looked up in its caller's module at call time,
-#: so it is wrapped there (``seg_datamodule.io.coco.reading:read_image_view``, not the module
+#: so it is wrapped there (``seg_datamodule.io.coco.image_checks:read_image_view``, not the module
 #: that defines it). When modules move, retarget them here, in one place.
 STAGES: dict[str, tuple[str, ...]] = {
-    "read (open, fstat, readv)": ("seg_datamodule.io.coco.reading:read_image_view",),
-    "decode (libjpeg, to RGB)": ("seg_datamodule.io.coco.reading:decode_oriented",),
+    "read (open, fstat, readv)": ("seg_datamodule.io.coco.image_checks:read_image_view",),
+    "decode (libjpeg, to RGB)": ("seg_datamodule.io.coco.image_checks:decode_oriented",),
     "load_image (paths, size checks)": ("seg_datamodule.io.coco.index:CocoIndex.load_image",),
     "crowd RLE decode": ("seg_datamodule.io.coco.index:CocoIndex.crowd_mask",),
-    "resize/warp (one resample per tile)": ("seg_datamodule.data.pipeline:warp_tiles",),
-    "polygons (clip, map, clip, drops)": ("seg_datamodule.data.pipeline:transform_polygons",
-                                          "seg_datamodule.data.pipeline:transform_polygons_batch",
-                                          "seg_datamodule.data.pipeline:drop_reasons"),
-    "pixel steps (albumentations)": ("seg_datamodule.transforms.albu:AlbumentationsTransform.apply",),
-    "jitter (HSV: cvtColor x2, LUT)": ("seg_datamodule.transforms.hsv:hsv_jitter",),
-    "raster (stride-4 masks)": ("seg_datamodule.data.collate:rasterize_flat",
-                                "seg_datamodule.data.collate:rasterize_visible"),
-    "collate (boxes, stack)": ("seg_datamodule.data.collate:DetectionCollate.__call__",),
+    "resize/warp (one resample per tile)": ("seg_datamodule.data.samples.pipeline:warp_tiles",),
+    "polygons (clip, map, clip, drops)": ("seg_datamodule.data.samples.pipeline:transform_polygons",
+                                          "seg_datamodule.data.samples.pipeline:transform_polygons_batch",
+                                          "seg_datamodule.data.samples.pipeline:drop_reasons"),
+    "pixel steps (albumentations)": ("seg_datamodule.transforms.pixel.albu:AlbumentationsTransform.apply",),
+    "jitter (HSV: cvtColor x2, LUT)": ("seg_datamodule.transforms.pixel.hsv:hsv_jitter",),
+    "raster (stride-4 masks)": ("seg_datamodule.data.batching.collate:rasterize_flat",
+                                "seg_datamodule.data.batching.collate:rasterize_visible"),
+    "collate (boxes, stack)": ("seg_datamodule.data.batching.collate:DetectionCollate.__call__",),
 }
 
 
@@ -567,7 +568,7 @@ def main() -> None:
         print(f"coco-mini train repeated to {args.images} images (no cache fits), imgsz {args.image_size}, "
               f"batch {args.batch_size}, {os.cpu_count()} CPUs, torch {torch.__version__}, "
               f"albumentations {A.__version__}, opencv {cv2.__version__}")
-        print("allocator: freed buffers kept in this process (data/allocator.py), so both sides' rows built here and "
+        print("allocator: freed buffers kept in this process (data/batching/allocator.py), so both sides' rows built here and "
               "Ultralytics' forked workers run with it" if kept else
               "allocator: glibc's defaults in this process and Ultralytics' workers; ours keeps freed buffers in its "
               "own workers only (worker_init_fn)")

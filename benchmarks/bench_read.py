@@ -5,7 +5,7 @@ page cache holds them, so this is the per-file cost of the system calls and allo
 the disk. One thread, CPU time (``time.thread_time``), best of ``--repeat`` passes, the
 contenders interleaved pass by pass.
 
-Reading (the same checks and errors, :mod:`seg_datamodule.io.image_files`):
+Reading (the same checks and errors, :mod:`seg_datamodule.io.images.files`):
 
 * ``read_image_file`` -- ``bytes``: ``os.read`` in chunks of up to 16 MiB until an empty read
   (``os.read(fd, n)`` allocates ``n`` bytes first, then shrinks them);
@@ -14,10 +14,10 @@ Reading (the same checks and errors, :mod:`seg_datamodule.io.image_files`):
   consumer that needs ``bytes`` would give back.
 
 Decoding (``--reduce`` factors, the same bytes): ``cv2.imdecode`` to BGR + ``cvtColor`` against
-the library's :func:`~seg_datamodule.io.images.decode_image_bytes` (``IMREAD_COLOR_RGB`` where
+the library's :func:`~seg_datamodule.io.images.decode.decode_image_bytes` (``IMREAD_COLOR_RGB`` where
 OpenCV has it) and the bare ``imdecode`` (no conversion, BGR) as the floor; then reading and
 decoding together: ``read_image_file`` + ``decode_image_bytes`` against
-:func:`~seg_datamodule.io.images.decode_image_with_size` (which reads with ``read_image_view``).
+:func:`~seg_datamodule.io.images.decode.decode_image_with_size` (which reads with ``read_image_view``).
 
 Run: ``python benchmarks/bench_read.py [--coco-mini PATH] [--files 2000] [--repeat 5]``.
 """
@@ -33,7 +33,7 @@ from typing import Callable
 import cv2
 import numpy as np
 
-from seg_datamodule.io.images import decode_image_bytes, decode_image_with_size, read_image_file, read_image_view
+from seg_datamodule.io.images.decode import decode_image_bytes, decode_image_with_size, read_image_file, read_image_view
 
 DEFAULT_ROOT = Path(__file__).resolve().parents[2] / "shared" / "data" / "coco-mini"
 _REDUCED = {1: cv2.IMREAD_COLOR, 2: cv2.IMREAD_REDUCED_COLOR_2, 4: cv2.IMREAD_REDUCED_COLOR_4,

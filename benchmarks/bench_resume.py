@@ -28,12 +28,12 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from bench_loader import DEFAULT_ROOT, YOLO_HSV, make_large_split, yolo_recipe  # noqa: E402
 
 from seg_datamodule import DetectionCollate, EpochShardSampler, SegDataset  # noqa: E402
-from seg_datamodule.data.loading import worker_init_fn  # noqa: E402
-from seg_datamodule.data.options import AugmentOptions  # noqa: E402
-from seg_datamodule.data.resume import ResumableDataLoader  # noqa: E402
+from seg_datamodule.data.loaders.arguments import worker_init_fn  # noqa: E402
+from seg_datamodule.data.config.options import AugmentOptions  # noqa: E402
+from seg_datamodule.data.loaders.resume import ResumableDataLoader  # noqa: E402
 from seg_datamodule.io.coco import CocoIndex  # noqa: E402
-from seg_datamodule.transforms.augment import MosaicAffine  # noqa: E402
-from seg_datamodule.transforms.hsv import HSVJitter  # noqa: E402
+from seg_datamodule.transforms.layouts.mosaic import MosaicAffine  # noqa: E402
+from seg_datamodule.transforms.pixel.hsv import HSVJitter  # noqa: E402
 
 
 def _loader(ds: SegDataset, batch_size: int, workers: int) -> ResumableDataLoader:

@@ -34,7 +34,7 @@ import torch
 import torch.nn.functional as F
 from torch.utils.data import DataLoader
 
-from seg_datamodule.data.collate import DetectionCollate, boxes_from_polygons
+from seg_datamodule.data.batching.collate import DetectionCollate, boxes_from_polygons
 from seg_datamodule.data.datamodule import COCOSegDataModule
 from seg_datamodule.models import YolactLite
 from seg_datamodule.demo.losses import mask_loss

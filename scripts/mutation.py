@@ -68,15 +68,15 @@ TARGETS: tuple[Target, ...] = (
            ("tests/ops/test_ragged.py", "tests/ops/test_raster.py", "tests/ops/test_geometry.py")),
     Target("polygons", "seg_datamodule.structures.polygons",
            ("tests/ops/test_geometry.py", "tests/transforms/test_mosaic.py")),
-    Target("transport", "seg_datamodule.transforms.polygons", ("tests/transforms/test_mosaic.py",)),
-    Target("collate", "seg_datamodule.data.collate", ("tests/data/test_collate.py",)),
+    Target("transport", "seg_datamodule.transforms.kernels.polygons", ("tests/transforms/test_mosaic.py",)),
+    Target("collate", "seg_datamodule.data.batching.collate", ("tests/data/test_collate.py",)),
     Target("rle", "seg_datamodule.ops.rle", ("tests/demo/test_demo_data.py", "-k", "rle")),
     # The COCO index's checks, one module each; the lock and counter tests (spawned processes, ~55 s)
     # test no parsing.
     *(Target(f"coco-{name}", f"seg_datamodule.io.coco.{name}",
              ("tests/io/coco", "-k", "not processes_starting_together and not skip_counter"))
       for name in ("parse", "scan", "instances", "tables")),
-    Target("sampler", "seg_datamodule.data.sampler", ("tests/data/test_datamodule.py", "-k", "sampler")),
+    Target("sampler", "seg_datamodule.data.loaders.sampler", ("tests/data/test_datamodule.py", "-k", "sampler")),
 )
 
 # --------------------------------------------------------------------------------------------

@@ -8,17 +8,17 @@ collate, ``COCOSegDataModule``), all speaking ``structures`` and built on the pu
 
 from seg_datamodule.structures import DetectionBatch, Polygons, Sample
 from seg_datamodule.ops.raster import rasterize_flat, rasterize_polygons
-from seg_datamodule.data.collate import DetectionCollate, collate_detection
+from seg_datamodule.data.batching.collate import DetectionCollate, collate_detection
 from seg_datamodule.io.coco import BadAnnotationError, CocoIndex
-from seg_datamodule.io.images import BadImageError
-from seg_datamodule.data.sampler import EpochShardSampler
-from seg_datamodule.data.dataset import SegDataset
+from seg_datamodule.io.images.decode import BadImageError
+from seg_datamodule.data.loaders.sampler import EpochShardSampler
+from seg_datamodule.data.samples.dataset import SegDataset
 from seg_datamodule.data.datamodule import COCOSegDataModule
 from seg_datamodule.demo.data import ensure_demo_dataset
 from seg_datamodule.profiling import StepTimeAccumulator, StepTimeProfiler, plot_step_split
 from seg_datamodule.evaluation import COCOMaskMAP, COCOResultsWriter
 from seg_datamodule.checkpointing import InterruptCheckpoint
-from seg_datamodule.pictures import FitPictures
+from seg_datamodule.pictures import FitPictures, attach_run_pictures
 
 __all__ = [
     "BadAnnotationError",
@@ -43,8 +43,9 @@ __all__ = [
     "rasterize_polygons",
 ]
 
-# With no split named the DataModule trains on the embedded demo dataset; it is wired here, above
-# both, because data/ does not import the demo.
+# With no split named the DataModule trains on the embedded demo dataset, and with ``plots: true`` it
+# adds the picture callbacks; both are wired here, above data/, which imports neither.
 COCOSegDataModule.fallback_splits = ensure_demo_dataset
+COCOSegDataModule.run_pictures = attach_run_pictures
 
 __version__ = "0.1.0"

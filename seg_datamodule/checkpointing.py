@@ -10,7 +10,7 @@ an optimiser step). It is not an ``OnExceptionCheckpoint``: with one of those am
 Lightning turns every ``fit`` without ``ckpt_path`` into ``ckpt_path="last"`` (with a warning, and a
 second one when there is no such checkpoint), so a fresh run could resume an older one. Nor a
 ``Checkpoint``: it works beside ``enable_checkpointing=False`` too. Resumed from it, the train loader continues at the batch the stopped step
-was training on (:class:`~seg_datamodule.data.resume.ResumableDataLoader` counts the batches
+was training on (:class:`~seg_datamodule.data.loaders.resume.ResumableDataLoader` counts the batches
 the Trainer finished, so the interrupted one is trained again).
 
 Under DDP it saves on Ctrl-C (every rank gets it) but not on an exception, which may have

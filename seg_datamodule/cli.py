@@ -9,7 +9,7 @@ through :class:`~seg_datamodule.evaluation.writer.COCOResultsWriter`.
 
 ``seg-datamodule loader-bench --config CONFIG [--workers 0,1,2] [--batches N] [--target-img-s R]
 [--data.KEY VALUE ...]`` runs only the train loader of the same YAML as ``fit`` at each
-``num_workers`` (:mod:`~seg_datamodule.data.probe`), printing a table and writing a CSV and a PNG
+``num_workers`` (:mod:`~seg_datamodule.data.loaders.probe`), printing a table and writing a CSV and a PNG
 into a new ``runs/loader-bench/version_<N>/``. The DataModule is built by this LightningCLI from
 the config (``run=False``), as ``fit`` builds it, but no Trainer is; it runs without the image
 cache (which holds a whole small dataset) unless ``--image-cache`` asks for it, and says which.
@@ -173,7 +173,7 @@ def main(args: ArgsType = None) -> SegCLI | None:
         if words[:1] == ["inspect"]:
             from seg_datamodule.pictures.inspect import inspect_main
 
-            inspect_main(words[1:])
+            inspect_main(words[1:], configured)
             return None
         return SegCLI(LightningModule, COCOSegDataModule, subclass_mode_model=True, args=args)
     except Exception as exc:
@@ -290,7 +290,7 @@ def _new_run_folder(parent: Path) -> Path:
 
 
 def _worker_counts(text: str | None, cores: int) -> list[int]:
-    from seg_datamodule.data.probe import default_worker_counts
+    from seg_datamodule.data.loaders.probe import default_worker_counts
 
     if text is None:
         return default_worker_counts(cores)
@@ -320,8 +320,8 @@ def _format_rows(rows: Sequence) -> str:
 
 
 def loader_bench_main(argv: Sequence[str] | None = None) -> list:
-    """Run ``seg-datamodule loader-bench``; returns the :class:`~seg_datamodule.data.probe.ProbeRow` list."""
-    from seg_datamodule.data.probe import plot_probe, probe_loader, workers_for_target, write_csv
+    """Run ``seg-datamodule loader-bench``; returns the :class:`~seg_datamodule.data.loaders.probe.ProbeRow` list."""
+    from seg_datamodule.data.loaders.probe import plot_probe, probe_loader, workers_for_target, write_csv
     from seg_datamodule.profiling.trainer_internals import available_cores
 
     args, cli_args = _loader_bench_parser().parse_known_args(argv)

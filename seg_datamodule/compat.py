@@ -8,19 +8,19 @@ used; when a check fails, :func:`warn_unverified` warns once per process, naming
 release and the verified ones, and the caller falls back to something correct (slower, or with
 less detail) instead of silently misbehaving:
 
-* ``torch._C._storage_Use_Count`` -- shared-memory slots handed back (``data/shm.py``);
+* ``torch._C._storage_Use_Count`` -- shared-memory slots handed back (``data/batching/shm.py``);
 * Lightning's fetch action name and hook order -- the profiler's phases (``profiling/tap.py``,
   ``profiling/recorder.py``); the Trainer's loop and loader internals
   (``profiling/trainer_internals.py``, ``profiling/callback.py``);
 * albumentations' ``set_random_state`` reaching every transform -- per-sample seeding, which
-  keeps forked workers off one random stream (``transforms/albu.py``);
+  keeps forked workers off one random stream (``transforms/pixel/albu.py``);
 * LitData's loader counters -- consumed-batch checkpoints (``io/stream/loader.py``). Those decide
   which samples a resumed run sees, so an unverified LitData is an error, not a warning
   (:func:`require_version`), and the ``stream`` extra pins the one release.
 
 One more check is about licences, not names: AlbumentationsX (AGPL-3.0) installs under the import
 name of albumentations (MIT), so :func:`warn_if_albumentationsx` (called where
-``transforms/albu.py`` imports it) warns once when that is what ``import albumentations`` gives.
+``transforms/pixel/albu.py`` imports it) warns once when that is what ``import albumentations`` gives.
 """
 
 from __future__ import annotations

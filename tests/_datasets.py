@@ -1,6 +1,6 @@
 """``make_dataset``: a ``SegDataset`` from the flat augmentation keywords, so test call sites stay short.
 
-``SegDataset`` takes its augmentation as one :class:`~seg_datamodule.data.options.AugmentOptions`
+``SegDataset`` takes its augmentation as one :class:`~seg_datamodule.data.config.options.AugmentOptions`
 whose geometry fixes the canvas size; what to do with a bad image is the index's
 ``on_bad_sample``, so it is not a keyword here either (build the index with it).
 """
@@ -12,10 +12,10 @@ import shutil
 from pathlib import Path
 from typing import Any
 
-from seg_datamodule.data.dataset import ImageIndex, SegDataset
-from seg_datamodule.data.options import AugmentOptions
-from seg_datamodule.transforms.augment import MosaicAffine
-from seg_datamodule.transforms.lsj import LargeScaleJitter
+from seg_datamodule.data.samples.dataset import ImageIndex, SegDataset
+from seg_datamodule.data.config.options import AugmentOptions
+from seg_datamodule.transforms.layouts.mosaic import MosaicAffine
+from seg_datamodule.transforms.layouts.lsj import LargeScaleJitter
 
 
 def augment_options(

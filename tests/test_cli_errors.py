@@ -18,7 +18,7 @@ from torch.utils.data import DataLoader, Dataset
 
 from seg_datamodule.cli_errors import MAX_CHARS, TRACEBACK_ENV, close_key, one_line, user_error_line
 from seg_datamodule.errors import UserInputError
-from seg_datamodule.io.image_errors import BadImageError
+from seg_datamodule.io.images.errors import BadImageError
 
 ROOT = Path(__file__).resolve().parents[1]
 KEYS = {"data.train_ann", "data.train_images", "data.val_ann", "trainer.max_epochs", "config"}
@@ -118,7 +118,7 @@ def test_a_missing_annotation_file_is_one_line_before_the_model(tmp_path: Path) 
     again = _cli(["fit", "--config", str(ROOT / "configs" / "coco.yaml"), "--data.train_ann", "nope/train.json"],
                  tmp_path, **{TRACEBACK_ENV: "1"})
     assert again.returncode == 1 and "Traceback (most recent call last)" in again.stderr
-    assert again.stderr.rstrip().splitlines()[-1].startswith("seg_datamodule.io.input_paths.InputPathError: train_ann")
+    assert again.stderr.rstrip().splitlines()[-1].startswith("seg_datamodule.io.paths.InputPathError: train_ann")
 
 
 @pytest.mark.slow

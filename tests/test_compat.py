@@ -84,7 +84,7 @@ import importlib, warnings
 warnings.simplefilter("always")
 import seg_datamodule
 from seg_datamodule import compat
-from seg_datamodule.transforms import albu
+from seg_datamodule.transforms.pixel import albu
 importlib.reload(albu)  # a second import-time check: still one warning
 print("warned again:", compat.warn_if_albumentationsx())
 """

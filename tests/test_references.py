@@ -108,9 +108,9 @@ def test_commands_named_are_subcommands() -> None:
 
 
 def test_the_checker_catches_a_stale_name() -> None:
-    from seg_datamodule.transforms import augment
+    from seg_datamodule.transforms.layouts import mosaic as augment
 
-    assert _resolves(augment, "func", "seg_datamodule.transforms.plan.snap_for_resize")
+    assert _resolves(augment, "func", "seg_datamodule.transforms.kernels.plan.snap_for_resize")
     assert not _resolves(augment, "func", "seg_datamodule.mosaic.snap_for_resize")  # a module that moved
     assert not _resolves(augment, "class", "NoSuchThing")
     assert _resolves(augment, "class", "np.random.Generator")

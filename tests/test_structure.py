@@ -6,7 +6,7 @@ What ``../shared/STYLE.md`` asks and issue 25 made checkable:
 * imports run ``io -> transforms -> data``: nothing under ``seg_datamodule/io/`` or
   ``seg_datamodule/transforms/`` imports ``seg_datamodule.data`` (not even lazily inside a
   function), the step kinds (``transforms/steps.py``) import none of the steps, and the pipeline
-  (``data/pipeline.py``) imports from ``transforms/`` only the recipe, the step interfaces and the
+  (``data/samples/pipeline.py``) imports from ``transforms/`` only the recipe, the step interfaces and the
   kernels, never a concrete step; nothing under ``data/`` imports
   the demo, and the DataModule's collaborators do not import the DataModule (issue 36);
 * no function or method takes more than :data:`MAX_PARAMS` parameters (every parameter counts:
@@ -32,12 +32,12 @@ MAX_LINES = 400
 LINE_BUDGETS = {
     # The YAML surface alone: its docstring (one entry per key, ~125 lines) and signature (~60),
     # plus Lightning hooks that are each a few lines handing over to the collaborators (sources,
-    # loaders, counts). Checking the keys and building the options lives in data/flat_keys.py; cutting
+    # loaders, counts). Checking the keys and building the options lives in data/config/keys.py; cutting
     # the rest again would bring back mixins that re-declare the host's attributes (issue 36).
     "seg_datamodule/data/datamodule.py": 510,
 }
 #: The DataModule's collaborators: each usable alone, so none imports the DataModule.
-COLLABORATORS = ("sources.py", "loader_factory.py", "run_counts.py")
+COLLABORATORS = ("splits/sources.py", "loaders/build.py", "report.py")
 MAX_PARAMS = 8
 #: ``module:Class`` whose ``__init__`` is a LightningCLI / YAML surface (flat keyword arguments).
 YAML_SURFACES = {
@@ -127,7 +127,7 @@ def test_the_collaborators_do_not_import_the_datamodule() -> None:
 def test_the_import_scan_sees_relative_and_lazy_imports() -> None:
     """A hand-written case: a relative climb, a relative sibling and an import inside a function."""
     source = "from ..demo import data\nfrom . import datamodule\ndef f():\n    import seg_datamodule.demo.model\n"
-    names = {name for _, name in _imported(PACKAGE / "data" / "sources.py", source)}
+    names = {name for _, name in _imported(PACKAGE / "data" / "datamodule.py", source)}
     assert {"seg_datamodule.demo.data", "seg_datamodule.data.datamodule", "seg_datamodule.demo.model"} <= names
 
 
@@ -144,44 +144,91 @@ def test_nothing_below_data_imports_data(folder: str) -> None:
 def test_the_step_kinds_import_no_step() -> None:
     """``transforms/steps.py`` (the kinds) sits below every step: it imports only errors, structures, ops and plans."""
     allowed = ("seg_datamodule.errors", "seg_datamodule.structures", "seg_datamodule.ops",
-               "seg_datamodule.transforms.plan")
+               "seg_datamodule.transforms.kernels.plan")
     names = [name for _, name in _imported(PACKAGE / "transforms" / "steps.py") if name.startswith("seg_datamodule")]
     assert names and all(name.startswith(allowed) for name in names), names
 
-#: What ``data/pipeline.py`` may import from ``transforms/``: the recipe and step interfaces and the
-#: kernels, never a concrete step (it executes whatever steps the recipe holds).
-PIPELINE_TRANSFORMS = ("recipe", "steps", "plan", "warp", "polygons", "box_only")
+#: What ``data/samples/pipeline.py`` may import from ``transforms/``: the recipe and step interfaces,
+#: the kernels (the pure placement among them), never a concrete step (it executes whatever steps the recipe holds).
+PIPELINE_TRANSFORMS = ("recipe", "steps", "kernels")
 
 
 def _pipeline_offenders(source: str | None = None) -> list[str]:
-    """``line: name`` of each ``transforms/`` import of ``data/pipeline.py`` (or ``source`` there)
+    """``line: name`` of each ``transforms/`` import of ``data/samples/pipeline.py`` (or ``source`` there)
     outside :data:`PIPELINE_TRANSFORMS`."""
     out = []
-    for line, name in _imported(PACKAGE / "data" / "pipeline.py", source):
+    for line, name in _imported(PACKAGE / "data" / "samples" / "pipeline.py", source):
         parts = name.split(".")
-        if parts[:2] == ["seg_datamodule", "transforms"] and len(parts) > 2 and parts[2] not in PIPELINE_TRANSFORMS:
+        inside = ".".join(parts[2:])
+        if (parts[:2] == ["seg_datamodule", "transforms"] and len(parts) > 2
+                and not any(inside == a or inside.startswith(a + ".") for a in PIPELINE_TRANSFORMS)):
             out.append(f"{line}: {name}")
     return out
 
 
 def test_the_pipeline_imports_no_concrete_step() -> None:
     """The pipeline executes a recipe: no ``AlbumentationsTransform``, ``HSVJitter``, ``SampleMixing`` by name."""
-    names = {name for _, name in _imported(PACKAGE / "data" / "pipeline.py")}
+    names = {name for _, name in _imported(PACKAGE / "data" / "samples" / "pipeline.py")}
     assert "seg_datamodule.transforms.recipe.Recipe" in names  # the scan reads the real module
     offenders = _pipeline_offenders()
-    assert not offenders, "data/pipeline.py imports a concrete step (use the recipe):\n" + "\n".join(offenders)
+    assert not offenders, "data/samples/pipeline.py imports a concrete step (use the recipe):\n" + "\n".join(offenders)
 
 
 def test_the_pipeline_rule_catches_a_step_by_name() -> None:
     """Hand-written offenders: a step module, a step from the package, a lazy import of one."""
-    source = ("from seg_datamodule.transforms.mixing import SampleMixing\n"
+    source = ("from seg_datamodule.transforms.group.sample_mixing import SampleMixing\n"
               "from seg_datamodule.transforms import HSVJitter\n"
-              "from seg_datamodule.transforms.plan import TilePlan\n"
-              "def f():\n    import seg_datamodule.transforms.albu\n")
-    assert _pipeline_offenders(source) == ["1: seg_datamodule.transforms.mixing",
-                                           "1: seg_datamodule.transforms.mixing.SampleMixing",
+              "from seg_datamodule.transforms.kernels.plan import TilePlan\n"
+              "def f():\n    import seg_datamodule.transforms.pixel.albu\n"
+              "from seg_datamodule.transforms.layouts.mosaic import MosaicAffine\n"
+              "from seg_datamodule.transforms.kernels.warp import warp_tiles\n")
+    assert _pipeline_offenders(source) == ["1: seg_datamodule.transforms.group.sample_mixing",
+                                           "1: seg_datamodule.transforms.group.sample_mixing.SampleMixing",
                                            "2: seg_datamodule.transforms.HSVJitter",
-                                           "5: seg_datamodule.transforms.albu"]
+                                           "6: seg_datamodule.transforms.layouts.mosaic",
+                                           "6: seg_datamodule.transforms.layouts.mosaic.MosaicAffine",
+                                           "5: seg_datamodule.transforms.pixel.albu"]  # the lazy one last
+
+
+#: Module names that repeat on purpose: one per input format, side by side (``io/coco/index.py``,
+#: ``io/yolo/index.py``; the errors of images, COCO and YOLO files).
+PARALLEL_NAMES = {"io": {"errors", "index"}}
+
+
+def _repeated_names(folder: Path, allowed: set[str]) -> dict[str, list[str]]:
+    """Module stems that occur more than once under ``folder`` (``__init__`` and ``allowed`` aside),
+    with the subpackage names among them: a module ``loaders.py`` beside a folder ``loaders/`` repeats."""
+    seen: dict[str, list[str]] = {}
+    for path in sorted(folder.rglob("*.py")):
+        if path.stem != "__init__":
+            seen.setdefault(path.stem, []).append(str(path.relative_to(ROOT)))
+    for path in sorted(folder.rglob("__init__.py")):
+        if path.parent != folder:
+            seen.setdefault(path.parent.name, []).append(str(path.parent.relative_to(ROOT)) + "/")
+    return {stem: paths for stem, paths in seen.items() if len(paths) > 1 and stem not in allowed}
+
+
+@pytest.mark.parametrize("folder", ["data", "io", "transforms"])
+def test_no_two_modules_share_a_name(folder: str) -> None:
+    """Issue 52: a newcomer finds a module by its name, so within ``data/``, ``io/`` and ``transforms/``
+    no two modules (or a module and a subpackage) are called the same."""
+    repeated = _repeated_names(PACKAGE / folder, PARALLEL_NAMES.get(folder, set()))
+    assert not repeated, f"{folder}/ repeats names: {repeated}"
+
+
+def test_the_name_rule_catches_a_repeat(tmp_path: Path) -> None:
+    """A hand-made tree: ``loaders.py`` beside ``loaders/``, and ``scan.py`` in two subpackages."""
+    for rel in ("loaders.py", "loaders/__init__.py", "loaders/build.py", "a/__init__.py", "a/scan.py",
+                "b/__init__.py", "b/scan.py", "b/errors.py"):
+        (tmp_path / rel).parent.mkdir(parents=True, exist_ok=True)
+        (tmp_path / rel).write_text("")
+    global ROOT
+    saved, ROOT = ROOT, tmp_path
+    try:
+        repeated = _repeated_names(tmp_path, {"errors"})
+    finally:
+        ROOT = saved
+    assert repeated == {"loaders": ["loaders.py", "loaders/"], "scan": ["a/scan.py", "b/scan.py"]}
 
 
 def test_no_function_takes_more_than_eight_parameters() -> None:

@@ -1,12 +1,12 @@
 """``COCOSegDataModule``: the LightningDataModule a config's ``data:`` section builds.
 
 What this module holds: the YAML surface (one keyword argument per key, checked and turned into
-option objects by :mod:`~seg_datamodule.data.flat_keys`), and Lightning's hooks, each a thin
+option objects by :mod:`~seg_datamodule.data.config.keys`), and Lightning's hooks, each a thin
 adapter to one of three collaborators, each usable alone:
-:class:`~seg_datamodule.data.sources.SplitSources` (which splits, their indices, the categories;
-each stage builds only the splits it reads), :class:`~seg_datamodule.data.loader_factory.LoaderFactory`
+:class:`~seg_datamodule.data.splits.sources.SplitSources` (which splits, their indices, the categories;
+each stage builds only the splits it reads), :class:`~seg_datamodule.data.loaders.build.LoaderFactory`
 (datasets, samplers, DataLoaders, the train loader's resumable state) and
-:class:`~seg_datamodule.data.run_counts.RunCounts` (where every annotation went, the report).
+:class:`~seg_datamodule.data.report.RunCounts` (where every annotation went, the report).
 With no split named it trains on the embedded demo dataset, through
 :attr:`COCOSegDataModule.fallback_splits`, which the package sets on import (``data/`` does not
 import the demo). The data path itself (index, recipe, collate, batch) is described once, in the
@@ -16,20 +16,19 @@ docs' package layout page; determinism and resume in the docs' determinism page.
 from __future__ import annotations
 
 import logging
-from typing import Any, ClassVar, Literal
+from typing import Any, Callable, ClassVar, Literal
 
 import albumentations as A
 from lightning.pytorch import LightningDataModule
 from lightning.pytorch.utilities.model_helpers import is_overridden
 from torch.utils.data import DataLoader
 
-from seg_datamodule.data.flat_keys import DataModuleOptions, Forward, PathKey
-from seg_datamodule.data.loader_factory import AUTO_CACHE_MAX_IMAGES, LoaderContext, LoaderFactory
-from seg_datamodule.data.run_counts import RunCounts
-from seg_datamodule.data.sources import STAGE_SPLITS, Fallback, SplitSources
-from seg_datamodule.pictures import attach_run_pictures
+from seg_datamodule.data.config.keys import DataModuleOptions, Forward, PathKey
+from seg_datamodule.data.loaders.build import AUTO_CACHE_MAX_IMAGES, LoaderContext, LoaderFactory
+from seg_datamodule.data.report import RunCounts
+from seg_datamodule.data.splits.sources import STAGE_SPLITS, Fallback, SplitSources
 from seg_datamodule.transforms import Step
-from seg_datamodule.transforms.hsv import apply_pending_hsv
+from seg_datamodule.transforms.pixel.hsv import apply_pending_hsv
 
 __all__ = ["AUTO_CACHE_MAX_IMAGES", "COCOSegDataModule"]
 
@@ -40,7 +39,7 @@ class COCOSegDataModule(LightningDataModule):
     """Instance-segmentation batches from COCO-format data, masks rasterised in the workers.
 
     Every file and folder given is checked here: a missing one (or a folder where a file belongs)
-    raises :class:`~seg_datamodule.io.input_paths.InputPathError` naming the argument.
+    raises :class:`~seg_datamodule.io.paths.InputPathError` naming the argument.
 
     Args:
         train_ann: COCO instances JSON for training; when no split at all is named (no
@@ -73,7 +72,7 @@ class COCOSegDataModule(LightningDataModule):
         val_batch_size: validation, test and predict images per batch; ``None`` uses ``batch_size``.
         num_workers: DataLoader worker processes (masks are rasterised there); ``"auto"``
             (default): the cores this process may run on, shared by the ranks of its node, less
-            one for training, at most 8 (:func:`~seg_datamodule.data.options.auto_num_workers`).
+            one for training, at most 8 (:func:`~seg_datamodule.data.config.options.auto_num_workers`).
         mosaic: probability of a 4-image mosaic per training sample.
         close_mosaic: turn mosaic off for the last N epochs (needs ``trainer.max_epochs``).
         degrees: random rotation range in degrees.
@@ -108,7 +107,7 @@ class COCOSegDataModule(LightningDataModule):
             ``"keep"``: box targets without a mask (``DetectionBatch.has_mask``). Counted either way.
         allow_no_targets: let a split without a single target instance through setup (negatives
             only on purpose); otherwise setup stops it (nothing to learn, nothing to score, no
-            label file found) naming why and the key that fixes it (:mod:`~seg_datamodule.data.scan`).
+            label file found) naming why and the key that fixes it (:mod:`~seg_datamodule.data.splits.scan`).
         plots: at fit start, write the label pictures of each split and the first three training
             batches drawn into the run folder (and a logger that takes images):
             :class:`~seg_datamodule.pictures.FitPictures`; with a model scored by a COCO metric also
@@ -129,20 +128,20 @@ class COCOSegDataModule(LightningDataModule):
             (``lsj_scale`` of ``image_size``, crop, pad, flip; the mosaic and affine keys do not apply); or a list
             of steps, a Layout first, at most one group step (``SampleMixing``) last (``class_path`` / ``init_args``;
             ``transforms``, ``hsv``, ``hsv_on_device`` and a geometry key changed from its default are then
-            refused: they go in the steps' ``init_args``). See :mod:`~seg_datamodule.transforms.lsj`,
+            refused: they go in the steps' ``init_args``). See :mod:`~seg_datamodule.transforms.layouts.lsj`,
             :mod:`~seg_datamodule.transforms.recipe`.
         lsj_scale: LSJ's scale range ``(low, high)`` as factors of ``image_size``.
         copy_paste: probability per training sample of pasting a random subset of another
             canvas's instances (pixels exactly where their polygons cover pixel centres); the
             instances below keep exactly what stays visible (dropped as ``occluded`` under
-            ``min_area_ratio``). See :mod:`~seg_datamodule.transforms.copy_paste`.
+            ``min_area_ratio``). See :mod:`~seg_datamodule.transforms.group.copy_paste`.
         copy_paste_mode: ``"flip"`` (default): from the sample's own mirror image; ``"batch"``:
             from another sample of the batch (already decoded: no extra decode).
         mixup: probability per training sample of MixUp with another sample of the batch
             (``r ~ Beta(32, 32)``, both sets of instances kept).
         mosaic_partners: ``"batch"`` (default): a mosaic's partners are other images of its
             batch, each decoded once per batch; ``"uniform"``: the whole dataset (four decodes
-            per mosaic without a cache). See :class:`~seg_datamodule.data.dataset.SegDataset`.
+            per mosaic without a cache). See :class:`~seg_datamodule.data.samples.dataset.SegDataset`.
         on_resume_mismatch: a checkpoint whose train-loader state was saved for another dataset,
             batch size, world size or seed: ``"raise"`` (default) refuses it with a message
             naming the difference; ``"restart"`` warns and starts that epoch from its first batch.
@@ -169,7 +168,7 @@ class COCOSegDataModule(LightningDataModule):
             budget by :func:`~seg_datamodule.io.stream.endpoint.s3_storage_options`. Not saved
             in checkpoints (it may hold credentials).
         repeat_factor_threshold: repeat-factor sampling (LVIS uses 0.001; see
-            :mod:`~seg_datamodule.data.repeat_factors`): an image whose rarest category is in a
+            :mod:`~seg_datamodule.data.loaders.repeat_factors`): an image whose rarest category is in a
             fraction ``f`` of the training images appears ``max(1, sqrt(t / f))`` times per
             epoch, fractional parts drawn per epoch from ``(seed, epoch)``; frequencies are
             counted from ``train_ann``. ``None`` (default): off. The epoch length follows the
@@ -182,6 +181,10 @@ class COCOSegDataModule(LightningDataModule):
     #: paths. The package sets it to :func:`~seg_datamodule.demo.data.ensure_demo_dataset` on import,
     #: so that ``data/`` does not import the demo; None: a stage without its split is refused.
     fallback_splits: ClassVar[Fallback | None] = None
+    #: What ``plots: true`` adds to the Trainer at fit: the package sets it to
+    #: :func:`~seg_datamodule.pictures.callback.attach_run_pictures` on import (the pictures read
+    #: ``data/``, so ``data/`` does not import them); None: no pictures.
+    run_pictures: ClassVar[Callable[[Any, bool], None] | None] = None
 
     # The path keys, kept by the sources (a new value replaces the sources' paths).
     train_ann = PathKey()
@@ -326,7 +329,7 @@ class COCOSegDataModule(LightningDataModule):
 
     @property
     def category_ids(self) -> list[int]:
-        """COCO category id of each label ``0..C-1`` (sorted; see :mod:`~seg_datamodule.data.sources`)."""
+        """COCO category id of each label ``0..C-1`` (sorted; see :mod:`~seg_datamodule.data.splits.sources`)."""
         return self.sources.category_ids
 
     @property
@@ -368,7 +371,8 @@ class COCOSegDataModule(LightningDataModule):
         self.counts.announce(self.sources.check_images(stage), getattr(self, "trainer", None))
         if stage == "fit":
             self._setup_train()
-            attach_run_pictures(self.trainer, self.plots)
+            if type(self).run_pictures is not None:
+                type(self).run_pictures(self.trainer, self.plots)
         if stage in ("fit", "validate"):
             self.loaders.setup_eval("val", self.sources.val_index)
         elif stage == "test":
@@ -416,7 +420,7 @@ class COCOSegDataModule(LightningDataModule):
         return [] if self.test_dataset is None else self.loaders.eval_loader("test", LoaderContext.of(self.trainer))
 
     def predict_dataloader(self) -> DataLoader:
-        """``predict_images`` in order, letterboxed, without targets (see :mod:`~seg_datamodule.data.predict`).
+        """``predict_images`` in order, letterboxed, without targets (see :mod:`~seg_datamodule.data.samples.predict`).
 
         Raises:
             ValueError: no ``predict_images`` was given.
@@ -430,7 +434,7 @@ class COCOSegDataModule(LightningDataModule):
 
         Lightning runs only the DataModule's hook when both define it, so the model's own
         ``on_after_batch_transfer`` is called from here, after the jitter. (Evaluation batches are
-        counted by their loader as it hands them out: :class:`~seg_datamodule.data.resume.CountingLoader`.)
+        counted by their loader as it hands them out: :class:`~seg_datamodule.data.loaders.resume.CountingLoader`.)
         """
         trainer = self.trainer
         batch = apply_pending_hsv(batch)

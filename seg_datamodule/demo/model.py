@@ -56,7 +56,7 @@ from torch import Tensor
 from lightning.pytorch.utilities import rank_zero_info
 
 from seg_datamodule.console import print_summary
-from seg_datamodule.data.repeat_factors import scheduled_steps
+from seg_datamodule.data.loaders.repeat_factors import scheduled_steps
 from seg_datamodule.demo.losses import box_predictions, mask_iou, mask_loss
 from seg_datamodule.demo.network import YolactNet, YolactOutput
 from seg_datamodule.demo.scoring import TEST_STATS, VAL_STATS, check_datamodule_agrees, picked_stats, prediction_boxes

@@ -1,6 +1,6 @@
 """Pure inverse-letterbox kernels: predictions on the validation canvas -> original image pixels.
 
-Validation samples are the original image letterboxed (:func:`~seg_datamodule.transforms.plan.letterbox_layout`):
+Validation samples are the original image letterboxed (:func:`~seg_datamodule.transforms.kernels.plan.letterbox_layout`):
 a point ``p`` of the original image lands at ``p * scale + pad`` on the canvas, pixel *edges*
 being the continuous coordinates (pixel ``x`` covers ``[x, x + 1)``). Boxes invert that affine
 exactly. Masks are resampled: the value of original pixel ``(y, x)`` is the mask grid

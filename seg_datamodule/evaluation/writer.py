@@ -15,7 +15,7 @@ At the end of the predict epoch it writes two files:
   file of every image predicted (``id``, ``file_name`` relative to the predict folder when the
   DataModule knows it, ``height``, ``width``), the ``categories``, and an ``info`` summary:
   ``images_predicted``, ``detections``, ``images_skipped`` by reason (bad images the loader left
-  out, see :mod:`~seg_datamodule.data.predict`), ``files_ignored`` (files of the folder that are
+  out, see :mod:`~seg_datamodule.data.samples.predict`), ``files_ignored`` (files of the folder that are
   not images) and ``left_out_when_listing`` (entries of a JSON source its index left out, by
   reason), the thresholds and the source. For a folder it is the id -> file mapping; it also
   indexes as ``test_ann`` / ``predict_ann``. The console line says the same counts.
@@ -39,7 +39,7 @@ from lightning.pytorch.callbacks import BasePredictionWriter
 from lightning.pytorch.utilities import rank_zero_info
 
 from seg_datamodule.evaluation.predictions import CocoDetections
-from seg_datamodule.io.images import BadImageError
+from seg_datamodule.io.images.decode import BadImageError
 from seg_datamodule.evaluation.results import batch_detections, detections_to_results
 from seg_datamodule.ops.checks import check_int, check_number
 
@@ -209,7 +209,7 @@ class COCOResultsWriter(BasePredictionWriter):
         """Draw the first images predicted (ids in order) with their results into ``draw_dir``; how many were written."""
         import cv2
 
-        from seg_datamodule.io.orientation import decode_oriented, exif_orientation
+        from seg_datamodule.io.images.exif import decode_oriented, exif_orientation
         from seg_datamodule.visualize import draw_results
 
         listing = getattr(getattr(datamodule, "predict_dataset", None), "images", None)

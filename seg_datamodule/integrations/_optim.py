@@ -9,7 +9,7 @@ from typing import Any, Literal
 import torch
 from torch import nn
 
-from seg_datamodule.data.repeat_factors import scheduled_steps
+from seg_datamodule.data.loaders.repeat_factors import scheduled_steps
 
 __all__ = [
     "OPTIMIZERS", "apply_nominal_batch", "check_optim_args", "configure_from_hparams", "configure_optimizer",
@@ -118,7 +118,7 @@ def configure_from_hparams(module: Any, weight_decay_scale: float = 1.0) -> Any:
     """:func:`configure_optimizer` of ``module.model`` from the module's saved hyperparameters
     (``optimizer``, ``lr``, ``momentum``, ``weight_decay`` times ``weight_decay_scale``,
     ``warmup_steps``, ``cosine_schedule``), the schedule sized to the run
-    (:func:`~seg_datamodule.data.repeat_factors.scheduled_steps`; unbounded without a Trainer)."""
+    (:func:`~seg_datamodule.data.loaders.repeat_factors.scheduled_steps`; unbounded without a Trainer)."""
     h = module.hparams
     total = scheduled_steps(module._trainer)
     return configure_optimizer(module.model, h.optimizer, h.lr, h.momentum, h.weight_decay * weight_decay_scale,

@@ -5,13 +5,13 @@ its root, a COCO image id, and its size when the JSON gives one (``-1`` for a fo
 are read from each file when it is decoded).
 
 Image ids of a folder are derived from the relative paths alone
-(:func:`~seg_datamodule.io.image_ids.image_id_of`): an all-digit file stem is its id (COCO's and
+(:func:`~seg_datamodule.io.images.ids.image_id_of`): an all-digit file stem is its id (COCO's and
 Ultralytics' convention, so predictions on ``val2017/`` score against COCO's ground truth), any
 other name a stable hash of its path (:func:`stable_image_id`); an image keeps its id when other
 files are added or removed, on every machine and rank, and two files with one id are refused. The
 mapping is written beside the results (see
 :class:`~seg_datamodule.evaluation.writer.COCOResultsWriter`). A folder's images are user photos:
-their EXIF orientation is applied (:mod:`seg_datamodule.io.orientation`), so they are predicted
+their EXIF orientation is applied (:mod:`seg_datamodule.io.images.exif`), so they are predicted
 as a person sees them and their sizes are the turned ones; a JSON's images are COCO's, whose
 sizes refer to the stored pixels (orientation ignored). A folder lists every file whose
 extension is one OpenCV decodes (:data:`IMAGE_EXTENSIONS`, any case); other files are counted
@@ -28,8 +28,8 @@ from pathlib import Path
 import numpy as np
 
 from seg_datamodule.io.coco import CocoIndex
-from seg_datamodule.io.image_ids import assign_image_ids, stable_image_id
-from seg_datamodule.io.image_root import ImageRootError
+from seg_datamodule.io.images.ids import assign_image_ids, stable_image_id
+from seg_datamodule.io.images.root import ImageRootError
 from seg_datamodule.io.paths import file_name_problem
 
 __all__ = ["IMAGE_EXTENSIONS", "PredictImages", "images_from_index", "list_image_folder", "stable_image_id"]
@@ -90,7 +90,7 @@ def list_image_folder(root: str | os.PathLike[str]) -> PredictImages:
         root (str | PathLike): the folder.
 
     Returns:
-        :class:`PredictImages` with :func:`~seg_datamodule.io.image_ids.image_id_of` ids, unknown
+        :class:`PredictImages` with :func:`~seg_datamodule.io.images.ids.image_id_of` ids, unknown
         sizes, and EXIF orientation applied when read.
 
     Raises:

@@ -2,7 +2,7 @@
 
 The report (:func:`inspect_split`) shows, for the split a config names:
 
-1. what it holds: the scan line of setup (:mod:`~seg_datamodule.data.scan`), what the index left
+1. what it holds: the scan line of setup (:mod:`~seg_datamodule.data.splits.scan`), what the index left
    out by reason, and the setup error when setup stops the split (a box-only export, nothing to
    learn): the report is written all the same, to show why;
 2. the label picture (:func:`~seg_datamodule.pictures.labels.label_figure`);
@@ -22,7 +22,7 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import re
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -33,7 +33,7 @@ from seg_datamodule.errors import UserInputError
 from seg_datamodule.io.coco.errors import SKIP_REASONS
 from seg_datamodule.pictures.html import Card, Report, write_report
 from seg_datamodule.pictures.labels import figure_rgb, label_figure, label_stats
-from seg_datamodule.transforms.polygons import DROP_REASONS
+from seg_datamodule.transforms.kernels.polygons import DROP_REASONS
 from seg_datamodule.visualize import batch_grid
 
 __all__ = ["inspect_main", "inspect_split"]
@@ -203,7 +203,7 @@ def _index_cards(index: Any, per_reason: int) -> dict[str, list[Card]]:
 def _recipe(datamodule: Any, split: str, index: Any, samples: int, probe: int,
             per_reason: int) -> tuple[list[tuple[Card, Card]], dict[str, list[Card]]]:
     """The first ``samples`` images beside their samples, and the recipe's drops over ``probe`` samples."""
-    from seg_datamodule.data.collate import collate_detection
+    from seg_datamodule.data.batching.collate import collate_detection
 
     dataset = datamodule.train_dataset if split == "train" else getattr(datamodule, f"{split}_dataset", None)
     if dataset is None or not len(dataset):
@@ -271,7 +271,7 @@ def inspect_split(datamodule: Any, split: str, folder: str | Path, samples: int 
     Returns:
         Path: ``index.html``.
     """
-    from seg_datamodule.data.sources import SplitSources
+    from seg_datamodule.data.splits.sources import SplitSources
 
     folder = Path(folder)
     sources = datamodule.sources
@@ -322,12 +322,16 @@ def _parser() -> argparse.ArgumentParser:
     return parser
 
 
-def inspect_main(argv: Sequence[str]) -> Path:
-    """``seg-datamodule inspect [--split S] [--output DIR] --config ...``: write and name the report."""
-    from seg_datamodule.cli import configured
+def inspect_main(argv: Sequence[str], configure: Callable[[Sequence[str]], tuple[Any, Any]]) -> Path:
+    """``seg-datamodule inspect [--split S] [--output DIR] --config ...``: write and name the report.
 
+    Args:
+        argv: the words after ``inspect``.
+        configure: the console script's ``configured`` (the DataModule and config that LightningCLI
+            arguments give), passed in so that this module does not import the CLI.
+    """
     args, cli_args = _parser().parse_known_args(list(argv))
-    datamodule, config = configured(cli_args)
+    datamodule, config = configure(cli_args)
     max_epochs = (config.get("trainer") or {}).get("max_epochs")
     page = inspect_split(datamodule, args.split, args.output or f"runs/inspect/{args.split}", args.samples,
                          args.per_reason, args.probe, max_epochs if isinstance(max_epochs, int) and max_epochs > 0

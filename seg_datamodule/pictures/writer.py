@@ -12,7 +12,7 @@ import dataclasses
 import time
 from concurrent.futures import Future, ThreadPoolExecutor
 from pathlib import Path
-from typing import Any, Callable
+from typing import Callable
 
 import cv2
 import numpy as np

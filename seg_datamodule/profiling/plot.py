@@ -19,7 +19,6 @@ import numpy as np
 
 if TYPE_CHECKING:
     from matplotlib.figure import Figure
-    from matplotlib.patches import Patch
 
 __all__ = ["plot_step_split"]
 

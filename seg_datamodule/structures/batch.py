@@ -17,7 +17,7 @@ class DetectionBatch:
 
     Attributes:
         images (Tensor[B, 3, H, W] uint8): RGB images (channels-last memory format by default;
-            see :class:`~seg_datamodule.data.collate.DetectionCollate`).
+            see :class:`~seg_datamodule.data.batching.collate.DetectionCollate`).
         boxes (Tensor[sum_N, 4] float32): xyxy boxes in canvas pixels, image after image.
         labels (Tensor[sum_N] int64): contiguous class indices.
         masks (Tensor[sum_N, Hp, Wp] bool): instance masks on the stride grid, in the order of
@@ -53,7 +53,7 @@ class DetectionBatch:
             ``box_only: drop``).
         hsv_gains (Tensor[B, 3] float64 | None): HSV jitter gains still to apply to ``images``
             (``hsv_on_device``): ``COCOSegDataModule.on_after_batch_transfer`` applies them with
-            :func:`~seg_datamodule.transforms.hsv.hsv_jitter_batch_` on the device and sets this
+            :func:`~seg_datamodule.transforms.pixel.hsv.hsv_jitter_batch_` on the device and sets this
             to ``None``; ``None`` when there is nothing left to apply.
     """
 

@@ -139,7 +139,7 @@ class SampleBatch(Sequence[Sample]):
 
     What ``SegDataset.__getitems__`` returns: a sequence of :class:`Sample` (so any collate that
     iterates a list takes it) with ``counts``, this batch's annotation counts by reason and its
-    decode counts, which :class:`~seg_datamodule.data.collate.DetectionCollate` puts on
+    decode counts, which :class:`~seg_datamodule.data.batching.collate.DetectionCollate` puts on
     ``DetectionBatch.counts`` so the main process counts what it trains on, not what the workers
     built ahead.
 

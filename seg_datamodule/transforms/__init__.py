@@ -2,34 +2,35 @@
 
 - the step kinds and the recipe: ``steps`` (a layout, canvas steps, pixel steps, group steps, and
   the canvas they work on), ``recipe`` (one ordered, checked list of steps);
-- layouts: ``augment`` (mosaic with a random affine, ``MosaicAffine``), ``lsj`` (large-scale
-  jitter), over ``plan`` (pure tile placement);
-- canvas steps: ``augment`` and ``orient`` (flips, 90-degree turns);
-- pixel steps: ``albu`` (the user's albumentations pipeline), ``hsv`` (YOLO's HSV jitter, its numpy
-  kernel in the workers and its torch kernel on the device);
-- group steps: ``mixing`` (copy-paste and MixUp across a batch) over ``copy_paste`` and ``mixup``;
-- kernels: ``warp`` (one resample per pixel), ``polygons`` (transport, clipping, drop reasons),
+- ``layouts/``: ``plan`` (pure tile placement), ``mosaic`` (mosaic with a random affine,
+  ``MosaicAffine``; the ``Letterbox``), ``lsj`` (large-scale jitter);
+- ``geometric/``: canvas steps, ``flips`` (left-right, up-down) and ``turns`` (90 degrees);
+- ``pixel/``: ``hsv`` (YOLO's HSV jitter, its numpy kernel in the workers and its torch kernel on
+  the device), ``albu`` (the user's albumentations pipeline);
+- ``group/``: ``sample_mixing`` (copy-paste and MixUp across a batch) over ``copy_paste`` and ``mixup``;
+- ``kernels/``: ``warp`` (one resample per pixel), ``polygons`` (transport, clipping, drop reasons),
   ``box_only`` (box-only instances through the geometry).
 
 Steps are thin classes that hold parameters and draw randomness from a generator passed in
 (``draw``), then apply what they drew (``apply``); the pipeline that runs them is
-:mod:`~seg_datamodule.data.pipeline`, described once in the docs' package layout page.
+:mod:`~seg_datamodule.data.samples.pipeline`, described once in the docs' package layout page.
 """
 
-from seg_datamodule.transforms.albu import AlbumentationsTransform, RandomHSV, load_transforms
-from seg_datamodule.transforms.hsv import HSVJitter, hsv_jitter, hsv_jitter_batch_
+from seg_datamodule.transforms.pixel.albu import AlbumentationsTransform, RandomHSV, load_transforms
+from seg_datamodule.transforms.pixel.hsv import HSVJitter, hsv_jitter, hsv_jitter_batch_
 from seg_datamodule.transforms.steps import Canvas, CanvasStep, DrawPhase, GroupStep, Layout
-from seg_datamodule.transforms.augment import GlobalDraw, Letterbox, MosaicAffine, RandomAffine, RandomFlipLR
-from seg_datamodule.transforms.copy_paste import paste_instances, paste_mask
-from seg_datamodule.transforms.lsj import LargeScaleJitter, LSJDraw, lsj_layout
-from seg_datamodule.transforms.mixing import MixDraw, MixResult, SampleMixing
-from seg_datamodule.transforms.mixup import mixup_samples
-from seg_datamodule.transforms.orient import MirrorStep, RandomFlipUD, RandomRotate90, flip_canvas
+from seg_datamodule.transforms.layouts.mosaic import GlobalDraw, Letterbox, MosaicAffine, RandomAffine
+from seg_datamodule.transforms.group.copy_paste import paste_instances, paste_mask
+from seg_datamodule.transforms.layouts.lsj import LargeScaleJitter, LSJDraw, lsj_layout
+from seg_datamodule.transforms.group.sample_mixing import MixDraw, MixResult, SampleMixing
+from seg_datamodule.transforms.group.mixup import mixup_samples
+from seg_datamodule.transforms.geometric.flips import MirrorStep, RandomFlipLR, RandomFlipUD, flip_canvas
+from seg_datamodule.transforms.geometric.turns import RandomRotate90
 from seg_datamodule.transforms.recipe import Recipe, RecipeError, Step
-from seg_datamodule.transforms.plan import TilePlan, choose_reduce, letterbox_layout, mosaic_layout, snap_for_resize
-from seg_datamodule.transforms.polygons import (DROP_REASONS, drop_reasons, transform_polygons,
+from seg_datamodule.transforms.kernels.plan import TilePlan, choose_reduce, letterbox_layout, mosaic_layout, snap_for_resize
+from seg_datamodule.transforms.kernels.polygons import (DROP_REASONS, drop_reasons, transform_polygons,
                                                 transform_polygons_batch)
-from seg_datamodule.transforms.warp import FILL_VALUE, warp_tiles
+from seg_datamodule.transforms.kernels.warp import FILL_VALUE, warp_tiles
 
 __all__ = [
     "AlbumentationsTransform",

@@ -4,7 +4,7 @@ A :class:`Recipe` is a :class:`~seg_datamodule.transforms.steps.Layout` followed
 first those that draw before decode (``phase == "plan"``: the flip), then those that draw after it
 (``phase == "pixels"``: albumentations, HSV), each drawn and applied in list order; and, last, at
 most one :class:`~seg_datamodule.transforms.steps.GroupStep` that mixes the built samples of a
-batch (:class:`~seg_datamodule.transforms.mixing.SampleMixing`: copy-paste, MixUp). It comes from
+batch (:class:`~seg_datamodule.transforms.group.sample_mixing.SampleMixing`: copy-paste, MixUp). It comes from
 the DataModule's flat keys (:meth:`Recipe.from_flat`, the same draws and batches as they always
 gave) or from a YAML list of LightningCLI ``class_path`` / ``init_args`` entries
 (:meth:`Recipe.from_steps`)::
@@ -32,8 +32,8 @@ from dataclasses import dataclass
 from typing import Sequence, Union
 
 from seg_datamodule.errors import UserInputError
-from seg_datamodule.transforms.albu import AlbumentationsTransform, refuse_random_hsv
-from seg_datamodule.transforms.hsv import HSVJitter
+from seg_datamodule.transforms.pixel.albu import AlbumentationsTransform, refuse_random_hsv
+from seg_datamodule.transforms.pixel.hsv import HSVJitter
 from seg_datamodule.transforms.steps import CanvasStep, GroupStep, Layout
 
 __all__ = ["Recipe", "RecipeError", "Step"]
@@ -121,7 +121,7 @@ class Recipe:
                   group: GroupStep | None = None) -> Recipe:
         """What the flat keys always built: the layout, its flip, the pipeline (if any), HSV (if set),
         and the copy-paste / MixUp step (``group``: the ``copy_paste``, ``copy_paste_mode`` and
-        ``mixup`` keys' :class:`~seg_datamodule.transforms.mixing.SampleMixing`)."""
+        ``mixup`` keys' :class:`~seg_datamodule.transforms.group.sample_mixing.SampleMixing`)."""
         pixel = tuple(s for s in (transforms if transforms else None, hsv) if s is not None)
         return cls(layout, (layout.flip,), pixel, group)
 

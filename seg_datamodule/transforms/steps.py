@@ -7,8 +7,8 @@ sample meets them:
 
 * :class:`Layout` places the tiles on the canvas (mosaic, letterbox, LSJ); it draws in the plan
   phase, before anything is decoded, and turns its draw and the images' sizes into the
-  :class:`~seg_datamodule.transforms.plan.TilePlan` the single resample follows.
-* A fused step is a matrix folded into that resample (:class:`~seg_datamodule.transforms.augment.RandomAffine`,
+  :class:`~seg_datamodule.transforms.kernels.plan.TilePlan` the single resample follows.
+* A fused step is a matrix folded into that resample (:class:`~seg_datamodule.transforms.layouts.mosaic.RandomAffine`,
   drawn by its layout), so pixels are resampled once.
 * :class:`CanvasStep` is exact on the output canvas (flips, drawn in the plan phase) or on its
   pixels (albumentations, HSV; drawn after decode, in list order).
@@ -27,7 +27,7 @@ import numpy as np
 
 from seg_datamodule.errors import UserInputError
 from seg_datamodule.structures import Polygons, Sample
-from seg_datamodule.transforms.plan import TilePlan
+from seg_datamodule.transforms.kernels.plan import TilePlan
 
 __all__ = ["Canvas", "CanvasStep", "DrawPhase", "GroupStep", "Layout", "MixResult", "StepTypeError",
            "StepValueError", "draw_canvas_steps", "step_arguments"]
@@ -156,7 +156,7 @@ class GroupStep(abc.ABC):
     It runs after every sample of the group is built, so it is the last step of a recipe; each
     sample draws from its own generator, after all its other draws, and partners are taken as
     they were before any mixing (the order in which samples are mixed does not matter).
-    :class:`~seg_datamodule.transforms.mixing.SampleMixing` (copy-paste and MixUp) is the one the
+    :class:`~seg_datamodule.transforms.group.sample_mixing.SampleMixing` (copy-paste and MixUp) is the one the
     flat keys build.
     """
 

@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-from seg_datamodule.data.allocator import _user_tunes_malloc
+from seg_datamodule.data.batching.allocator import _user_tunes_malloc
 
 ROOT = Path(__file__).resolve().parents[2]
 glibc_only = pytest.mark.skipif(platform.system() != "Linux" or platform.libc_ver()[0] != "glibc",
@@ -56,7 +56,7 @@ before, was_kept = faults_per_canvas(), freed_memory_kept()
 set_now = keep_freed_memory()
 print(json.dumps({"before": before, "was_kept": was_kept, "set": set_now, "again": keep_freed_memory(),
                   "after": faults_per_canvas()}))
-""".replace("MODULE", str(ROOT / "seg_datamodule/data/allocator.py"))
+""".replace("MODULE", str(ROOT / "seg_datamodule/data/batching/allocator.py"))
 
 
 @glibc_only
@@ -88,8 +88,8 @@ def test_set_in_workers_and_in_a_main_process_that_builds_the_samples(coco_mini:
     out = run_python(f"""
         import json
         from torch.utils.data import DataLoader, Dataset
-        from seg_datamodule.data.allocator import freed_memory_kept
-        from seg_datamodule.data.loading import worker_init_fn
+        from seg_datamodule.data.batching.allocator import freed_memory_kept
+        from seg_datamodule.data.loaders.arguments import worker_init_fn
         from seg_datamodule import COCOSegDataModule
 
         class Probe(Dataset):

@@ -14,8 +14,8 @@ import lightning as L
 import pytest
 
 from seg_datamodule import COCOSegDataModule
-from seg_datamodule.data.accounting import ConsumedCounts, format_report
-from seg_datamodule.data.dataset import COUNT_KEYS
+from seg_datamodule.data.counts import ConsumedCounts, format_report
+from seg_datamodule.data.samples.dataset import COUNT_KEYS
 from seg_datamodule.models import YolactLite
 
 

@@ -15,7 +15,7 @@ import torch
 from seg_datamodule import COCOSegDataModule
 from seg_datamodule.io.coco import CocoIndex
 from seg_datamodule.io.stream.records import check_record, record_from_index, record_polygons
-from seg_datamodule.transforms.polygons import DROP_REASONS
+from seg_datamodule.transforms.kernels.polygons import DROP_REASONS
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "io" / "coco"))
 from test_coco_box_only import strip_segmentations  # noqa: E402

@@ -16,9 +16,9 @@ from lightning.pytorch import Trainer
 from _recorder import BatchRecorder, read_rows
 from seg_datamodule import DetectionBatch
 from seg_datamodule.data.datamodule import COCOSegDataModule
-from seg_datamodule.data.options import MAX_AUTO_WORKERS, LoaderOptions, auto_num_workers
+from seg_datamodule.data.config.options import MAX_AUTO_WORKERS, LoaderOptions, auto_num_workers
 from seg_datamodule.models import YolactLite
-from seg_datamodule.data.sampler import EpochShardSampler
+from seg_datamodule.data.loaders.sampler import EpochShardSampler
 
 ROOT = Path(__file__).resolve().parents[2]
 

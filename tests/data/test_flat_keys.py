@@ -15,7 +15,7 @@ from typing import Any
 import pytest
 
 from seg_datamodule import COCOSegDataModule
-from seg_datamodule.data.flat_keys import DataModuleOptions
+from seg_datamodule.data.config.keys import DataModuleOptions
 from seg_datamodule.errors import UserInputError
 from seg_datamodule.transforms import HSVJitter, LargeScaleJitter, MosaicAffine, RandomFlipLR, RecipeError
 

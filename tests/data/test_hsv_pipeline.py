@@ -13,12 +13,11 @@ from lightning.pytorch import Trainer
 
 from _datasets import make_dataset
 from seg_datamodule import DetectionBatch
-from seg_datamodule.data.collate import DetectionCollate
+from seg_datamodule.data.batching.collate import DetectionCollate
 from seg_datamodule.data.datamodule import COCOSegDataModule
 from seg_datamodule.models import YolactLite
 from seg_datamodule.structures import Polygons, Sample
-from seg_datamodule.transforms.albu import RandomHSV
-from seg_datamodule.transforms.hsv import HSVJitter, hsv_jitter
+from seg_datamodule.transforms.pixel.hsv import hsv_jitter
 
 HSV = (0.1, 0.7, 0.4)
 # Pixel-only steps whose outcome depends on when the jitter runs (it runs after them).
@@ -81,19 +80,9 @@ def test_gains_and_images_do_not_depend_on_num_workers(demo_dir: Path, tmp_path:
     assert not torch.equal(a[0].hsv_gains, a[1].hsv_gains)
 
 
-def test_random_hsv_in_the_pipeline_is_refused_when_hsv_is_set(demo_dir: Path, tmp_path: Path) -> None:
-    doubled = A.Compose([A.Blur(p=0.1), A.OneOf([RandomHSV(), A.ToGray()])])
-    with pytest.raises(ValueError, match="RandomHSV.*jittered twice"):
-        make_dm(demo_dir, tmp_path, hsv=HSV, transforms=doubled)
-    path = tmp_path / "recipe.json"
-    A.save(doubled, str(path))
-    with pytest.raises(ValueError, match="RandomHSV"):
-        make_dm(demo_dir, tmp_path, hsv=HSV, transforms=str(path))
-    make_dm(demo_dir, tmp_path, transforms=str(path))  # without hsv, RandomHSV works as before
+def test_bad_hsv_arguments(demo_dir: Path, tmp_path: Path) -> None:
     dm = make_dm(demo_dir, tmp_path, hsv=HSV)
     dm.setup("fit")
-    with pytest.raises(ValueError, match="RandomHSV"):
-        make_dataset(dm.train_index, image_size=128, transforms=doubled, hsv=HSVJitter(HSV))
     with pytest.raises(TypeError, match="hsv must be an HSVJitter"):
         make_dataset(dm.train_index, image_size=128, hsv=HSV)  # type: ignore[arg-type]
     with pytest.raises(TypeError, match="three numbers"):

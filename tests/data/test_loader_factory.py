@@ -16,10 +16,10 @@ import pytest
 import torch
 
 from seg_datamodule import COCOSegDataModule
-from seg_datamodule.data.loader_factory import AUTO_CACHE_MAX_IMAGES, LoaderContext, LoaderFactory
-from seg_datamodule.data.options import AugmentOptions, LoaderOptions
+from seg_datamodule.data.loaders.build import AUTO_CACHE_MAX_IMAGES, LoaderContext, LoaderFactory
+from seg_datamodule.data.config.options import AugmentOptions, LoaderOptions
 from seg_datamodule.io.coco import CocoIndex, IndexOptions
-from seg_datamodule.transforms.augment import MosaicAffine
+from seg_datamodule.transforms.layouts.mosaic import MosaicAffine
 
 SIZE, BATCH = 96, 4
 

@@ -19,9 +19,9 @@ from lightning.pytorch import Callback, LightningModule, Trainer
 
 from _datasets import make_dataset
 from seg_datamodule import DetectionCollate, EpochShardSampler
-from seg_datamodule.data.targets import federated_labels
+from seg_datamodule.data.samples.targets import federated_labels
 from seg_datamodule.data.datamodule import COCOSegDataModule
-from seg_datamodule.data.repeat_factors import scheduled_steps
+from seg_datamodule.data.loaders.repeat_factors import scheduled_steps
 from seg_datamodule.io.coco import CocoIndex
 from seg_datamodule.models import YolactLite
 from _lvis import load_json, write_images, write_v1

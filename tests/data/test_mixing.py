@@ -16,12 +16,13 @@ from torch.utils.data import DataLoader
 from _datasets import make_dataset
 from _recorder import read_rows
 from _reference import reference_rasterize
-import seg_datamodule.data.collate as collate_module
-from seg_datamodule.data.collate import DetectionCollate, collate_detection
-from seg_datamodule.data.dataset import ADDED_KEYS, COUNT_KEYS, SegDataset, worker_init_fn
+import seg_datamodule.data.batching.collate as collate_module
+from seg_datamodule.data.batching.collate import DetectionCollate, collate_detection
+from seg_datamodule.data.samples.dataset import ADDED_KEYS, COUNT_KEYS, SegDataset
+from seg_datamodule.data.loaders.arguments import worker_init_fn
 from seg_datamodule.ops.raster import rasterize_flat
 from seg_datamodule.structures import DetectionBatch, Polygons
-from seg_datamodule.transforms.augment import MosaicAffine
+from seg_datamodule.transforms.layouts.mosaic import MosaicAffine
 
 S = 64  # canvas side; the flat images are S x S, so the letterbox and the affine are the identity
 

@@ -1,6 +1,6 @@
 """The pipeline executes a recipe: its group step (copy-paste, MixUp) from the flat keys or a YAML list.
 
-Batches built by :class:`~seg_datamodule.data.pipeline.Pipeline` straight from a
+Batches built by :class:`~seg_datamodule.data.samples.pipeline.Pipeline` straight from a
 :meth:`Recipe.from_flat <seg_datamodule.transforms.recipe.Recipe.from_flat>` recipe are compared
 with the dataset's (the flat keys through ``AugmentOptions``) and with a recipe list ending with
 the same group step; the YAML list goes through the real CLI in a subprocess, on coco-mini.
@@ -18,8 +18,8 @@ import numpy as np
 import pytest
 
 from _datasets import make_dataset
-from seg_datamodule.data.options import AugmentOptions, SampleOptions
-from seg_datamodule.data.pipeline import Pipeline, SampleKey
+from seg_datamodule.data.config.options import AugmentOptions, SampleOptions
+from seg_datamodule.data.samples.pipeline import Pipeline, SampleKey
 from seg_datamodule.errors import UserInputError
 from seg_datamodule.io.coco import CocoIndex
 from seg_datamodule.structures import Sample

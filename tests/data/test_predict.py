@@ -13,7 +13,7 @@ import torch
 
 from _datasets import make_dataset
 from seg_datamodule import BadImageError, COCOSegDataModule, COCOResultsWriter
-from seg_datamodule.data.predict import PredictDataset, SkippedImage, empty_batch
+from seg_datamodule.data.samples.predict import PredictDataset, SkippedImage, empty_batch
 from seg_datamodule.evaluation import writer as writer_module
 from seg_datamodule.io.coco import CocoIndex
 from seg_datamodule.io.predict_source import images_from_index, list_image_folder, stable_image_id

@@ -18,8 +18,8 @@ from pycocotools.cocoeval import COCOeval
 
 from _yolo import rotate_with_exif
 from seg_datamodule import COCOResultsWriter, COCOSegDataModule
-from seg_datamodule.data.predict import PredictDataset
-from seg_datamodule.io.image_ids import ImageIdClashError
+from seg_datamodule.data.samples.predict import PredictDataset
+from seg_datamodule.io.images.ids import ImageIdClashError
 from seg_datamodule.io.predict_source import list_image_folder, stable_image_id
 from seg_datamodule.models import YolactLite
 

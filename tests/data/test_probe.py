@@ -21,8 +21,8 @@ import torch
 from torch.utils.data import DataLoader, RandomSampler
 
 from seg_datamodule.cli import loader_bench_main
-from seg_datamodule.data.collate import DetectionCollate
-from seg_datamodule.data.probe import (
+from seg_datamodule.data.batching.collate import DetectionCollate
+from seg_datamodule.data.loaders.probe import (
     ProbeRow,
     default_worker_counts,
     measure_batches,

@@ -14,10 +14,10 @@ import pytest
 
 from _datasets import make_dataset
 from seg_datamodule import DetectionCollate, EpochShardSampler, SegDataset
-from seg_datamodule.data.loading import worker_init_fn
-from seg_datamodule.data.repeat_factors import (category_frequencies, describe_repeat_factors, draw_repeats,
+from seg_datamodule.data.loaders.arguments import worker_init_fn
+from seg_datamodule.data.loaders.repeat_factors import (category_frequencies, describe_repeat_factors, draw_repeats,
                                                 image_repeat_factors, repeat_factor_summary)
-from seg_datamodule.data.resume import ResumableDataLoader
+from seg_datamodule.data.loaders.resume import ResumableDataLoader
 from seg_datamodule.io.coco import CocoIndex
 from _lvis import LVIS_VAL_100, load_json
 from test_dataset import FakeIndex

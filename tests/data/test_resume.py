@@ -13,8 +13,8 @@ import pytest
 
 from _datasets import make_dataset
 from seg_datamodule import DetectionCollate, EpochShardSampler, SegDataset
-from seg_datamodule.data.loading import worker_init_fn
-from seg_datamodule.data.resume import ResumableDataLoader
+from seg_datamodule.data.loaders.arguments import worker_init_fn
+from seg_datamodule.data.loaders.resume import ResumableDataLoader
 from _recorder import read_counts, read_steps
 from test_dataset import FakeIndex
 

@@ -11,13 +11,13 @@ import collections
 import json
 from pathlib import Path
 
-from seg_datamodule.data.dataset import COUNT_KEYS, DROP_REASONS
-from seg_datamodule.data.loader_factory import LoaderContext, LoaderFactory
-from seg_datamodule.data.options import AugmentOptions, LoaderOptions
-from seg_datamodule.data.run_counts import RunCounts
-from seg_datamodule.data.sources import SplitPaths, SplitSources
+from seg_datamodule.data.samples.dataset import COUNT_KEYS, DROP_REASONS
+from seg_datamodule.data.loaders.build import LoaderContext, LoaderFactory
+from seg_datamodule.data.config.options import AugmentOptions, LoaderOptions
+from seg_datamodule.data.report import RunCounts
+from seg_datamodule.data.splits.sources import SplitPaths, SplitSources
 from seg_datamodule.io.coco import IndexOptions
-from seg_datamodule.transforms.augment import MosaicAffine
+from seg_datamodule.transforms.layouts.mosaic import MosaicAffine
 
 
 def _counts(coco_mini: Path, tmp_path: Path) -> RunCounts:

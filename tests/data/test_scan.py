@@ -21,7 +21,7 @@ from pycocotools.cocoeval import COCOeval
 
 from _yolo import write_data_yaml, write_yolo_split
 from seg_datamodule import COCOSegDataModule
-from seg_datamodule.data.scan import (SCAN_FILE, LabelsNotFoundError, NothingToScoreError, NothingToLearnError,
+from seg_datamodule.data.splits.scan import (SCAN_FILE, LabelsNotFoundError, NothingToScoreError, NothingToLearnError,
                                       scan_index)
 from seg_datamodule.io.coco import CocoIndex
 from seg_datamodule.io.coco.building import BoxOnlyError

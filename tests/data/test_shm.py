@@ -12,7 +12,7 @@ import torch
 from torch.utils.data import DataLoader, Dataset
 
 from seg_datamodule import DetectionCollate, Polygons, Sample
-from seg_datamodule.data import shm
+from seg_datamodule.data.batching import shm
 
 
 def _sample(i: int, size: int = 48) -> Sample:
@@ -209,8 +209,8 @@ def test_the_estimate_holds_real_mosaic_batches_of_crowded_images(
     it arrived in within a reused slot's size (1/8 above the estimate). Budgets of one tile an image
     or of four average tiles (the estimate before) would not hold these batches."""
     from seg_datamodule import COCOSegDataModule
-    from seg_datamodule.data.collate import batch_bytes
-    from seg_datamodule.data.loaders import LoaderPlan, batch_estimate
+    from seg_datamodule.data.batching.collate import batch_bytes
+    from seg_datamodule.data.loaders.arguments import LoaderPlan, batch_estimate
 
     ann, images = lvis_images
     size, batch_size = (256, 256), 2  # small batches: a crowded image weighs most

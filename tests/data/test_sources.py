@@ -13,8 +13,8 @@ from typing import Any, NamedTuple
 import pytest
 
 from seg_datamodule import COCOSegDataModule
-from seg_datamodule.data.sources import CategoriesUnknownError, MissingSplitError, SplitPaths, SplitSources
-from seg_datamodule.data.splits import CategoryMismatchError
+from seg_datamodule.data.splits.sources import CategoriesUnknownError, MissingSplitError, SplitPaths, SplitSources
+from seg_datamodule.data.splits.checks import CategoryMismatchError
 from seg_datamodule.demo.data import ensure_demo_dataset
 from seg_datamodule.io.coco import IndexOptions
 

@@ -15,12 +15,12 @@ import lightning as L
 import pytest
 
 from seg_datamodule import COCOSegDataModule
-from seg_datamodule.data.sources import CategoriesUnknownError, MissingSplitError
-from seg_datamodule.data.splits import CategoryMismatchError, EmptySplitError
+from seg_datamodule.data.splits.sources import CategoriesUnknownError, MissingSplitError
+from seg_datamodule.data.splits.checks import CategoryMismatchError, EmptySplitError
 from seg_datamodule.errors import UserInputError
 from seg_datamodule.evaluation import NothingScoredError
-from seg_datamodule.io.image_root import ImageRootError
-from seg_datamodule.io.input_paths import InputPathError
+from seg_datamodule.io.images.root import ImageRootError
+from seg_datamodule.io.paths import InputPathError
 from seg_datamodule.models import YolactLite
 
 

@@ -443,7 +443,7 @@ _BOX_MODEL = YolactLite(num_classes=2, width=4)  # predict_boxes reads only the 
 def test_whole_image_box_maps_back_to_the_whole_image(h, w, canvas) -> None:
     """predict_boxes' box for an image without boxes is the letterboxed image: back in pixels, [0, 0, W, H]."""
     from seg_datamodule.evaluation import boxes_to_original
-    from seg_datamodule.transforms.plan import letterbox_layout
+    from seg_datamodule.transforms.kernels.plan import letterbox_layout
 
     _, _, scale, pad = letterbox_layout((h, w), (canvas, canvas))
     batch = DetectionBatch(

@@ -66,7 +66,7 @@ def gt_full_resolution(coco: COCO, image_id: int) -> dict[str, torch.Tensor]:
 
 def letterboxed(coco: COCO, image_id: int, image_size: int) -> tuple[float, tuple[float, float], tuple[int, int]]:
     """(scale, pad, orig_size) of an image letterboxed as the validation dataset does it."""
-    from seg_datamodule.transforms.plan import letterbox_layout
+    from seg_datamodule.transforms.kernels.plan import letterbox_layout
 
     img = coco.imgs[image_id]
     orig = (int(img["height"]), int(img["width"]))

@@ -18,7 +18,7 @@ from seg_datamodule.evaluation.letterbox import (
 )
 from seg_datamodule.ops.affine import apply_affine
 from seg_datamodule.ops.raster import rasterize_polygons
-from seg_datamodule.transforms.plan import letterbox_layout
+from seg_datamodule.transforms.kernels.plan import letterbox_layout
 
 
 @settings(max_examples=60, deadline=None)

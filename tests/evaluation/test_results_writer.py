@@ -16,7 +16,7 @@ from pycocotools.coco import COCO
 from pycocotools.cocoeval import COCOeval
 
 from _coco_gt import gt_on_canvas, letterbox_batch, letterboxed, perturbed
-from seg_datamodule.data.predict import empty_batch
+from seg_datamodule.data.samples.predict import empty_batch
 from seg_datamodule.evaluation import STAT_NAMES, COCOMaskMAP, COCOResultsWriter, CocoDetections, detections_to_results
 
 CANVAS = 640

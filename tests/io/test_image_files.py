@@ -12,9 +12,9 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-import seg_datamodule.io.image_files as image_files
-from seg_datamodule.io.image_files import read_image_file, read_image_view
-from seg_datamodule.io.images import BadImageError, _last_eoi, decode_image_bytes, decode_image_with_size
+import seg_datamodule.io.images.files as image_files
+from seg_datamodule.io.images.files import read_image_file, read_image_view
+from seg_datamodule.io.images.decode import BadImageError, _last_eoi, decode_image_bytes, decode_image_with_size
 
 READERS: dict[str, Callable[..., object]] = {"bytes": read_image_file, "view": read_image_view}
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from seg_datamodule.io.image_ids import ImageIdClashError, assign_image_ids, image_id_of, stable_image_id
+from seg_datamodule.io.images.ids import ImageIdClashError, assign_image_ids, image_id_of, stable_image_id
 
 
 def test_an_all_digit_stem_is_the_id() -> None:

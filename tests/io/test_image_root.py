@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 
 from seg_datamodule.errors import UserInputError
-from seg_datamodule.io.image_root import SAMPLE_SIZE, ImageRootError, sample_image_root, sample_positions
+from seg_datamodule.io.images.root import SAMPLE_SIZE, ImageRootError, sample_image_root, sample_positions
 
 
 @pytest.mark.parametrize("n, k", [(0, 64), (1, 64), (5, 64), (64, 64), (1000, 64), (1000, 7)])

@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 from PIL import Image
 
-from seg_datamodule.io.images import BadImageError, decode_image, decode_image_bytes, decode_image_with_size, reduced_size
+from seg_datamodule.io.images.decode import BadImageError, decode_image, decode_image_bytes, decode_image_with_size, reduced_size
 
 
 def _save(image: Image.Image, path: Path, fmt: str, **kwargs: object) -> Path:
@@ -239,7 +239,7 @@ def test_bad_image_error_pickles_and_rebuilds_from_its_message() -> None:
 
 
 def test_header_size_of_jpeg_and_png(rgb: np.ndarray) -> None:
-    from seg_datamodule.io.images import header_size
+    from seg_datamodule.io.images.decode import header_size
 
     assert header_size(_jpeg_bytes(rgb)) == (37, 53)
     buf = io.BytesIO()
@@ -249,7 +249,7 @@ def test_header_size_of_jpeg_and_png(rgb: np.ndarray) -> None:
 
 
 def test_read_image_file_refuses_what_is_not_a_bounded_regular_file(tmp_path: Path) -> None:
-    from seg_datamodule.io.images import read_image_file
+    from seg_datamodule.io.images.decode import read_image_file
 
     path = tmp_path / "a.jpg"
     path.write_bytes(b"x" * 100)

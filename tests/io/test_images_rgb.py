@@ -1,9 +1,9 @@
 """Decoding straight to RGB (``IMREAD_COLOR_RGB``) gives the bytes of BGR decoding + ``cvtColor``.
 
-Both paths of :mod:`seg_datamodule.io.images` run on the same files: the flag where the installed
+Both paths of :mod:`seg_datamodule.io.images.decode` run on the same files: the flag where the installed
 OpenCV has it, and the fallback (BGR, then a whole-image conversion) that an OpenCV without it
 takes; the outputs must be equal byte for byte, at every reduce factor, also through the EXIF
-path (:func:`~seg_datamodule.io.orientation.decode_oriented`).
+path (:func:`~seg_datamodule.io.images.exif.decode_oriented`).
 """
 
 from __future__ import annotations
@@ -17,9 +17,9 @@ import numpy as np
 import pytest
 from PIL import Image
 
-import seg_datamodule.io.images as images
-from seg_datamodule.io.images import REDUCE_FACTORS, decode_image_bytes
-from seg_datamodule.io.orientation import decode_oriented
+import seg_datamodule.io.images.decode as images
+from seg_datamodule.io.images.decode import REDUCE_FACTORS, decode_image_bytes
+from seg_datamodule.io.images.exif import decode_oriented
 
 pytestmark = pytest.mark.skipif(
     getattr(cv2, "IMREAD_COLOR_RGB", None) is None, reason="this OpenCV has no IMREAD_COLOR_RGB: one path only"

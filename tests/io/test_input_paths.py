@@ -9,7 +9,7 @@ import pytest
 
 from seg_datamodule import COCOSegDataModule
 from seg_datamodule.errors import UserInputError
-from seg_datamodule.io.input_paths import InputPathError, check_input_path
+from seg_datamodule.io.paths import InputPathError, check_input_path
 
 
 def test_each_kind_of_wrong_path_is_named(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:

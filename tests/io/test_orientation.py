@@ -11,8 +11,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from PIL import Image, ImageOps
 
-from seg_datamodule.io.images import reduced_size
-from seg_datamodule.io.orientation import apply_orientation, block_mean, decode_oriented, exif_orientation, oriented_size
+from seg_datamodule.io.images.decode import reduced_size
+from seg_datamodule.io.images.exif import apply_orientation, block_mean, decode_oriented, exif_orientation, oriented_size
 
 #: The orientation that undoes each one (5 and 7 are their own inverses, 6 and 8 each other's).
 INVERSE = {1: 1, 2: 2, 3: 3, 4: 4, 5: 5, 6: 8, 7: 7, 8: 6}
@@ -98,7 +98,7 @@ def test_a_reduced_turned_decode_keeps_the_pixel_grid(orientation: int, reduce: 
 
 
 def test_a_header_of_another_size_is_refused() -> None:
-    from seg_datamodule.io.images import BadImageError
+    from seg_datamodule.io.images.decode import BadImageError
 
     data = _encode(np.zeros((10, 20, 3), np.uint8), "JPEG", 6)  # shows as 20 x 10
     decode_oriented(data, 6, expected_size=(20, 10))

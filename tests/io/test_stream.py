@@ -24,12 +24,12 @@ from litdata import StreamingDataset  # noqa: E402
 from _datasets import make_dataset  # noqa: E402
 from _recorder import read_counts, read_steps  # noqa: E402
 
-from seg_datamodule.data.collate import DetectionCollate  # noqa: E402
-from seg_datamodule.data.dataset import SegDataset  # noqa: E402
-from seg_datamodule.data.options import StreamOptions  # noqa: E402
-from seg_datamodule.data.streaming import stream_train_loader  # noqa: E402
+from seg_datamodule.data.batching.collate import DetectionCollate  # noqa: E402
+from seg_datamodule.data.samples.dataset import SegDataset  # noqa: E402
+from seg_datamodule.data.config.options import StreamOptions  # noqa: E402
+from seg_datamodule.data.loaders.streaming import stream_train_loader  # noqa: E402
 from seg_datamodule.io.coco import CocoIndex  # noqa: E402
-from seg_datamodule.io.images import BadImageError  # noqa: E402
+from seg_datamodule.io.images.decode import BadImageError  # noqa: E402
 from seg_datamodule.io.stream import (  # noqa: E402
     ChunkOptions,
     IndexOptions,

@@ -21,12 +21,12 @@ import pytest
 
 litdata = pytest.importorskip("litdata")
 
-from seg_datamodule.data.collate import DetectionCollate  # noqa: E402
-from seg_datamodule.data.dataset import SegDataset  # noqa: E402
-from seg_datamodule.data.options import AugmentOptions, StreamOptions  # noqa: E402
-from seg_datamodule.data.streaming import stream_train_loader  # noqa: E402
+from seg_datamodule.data.batching.collate import DetectionCollate  # noqa: E402
+from seg_datamodule.data.samples.dataset import SegDataset  # noqa: E402
+from seg_datamodule.data.config.options import AugmentOptions, StreamOptions  # noqa: E402
+from seg_datamodule.data.loaders.streaming import stream_train_loader  # noqa: E402
 from seg_datamodule.io.coco import CocoIndex  # noqa: E402
-from seg_datamodule.transforms.augment import MosaicAffine  # noqa: E402
+from seg_datamodule.transforms.layouts.mosaic import MosaicAffine  # noqa: E402
 from seg_datamodule.io.stream import (  # noqa: E402
     ChunkOptions,
     META_FILE,

@@ -6,7 +6,7 @@ import pytest
 
 from seg_datamodule import COCOSegDataModule, DetectionCollate, rasterize_polygons
 from seg_datamodule.io.coco.errors import SKIP_REASONS
-from seg_datamodule.io.images import IMAGE_ERROR_REASONS
+from seg_datamodule.io.images.decode import IMAGE_ERROR_REASONS
 from seg_datamodule.ops.checks import check_canvas_size, check_choice, check_int
 
 

@@ -10,10 +10,10 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from _reference import reference_rasterize
-from seg_datamodule.data.collate import collate_detection
+from seg_datamodule.data.batching.collate import collate_detection
 from seg_datamodule.ops.occlusion import group_occluders, rasterize_visible
 from seg_datamodule.structures import Polygons, Sample
-from seg_datamodule.transforms.copy_paste import paste_instances
+from seg_datamodule.transforms.group.copy_paste import paste_instances
 
 
 def _sample(instances: list[list[np.ndarray]], canvas: tuple[int, int], first_id: int, colour: int = 0) -> Sample:

@@ -318,7 +318,7 @@ def test_the_device_jitter_on_a_cpu_run_is_device_work_not_a_transfer(demo_dir: 
     """A real fit of the DataModule with hsv_on_device on the CPU (configs/coco.yaml's setting, issue 35):
     the jitter lands in device_work, not batch_to_device, and no finding tells the run to pin memory."""
     from seg_datamodule import COCOSegDataModule
-    from seg_datamodule.transforms.hsv import hsv_jitter_batch_
+    from seg_datamodule.transforms.pixel.hsv import hsv_jitter_batch_
 
     dm = COCOSegDataModule(demo_dir=str(demo_dir), cache_dir=str(tmp_path / "cache"), image_size=320, batch_size=8,
                            num_workers=0, mosaic=0.0, hsv=(0.015, 0.7, 0.4), hsv_on_device=True)

@@ -9,7 +9,7 @@ import albumentations as A
 import numpy as np
 import pytest
 
-from seg_datamodule.transforms.albu import AlbumentationsTransform, seeding_problem
+from seg_datamodule.transforms.pixel.albu import AlbumentationsTransform, seeding_problem
 
 
 def _pipeline() -> A.Compose:

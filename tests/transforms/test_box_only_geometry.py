@@ -8,7 +8,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from seg_datamodule.structures import Polygons
-from seg_datamodule.transforms.box_only import box_corners, with_box_rings, without_rings
+from seg_datamodule.transforms.kernels.box_only import box_corners, with_box_rings, without_rings
 
 TRIANGLE = np.array([[1.0, 1.0], [5.0, 1.0], [1.0, 4.0]])
 

@@ -8,9 +8,9 @@ import pytest
 
 from _reference import reference_rasterize
 from seg_datamodule.structures import Polygons, Sample
-from seg_datamodule.transforms.copy_paste import flipped_source, paste_instances, paste_mask, select_for_paste
-from seg_datamodule.transforms.mixing import SampleMixing
-from seg_datamodule.transforms.mixup import mixup_samples
+from seg_datamodule.transforms.group.copy_paste import flipped_source, paste_instances, paste_mask, select_for_paste
+from seg_datamodule.transforms.group.sample_mixing import SampleMixing
+from seg_datamodule.transforms.group.mixup import mixup_samples
 
 
 def _rect(x0: float, y0: float, x1: float, y1: float) -> np.ndarray:

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import json
+
 from pathlib import Path
 
 import albumentations as A
@@ -12,8 +14,9 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from seg_datamodule.transforms.albu import RandomHSV, refuse_random_hsv
-from seg_datamodule.transforms.hsv import HSVJitter, apply_pending_hsv, hsv_jitter, hsv_jitter_batch_, hsv_luts
+import seg_datamodule.transforms
+from seg_datamodule.transforms.pixel.albu import load_transforms
+from seg_datamodule.transforms.pixel.hsv import HSVJitter, apply_pending_hsv, hsv_jitter, hsv_jitter_batch_, hsv_luts
 
 
 def _numpy_luts(gains: np.ndarray) -> np.ndarray:
@@ -102,13 +105,6 @@ def test_lookup_tables_equal_numpys(unit: list[float], hue_range: float) -> None
     np.testing.assert_array_equal(hsv_luts(torch.tensor(gains[None]))[0].numpy(), expected)
 
 
-def test_random_hsv_and_hsv_jitter_agree_for_the_same_gains() -> None:
-    rng = np.random.default_rng(7)
-    image = rng.integers(0, 256, (31, 40, 3), dtype=np.uint8)
-    gains = np.array([0.01, -0.3, 0.2])
-    np.testing.assert_array_equal(RandomHSV().apply(image, gains=gains), hsv_jitter(image, gains))
-
-
 def test_draws_are_ultralytics_and_from_the_generator() -> None:
     jitter = HSVJitter((0.015, 0.7, 0.4))
     a, b = jitter.draw(np.random.default_rng(3)), np.random.default_rng(3).uniform(-1, 1, 3) * (0.015, 0.7, 0.4)
@@ -133,12 +129,24 @@ def test_empty_batches_and_bad_arguments() -> None:
         HSVJitter((0.1, 0.2, 0.3), on_device=1)  # type: ignore[arg-type]
 
 
-def test_pipelines_holding_random_hsv_are_refused() -> None:
-    refuse_random_hsv(None)
-    refuse_random_hsv(A.Compose([A.Blur(p=0.1)]))
-    for pipeline in (A.Compose([RandomHSV()]), A.Compose([A.OneOf([A.Blur(), RandomHSV()])])):
-        with pytest.raises(ValueError, match="RandomHSV"):
-            refuse_random_hsv(pipeline)
+def test_the_removed_random_hsv_is_refused_by_name(tmp_path: Path) -> None:
+    """Issue 52: HSV is configured one way (the ``hsv`` key); the albumentations ``RandomHSV`` this
+    package shipped is refused where it turns up: a saved pipeline (nested), or the class path."""
+    saved = {"__version__": A.__version__, "transform": {
+        "__class_fullname__": "Compose", "p": 1.0, "transforms": [
+            {"__class_fullname__": "Blur", "p": 0.1},
+            {"__class_fullname__": "OneOf", "p": 0.5, "transforms": [
+                {"__class_fullname__": "seg_datamodule.transforms.albu.RandomHSV", "hgain": 0.015, "p": 1.0}]}]}}
+    path = tmp_path / "recipe.json"
+    path.write_text(json.dumps(saved))
+    with pytest.raises(ValueError, match=r"recipe\.json.*RandomHSV.*hsv: \[h, s, v\]"):
+        load_transforms(str(path))
+    with pytest.raises(AttributeError, match=r"RandomHSV.*hsv: \[h, s, v\]"):
+        seg_datamodule.transforms.RandomHSV  # noqa: B018 (a YAML class_path resolves it so)
+    # A saved pipeline of albumentations' own transforms still loads.
+    saved["transform"]["transforms"] = saved["transform"]["transforms"][:1]
+    path.write_text(json.dumps(saved))
+    assert isinstance(load_transforms(str(path)), A.Compose)
 
 
 def test_pending_gains_are_applied_once() -> None:

@@ -6,12 +6,12 @@ import numpy as np
 import pytest
 
 from _reference import reference_rasterize
-from seg_datamodule.data.dataset import SegDataset
-from seg_datamodule.data.options import AugmentOptions
+from seg_datamodule.data.samples.dataset import SegDataset
+from seg_datamodule.data.config.options import AugmentOptions
 from seg_datamodule.structures import Polygons
-from seg_datamodule.transforms.augment import MosaicAffine
-from seg_datamodule.transforms.lsj import LargeScaleJitter, LSJDraw, lsj_layout
-from seg_datamodule.transforms.warp import FILL_VALUE
+from seg_datamodule.transforms.layouts.mosaic import MosaicAffine
+from seg_datamodule.transforms.layouts.lsj import LargeScaleJitter, LSJDraw, lsj_layout
+from seg_datamodule.transforms.kernels.warp import FILL_VALUE
 
 
 def test_layout_by_hand() -> None:

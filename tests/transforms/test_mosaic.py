@@ -8,12 +8,13 @@ import cv2
 import numpy as np
 import pytest
 
-from seg_datamodule.transforms.augment import Letterbox, MosaicAffine, RandomFlipLR
+from seg_datamodule.transforms.geometric.flips import RandomFlipLR
+from seg_datamodule.transforms.layouts.mosaic import Letterbox, MosaicAffine
 from seg_datamodule.ops.affine import apply_affine, compose_affine, make_affine, to_cv2_matrix
 from seg_datamodule.ops.geometry import instance_areas, polygon_boxes
-from seg_datamodule.transforms.polygons import DROP_REASONS, drop_reasons, transform_polygons
-from seg_datamodule.transforms.plan import TilePlan, choose_reduce, letterbox_layout, mosaic_layout, visible_tiles
-from seg_datamodule.transforms.warp import warp_tiles
+from seg_datamodule.transforms.kernels.polygons import DROP_REASONS, drop_reasons, transform_polygons
+from seg_datamodule.transforms.kernels.plan import TilePlan, choose_reduce, letterbox_layout, mosaic_layout, visible_tiles
+from seg_datamodule.transforms.kernels.warp import warp_tiles
 from seg_datamodule.ops.raster import rasterize_flat
 from seg_datamodule.structures import Polygons
 

@@ -15,7 +15,7 @@ from _reference import reference_rasterize
 from seg_datamodule.errors import UserInputError
 from seg_datamodule.structures import Polygons
 from seg_datamodule.transforms import Canvas, MirrorStep, RandomFlipLR, RandomFlipUD, RandomRotate90, flip_canvas
-from seg_datamodule.transforms.orient import rotate90_matrix
+from seg_datamodule.transforms.geometric.turns import rotate90_matrix
 
 # Off any pixel centre by an irrational-looking offset: a centre exactly on an edge is a tie the
 # crossing test breaks one way, which a flip or a turn would break the other way.

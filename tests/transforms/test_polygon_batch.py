@@ -17,9 +17,9 @@ from hypothesis import strategies as st
 from seg_datamodule.ops.affine import compose_affine, make_affine
 from seg_datamodule.ops.ragged import segment_ids
 from seg_datamodule.structures import Polygons
-from seg_datamodule.transforms.augment import MosaicAffine
-from seg_datamodule.transforms.plan import TilePlan, mosaic_layout
-from seg_datamodule.transforms.polygons import transform_polygons, transform_polygons_batch
+from seg_datamodule.transforms.layouts.mosaic import MosaicAffine
+from seg_datamodule.transforms.kernels.plan import TilePlan, mosaic_layout
+from seg_datamodule.transforms.kernels.polygons import transform_polygons, transform_polygons_batch
 
 
 def _per_sample(polygons: list[Polygons], plan: TilePlan) -> tuple[Polygons, np.ndarray, np.ndarray]:

@@ -22,9 +22,9 @@ from seg_datamodule.io.coco.cache import cached_tables
 from seg_datamodule.io.coco.crowd import crowd_to_instances
 from seg_datamodule.io.coco.errors import error_from_first
 from seg_datamodule.io.coco.parse import build_tables
-from seg_datamodule.io.coco.reading import count_image_errors
+from seg_datamodule.io.coco.image_checks import count_image_errors
 from seg_datamodule.io.coco.tables import box_only_mask, select_images, without_box_only, without_crowd
-from seg_datamodule.io.images import BadImageError
+from seg_datamodule.io.images.decode import BadImageError
 from seg_datamodule.ops.checks import check_bool, check_choice
 
 __all__ = ["BOX_ONLY_CHOICES", "BoxOnlyError", "IndexOptions", "Loaded", "apply_options", "box_only_counts",

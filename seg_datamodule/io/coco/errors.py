@@ -15,8 +15,8 @@ Bad input and ``skip`` counts
     structure that cannot be skipped (not a JSON object, ``images`` / ``categories`` missing,
     ``annotations`` not a list, a bad or duplicate category) always raises. Images found bad when
     read (missing, truncated, corrupt, wrong size) raise
-    :class:`~seg_datamodule.io.images.BadImageError`, which carries a reason key so a dataset in
-    skip mode can count it in a :class:`~seg_datamodule.data.accounting.SkipCounter` shared with
+    :class:`~seg_datamodule.io.images.decode.BadImageError`, which carries a reason key so a dataset in
+    skip mode can count it in a :class:`~seg_datamodule.data.counts.SkipCounter` shared with
     its DataLoader workers;
     ``verify_images=True`` finds them at build instead.
 """

@@ -30,7 +30,7 @@ from seg_datamodule.io.coco.building import merge_options, refuse_box_only
 from seg_datamodule.io.coco.cache import default_cache_dir
 from seg_datamodule.io.coco.crowd import warn_crowd_trap
 from seg_datamodule.io.coco.errors import format_skip_summary
-from seg_datamodule.io.coco.reading import find_bad_images, load_checked_image
+from seg_datamodule.io.coco.image_checks import find_bad_images, load_checked_image
 from seg_datamodule.io.coco.tables import TABLE_KEYS, category_presence, crowd_mask, image_polygons, tables_equal
 from seg_datamodule.structures import Polygons
 
@@ -364,7 +364,7 @@ class CocoIndex:
         return crowd_mask(self._t, self._check_index(i))
 
     def load_image(self, i: int, reduce: int = 1, *, check_size: bool = True) -> np.ndarray:
-        """Decode image ``i`` to RGB ``uint8`` (see :func:`~seg_datamodule.io.images.decode_image`),
+        """Decode image ``i`` to RGB ``uint8`` (see :func:`~seg_datamodule.io.images.decode.decode_image`),
         turned by its :attr:`orientations` entry.
 
         Args:

@@ -30,7 +30,7 @@ from seg_datamodule.io.coco.errors import BadAnnotationError, ProblemLog
 from seg_datamodule.io.coco.lvis_fields import federated_labels, image_file_name
 from seg_datamodule.io.coco.scan import INT64_MAX, INT64_MIN, ChunkScanner, KeptImages, packed_numbers
 from seg_datamodule.io.coco.tables import assemble, box_only_chunk
-from seg_datamodule.io.images import MAX_IMAGE_PIXELS
+from seg_datamodule.io.images.decode import MAX_IMAGE_PIXELS
 from seg_datamodule.ops.ragged import offsets_from_lengths
 
 __all__ = ["build_tables"]

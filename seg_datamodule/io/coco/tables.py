@@ -14,7 +14,7 @@ import numpy as np
 from pycocotools import mask as mask_utils
 
 from seg_datamodule.io.coco.instances import VERTEX_SCALE, CrowdRegion
-from seg_datamodule.io.images import MAX_IMAGE_PIXELS
+from seg_datamodule.io.images.decode import MAX_IMAGE_PIXELS
 from seg_datamodule.io.paths import file_name_problem
 from seg_datamodule.ops.ragged import offsets_from_lengths, ragged_index
 from seg_datamodule.structures import Polygons
@@ -33,7 +33,7 @@ TABLE_KEYS = (
     # LVIS's federated lists per image, as contiguous labels (empty for COCO files).
     "neg_label_offsets", "neg_labels", "not_exhaustive_label_offsets", "not_exhaustive_labels",
     # Per image, the EXIF orientation applied when decoding (1: as stored, always for COCO files,
-    # whose sizes refer to the stored pixels; see seg_datamodule.io.orientation).
+    # whose sizes refer to the stored pixels; see seg_datamodule.io.images.exif).
     "orientations",
 )
 

@@ -1,7 +1,7 @@
 """Object-storage training data: COCO (or an Ultralytics data.yaml split) -> LitData chunks (:mod:`.convert`), checked (:mod:`.schema`,
 :mod:`.source`) and read back as records (:mod:`.loader`) from any S3-compatible endpoint
 (:mod:`.endpoint`). The train loader over these records is
-:mod:`seg_datamodule.data.streaming` (``io`` imports nothing from ``data``).
+:mod:`seg_datamodule.data.loaders.streaming` (``io`` imports nothing from ``data``).
 
 Importing this package does not import LitData (an optional extra, ``pip install
 'seg-datamodule[stream]'``); the loader classes import it on first use.

@@ -33,7 +33,7 @@ from typing import Any
 import numpy as np
 
 from seg_datamodule.io.coco import CocoIndex, IndexOptions, format_skip_summary
-from seg_datamodule.io.images import BadImageError
+from seg_datamodule.io.images.decode import BadImageError
 from seg_datamodule.io.stream.endpoint import s3_storage_options
 from seg_datamodule.io.stream.records import record_from_index
 from seg_datamodule.io.stream.schema import META_FILE, SCHEMA_VERSION

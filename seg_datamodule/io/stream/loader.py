@@ -9,10 +9,10 @@
   ``index.json`` swapped after the check cannot select ``pickle``). Processes that share a chunk
   cache (DDP ranks on one node) construct it one at a time (:func:`cache_lock`).
 * :func:`check_litdata`: the LitData release whose private loader counters
-  :class:`~seg_datamodule.data.streaming.StreamTrainLoader` rewrites.
+  :class:`~seg_datamodule.data.loaders.streaming.StreamTrainLoader` rewrites.
 
 The loader that builds training batches from these records lives in
-:mod:`seg_datamodule.data.streaming` (``io`` imports nothing from ``data``).
+:mod:`seg_datamodule.data.loaders.streaming` (``io`` imports nothing from ``data``).
 
 Differences from the map-style loader: which images share a batch depends on LitData's
 chunk-wise shuffle, ``seed`` and ``num_workers`` (batches are the same for 0 and 1 workers, not
@@ -50,7 +50,7 @@ def check_litdata(loader: object | None = None) -> None:
     """Raise unless LitData is the release the state fixes were verified on (and, given a
     ``loader``, it has the private counters they rewrite). Called at import.
 
-    :class:`~seg_datamodule.data.streaming.StreamTrainLoader` rewrites LitData's private counters
+    :class:`~seg_datamodule.data.loaders.streaming.StreamTrainLoader` rewrites LitData's private counters
     and ``restore`` flag; with another release they may mean something else and a resumed run
     would see other samples.
 

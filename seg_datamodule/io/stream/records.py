@@ -6,10 +6,10 @@ fixes a 1-D array's dtype from the first record it writes (a later record with a
 back as garbage), so :func:`record_from_index` casts every array to
 :data:`RECORD_DTYPES` and :func:`check_record` refuses a record that does not match them.
 
-:class:`RecordWindow` is an :class:`~seg_datamodule.data.loading.ImageIndex` over the records of
+:class:`RecordWindow` is an :class:`~seg_datamodule.data.samples.decoding.ImageIndex` over the records of
 the batch being built: it knows every image's id and size (from the metadata beside the chunks)
 and the annotations, LVIS lists and pixels of the bound records only, so
-:class:`~seg_datamodule.data.dataset.SegDataset` builds a streamed batch with exactly the code,
+:class:`~seg_datamodule.data.samples.dataset.SegDataset` builds a streamed batch with exactly the code,
 randomness and rasteriser of the map-style path. Nothing here imports LitData.
 """
 
@@ -20,8 +20,8 @@ from typing import Any, Mapping, Sequence
 import numpy as np
 from pycocotools import mask as mask_utils
 
-from seg_datamodule.io.images import BadImageError, reduced_size
-from seg_datamodule.io.orientation import decode_oriented
+from seg_datamodule.io.images.decode import BadImageError, reduced_size
+from seg_datamodule.io.images.exif import decode_oriented
 from seg_datamodule.io.stream.schema import RECORD_DTYPES, RECORD_INTS, RECORD_SCHEMA
 from seg_datamodule.ops.checks import check_choice
 from seg_datamodule.ops.rle import RLE_SAFE_PIXELS, rle_string, uncompressed_rle

@@ -2,7 +2,7 @@
 
 With ``on_bad_sample="raise"`` (default) the first problem (in the split's image order, then
 line order; the ``.txt`` lists first) raises: a bad line as :class:`BadLabelError` naming the
-label file and line number, a bad image as :class:`~seg_datamodule.io.images.BadImageError`
+label file and line number, a bad image as :class:`~seg_datamodule.io.images.decode.BadImageError`
 naming the file. With ``"skip"`` it is left out and counted under one of :data:`YOLO_SKIP_REASONS`
 (``image_*`` reasons count images, the others label lines), as COCO's reasons are counted
 (:data:`~seg_datamodule.io.coco.SKIP_REASONS`; the reasons they share mean the same).
@@ -19,7 +19,7 @@ import os
 from typing import Any, Mapping
 
 from seg_datamodule.io.coco import BadAnnotationError
-from seg_datamodule.io.images import BadImageError
+from seg_datamodule.io.images.decode import BadImageError
 
 __all__ = ["BadLabelError", "YOLO_SKIP_REASONS", "error_from_problem"]
 
@@ -67,7 +67,7 @@ class BadLabelError(BadAnnotationError):
 
 
 def error_from_problem(problem: Mapping[str, Any]) -> BadLabelError | BadImageError:
-    """The error of a recorded problem (``kind`` ``"image"``: a :class:`~seg_datamodule.io.images.BadImageError`;
+    """The error of a recorded problem (``kind`` ``"image"``: a :class:`~seg_datamodule.io.images.decode.BadImageError`;
     ``"line"`` or ``"label"``, a line or a whole label file: a :class:`BadLabelError`; ``message``, ``reason``,
     ``file``, ``line``, ``image_id``), as the build raises it and a cache built in skip mode records it."""
     if problem.get("kind") == "image":

@@ -2,13 +2,13 @@
 
 :func:`build_yolo_index` reads a split of a ``data.yaml`` (:mod:`~seg_datamodule.io.yolo.data_yaml`),
 lists its images (:mod:`~seg_datamodule.io.yolo.image_lists`), reads every image's header (size
-and EXIF orientation, :mod:`~seg_datamodule.io.yolo.headers`) and label file in threads, parses
+and EXIF orientation, :mod:`~seg_datamodule.io.images.exif`) and label file in threads, parses
 the labels at once (:mod:`~seg_datamodule.io.yolo.labels`) and assembles the index's tables: no
 conversion step, no JSON. Every downstream feature (mosaic, copy-paste, resume, counts, streaming
 ``convert``, evaluation, test and predict) then works on it unchanged.
 
 * Image ids: an all-digit file stem is the id, other names a stable hash of the path
-  (:mod:`seg_datamodule.io.image_ids`); annotation ids count the instances from 1 in index order;
+  (:mod:`seg_datamodule.io.images.ids`); annotation ids count the instances from 1 in index order;
   category ids are the class indices ``0..C-1``, labelled by ``names``.
 * Pixels: each image is decoded with its EXIF orientation applied, as Ultralytics decodes it (its
   coordinates refer to that image); the index's sizes are the turned ones.
@@ -40,13 +40,13 @@ from seg_datamodule.io.coco.building import merge_options
 from seg_datamodule.io.coco.cache import CACHE_FORMAT_VERSION, cached_tables_at, default_cache_dir, write_cache
 from seg_datamodule.io.coco.errors import MAX_EXAMPLES
 from seg_datamodule.io.coco.tables import assemble, box_only_chunk
-from seg_datamodule.io.image_ids import assign_image_ids
-from seg_datamodule.io.images import BadImageError
+from seg_datamodule.io.images.ids import assign_image_ids
+from seg_datamodule.io.images.decode import BadImageError
 from seg_datamodule.io.paths import file_lock
 from seg_datamodule.io.yolo.data_yaml import DatasetYaml, read_dataset_yaml
 from seg_datamodule.io.yolo.errors import error_from_problem
 from seg_datamodule.io.yolo.folder_check import cached_by_folders, folder_record
-from seg_datamodule.io.yolo.headers import read_image_header
+from seg_datamodule.io.images.exif import read_image_header
 from seg_datamodule.io.yolo.image_lists import IMG_FORMATS, SplitImages, label_paths, list_split_images
 from seg_datamodule.io.yolo.labels import parse_label_files
 from seg_datamodule.ops.geometry import instance_areas

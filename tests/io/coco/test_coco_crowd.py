@@ -19,7 +19,7 @@ from pycocotools import mask as mask_utils
 from pycocotools.coco import COCO
 
 from _reference import reference_rasterize
-from seg_datamodule.data.scan import NothingToLearnError
+from seg_datamodule.data.splits.scan import NothingToLearnError
 from seg_datamodule.io.coco import CocoIndex, IndexOptions
 from seg_datamodule.io.coco import crowd
 from seg_datamodule.io.coco.crowd import CrowdShareWarning, crowd_trap_message

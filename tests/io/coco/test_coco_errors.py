@@ -10,9 +10,9 @@ import pytest
 import torch
 
 from _coco_cases import _build
-from seg_datamodule.data.accounting import SkipCounter
+from seg_datamodule.data.counts import SkipCounter
 from seg_datamodule.io.coco import CocoIndex, format_skip_summary
-from seg_datamodule.io.images import BadImageError
+from seg_datamodule.io.images.decode import BadImageError
 
 
 class _LoadImages(torch.utils.data.Dataset):

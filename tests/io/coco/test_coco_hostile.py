@@ -15,7 +15,7 @@ from PIL import Image
 
 from _coco_cases import _ann, _base, _build, _set, _write, _write_images, run_isolated
 from seg_datamodule.io.coco import BadAnnotationError, CocoIndex, SKIP_REASONS
-from seg_datamodule.io.images import BadImageError
+from seg_datamodule.io.images.decode import BadImageError
 
 
 def _raises_named(path: Path, reason: str, **ids: Any) -> BadAnnotationError:
@@ -155,7 +155,7 @@ def test_a_symlink_to_a_device_is_refused(images: CocoIndex) -> None:
     path.symlink_to("/dev/zero")
     script = f"""
 from seg_datamodule.io.coco import CocoIndex
-from seg_datamodule.io.images import BadImageError
+from seg_datamodule.io.images.decode import BadImageError
 index = CocoIndex.build({str(images.ann_file)!r}, {str(images.image_root)!r}, use_cache=False)
 try:
     index.load_image(0)
@@ -182,7 +182,7 @@ def test_symlinked_image_folder_inside_the_root_still_works(tmp_path: Path) -> N
 
 
 def test_file_over_the_size_cap_is_refused(images: CocoIndex, monkeypatch: pytest.MonkeyPatch) -> None:
-    from seg_datamodule.io import image_files as images_module  # the readers' module holds the limit
+    from seg_datamodule.io.images import files as images_module  # the readers' module holds the limit
 
     size = images.file_path(0).stat().st_size
     monkeypatch.setattr(images_module, "MAX_IMAGE_BYTES", size - 1)
@@ -202,7 +202,7 @@ def _with_header_size(jpeg: bytes, height: int, width: int) -> bytes:
 def test_header_size_is_checked_before_decoding(
     images: CocoIndex, monkeypatch: pytest.MonkeyPatch, fmt: str
 ) -> None:
-    from seg_datamodule.io import images as images_module
+    from seg_datamodule.io.images import decode as images_module
 
     path = images.file_path(0)
     Image.fromarray(np.zeros((40, 60, 3), np.uint8)).save(path, fmt)

@@ -20,9 +20,9 @@ from _coco_cases import (
     _ann, _annotation_skips, _base, _build, _kept_annotations, _set, _square, _uncompressed_rle, _write, flat,
 )
 from _reference import reference_rasterize
-from seg_datamodule.data.accounting import SkipCounter
+from seg_datamodule.data.counts import SkipCounter
 from seg_datamodule.io.coco import CocoIndex, format_skip_summary
-from seg_datamodule.io.images import BadImageError
+from seg_datamodule.io.images.decode import BadImageError
 
 
 # --------------------------------------------------------------------------------------------

@@ -13,7 +13,7 @@ from hypothesis import strategies as st
 
 from _yolo_cases import SQUARE, TRIANGLE, make_dataset
 from seg_datamodule.io.coco.building import BoxOnlyError
-from seg_datamodule.io.images import BadImageError
+from seg_datamodule.io.images.decode import BadImageError
 from seg_datamodule.io.yolo import YOLO_SKIP_REASONS, BadLabelError, build_yolo_index
 from seg_datamodule.io.yolo.labels import parse_label_files
 

@@ -18,8 +18,8 @@ from pycocotools.coco import COCO
 from pycocotools.cocoeval import COCOeval
 
 from _yolo_cases import SQUARE, TRIANGLE, make_dataset, write_image
-from seg_datamodule.io.image_ids import ImageIdClashError, stable_image_id
-from seg_datamodule.io.images import BadImageError, decode_image_with_size
+from seg_datamodule.io.images.ids import ImageIdClashError, stable_image_id
+from seg_datamodule.io.images.decode import BadImageError, decode_image_with_size
 from seg_datamodule.io.yolo import BadLabelError, build_yolo_index, ground_truth
 
 

@@ -1,0 +1,1 @@
+"""Batching and memory: the worker-side collate that rasterises masks (``collate``), the shared-memory buffers it reuses (``shm``), and the allocator setting that keeps freed canvases (``allocator``)."""

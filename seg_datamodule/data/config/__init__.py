@@ -1,0 +1,1 @@
+"""The DataModule's configuration: its flat YAML keys (``keys``) checked into frozen, typed option objects (``options``)."""

@@ -1,0 +1,1 @@
+"""Loaders, samplers and resume: where every DataLoader is made (``build``), the samplers (``sampler``, ``repeat_factors``), mid-epoch resume (``resume``), streamed batches (``streaming``) and the loader probe (``probe``)."""

@@ -1,0 +1,1 @@
+"""Building samples: the dataset (``dataset``) over the one pipeline (``pipeline``), its decode planning (``tiles``, ``decoding``), the index's targets (``targets``) and predict samples (``predict``)."""

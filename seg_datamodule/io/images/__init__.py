@@ -1,0 +1,1 @@
+"""Image files: bounded reads (``files``), decoding to RGB ``uint8`` (``decode``), what can be wrong (``errors``), EXIF orientation and header sizes (``exif``), image roots (``root``) and the ids of images named only by their files (``ids``)."""

@@ -1,0 +1,1 @@
+"""Canvas steps that move pixels and polygons together: flips (``flips``) and 90-degree turns (``turns``)."""
