@@ -16,7 +16,9 @@ Steps are thin classes that hold parameters and draw randomness from a generator
 :mod:`~seg_datamodule.data.samples.pipeline`, described once in the docs' package layout page.
 """
 
-from seg_datamodule.transforms.pixel.albu import AlbumentationsTransform, RandomHSV, load_transforms
+from typing import Any
+
+from seg_datamodule.transforms.pixel.albu import RANDOM_HSV_REMOVED, AlbumentationsTransform, load_transforms
 from seg_datamodule.transforms.pixel.hsv import HSVJitter, hsv_jitter, hsv_jitter_batch_
 from seg_datamodule.transforms.steps import Canvas, CanvasStep, DrawPhase, GroupStep, Layout
 from seg_datamodule.transforms.layouts.mosaic import GlobalDraw, Letterbox, MosaicAffine, RandomAffine
@@ -53,7 +55,6 @@ __all__ = [
     "RandomAffine",
     "RandomFlipLR",
     "RandomFlipUD",
-    "RandomHSV",
     "RandomRotate90",
     "Recipe",
     "RecipeError",
@@ -77,3 +78,10 @@ __all__ = [
     "transform_polygons_batch",
     "warp_tiles",
 ]
+
+
+def __getattr__(name: str) -> Any:
+    # A YAML class_path or an import of the removed RandomHSV gets the pointer, not a bare AttributeError.
+    if name == "RandomHSV":
+        raise AttributeError(f"seg_datamodule.transforms.RandomHSV: {RANDOM_HSV_REMOVED}")
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

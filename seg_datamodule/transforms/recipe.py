@@ -20,7 +20,7 @@ gave) or from a YAML list of LightningCLI ``class_path`` / ``init_args`` entries
 
 Whatever cannot run is refused here, before anything is decoded: a list without a layout first, a
 second layout, a plan-phase step after a pixel step (its draw would have to move before decode,
-changing every later draw), two HSV steps, HSV beside an albumentations ``RandomHSV``, or a group
+changing every later draw), two HSV steps, or a group
 step that is not last or is a second one (it mixes samples every other step has built). A group
 step's ``min_area_ratio`` / ``min_box_size`` (for the instances pasted objects occlude) are its own
 ``init_args``; the flat keys give it the DataModule's.
@@ -32,7 +32,7 @@ from dataclasses import dataclass
 from typing import Sequence, Union
 
 from seg_datamodule.errors import UserInputError
-from seg_datamodule.transforms.pixel.albu import AlbumentationsTransform, refuse_random_hsv
+from seg_datamodule.transforms.pixel.albu import AlbumentationsTransform
 from seg_datamodule.transforms.pixel.hsv import HSVJitter
 from seg_datamodule.transforms.steps import CanvasStep, GroupStep, Layout
 
@@ -154,9 +154,3 @@ def _check(steps: tuple[object, ...]) -> None:
     if len(hsv) > 1:
         raise RecipeError(f"{_named(*hsv[1])} is a second HSV step ({_named(*hsv[0])} is one): the colours "
                           "would be jittered twice")
-    for i, step in canvas:
-        if hsv and isinstance(step, AlbumentationsTransform):
-            try:
-                refuse_random_hsv(step.transforms)
-            except ValueError as err:
-                raise RecipeError(f"{_named(i, step)}: {err}") from err

@@ -24,7 +24,7 @@ import albumentations as A
 from lightning.fabric.utilities.data import suggested_max_num_workers
 
 from seg_datamodule.ops.checks import check_bool, check_choice, check_int, check_number
-from seg_datamodule.transforms.pixel.albu import AlbumentationsTransform, load_transforms, refuse_random_hsv, refuse_resizing
+from seg_datamodule.transforms.pixel.albu import AlbumentationsTransform, load_transforms, refuse_resizing
 from seg_datamodule.transforms.layouts.mosaic import MosaicAffine
 from seg_datamodule.transforms.pixel.hsv import HSVJitter
 from seg_datamodule.transforms.group.sample_mixing import SampleMixing
@@ -80,8 +80,7 @@ class AugmentOptions:
 
     Raises:
         TypeError: a field has the wrong type.
-        ValueError: a field is out of range, ``transforms`` resizes, or holds a ``RandomHSV``
-            while ``hsv`` is set; with ``steps``, ``geometry`` is not its layout or ``transforms`` /
+        ValueError: a field is out of range, ``transforms`` resizes; with ``steps``, ``geometry`` is not its layout or ``transforms`` /
             ``hsv`` are set, or ``copy_paste`` / ``mixup`` are set beside its group step (a
             :class:`~seg_datamodule.transforms.recipe.RecipeError`).
         FileNotFoundError: ``transforms`` names a file that does not exist.
@@ -117,8 +116,6 @@ class AugmentOptions:
                               self.min_box_size)
         pipeline = load_transforms(self.transforms)
         refuse_resizing(pipeline)
-        if self.hsv is not None:  # one HSV jitter: hsv, or a RandomHSV in the pipeline
-            refuse_random_hsv(pipeline)
         if self.steps is not None:
             if not isinstance(self.steps, Recipe):
                 raise TypeError(f"steps must be a Recipe or None, got {type(self.steps).__name__}")

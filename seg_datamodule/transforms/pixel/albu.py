@@ -1,14 +1,16 @@
-"""The user's albumentations pipeline as a step, and YOLO's HSV jitter as an albumentations transform.
+"""The user's albumentations pipeline as a step.
 
 :class:`AlbumentationsTransform` runs an ``albumentations.Compose`` with its random state seeded
 from the sample's own generator (albumentations 2.0.8 otherwise gives every forked worker the same
 stream); geometric steps move the polygon vertices as keypoints, which are then clipped again.
-:class:`RandomHSV` wraps the HSV kernel of :mod:`~seg_datamodule.transforms.pixel.hsv` for users who
-keep it in a saved pipeline.
+YOLO's HSV jitter is not an albumentations transform here: it is the DataModule's ``hsv`` key
+(:mod:`~seg_datamodule.transforms.pixel.hsv`); a saved pipeline naming the ``RandomHSV`` this module
+once held is refused with that pointer.
 """
 
 from __future__ import annotations
 
+import json
 import random
 from dataclasses import replace
 from pathlib import Path
@@ -16,72 +18,30 @@ from typing import Any, ClassVar
 
 import albumentations as A
 import numpy as np
+import yaml
 
 from seg_datamodule.compat import warn_if_albumentationsx, warn_unverified
-from seg_datamodule.ops.checks import check_number
 from seg_datamodule.structures import Polygons
-from seg_datamodule.transforms.pixel.hsv import hsv_jitter
 from seg_datamodule.transforms.steps import Canvas, CanvasStep, DrawPhase, step_arguments
 
-__all__ = ["AlbumentationsTransform", "RandomHSV", "load_transforms", "refuse_random_hsv", "refuse_resizing",
-           "seeding_problem"]
+__all__ = ["RANDOM_HSV_REMOVED", "AlbumentationsTransform", "load_transforms", "refuse_resizing", "seeding_problem"]
 
 warn_if_albumentationsx()  # same import name, AGPL-3.0: say so once
 
 
-class RandomHSV(A.ImageOnlyTransform):
-    """Ultralytics' HSV gain jitter as an albumentations transform, for a YOLO recipe.
-
-    Draws ``uniform(-1, 1, 3) * (hgain, sgain, vgain)`` and applies :func:`hsv_jitter`. Lookup
-    tables make it about three times as fast as ``A.HueSaturationValue`` at 640 x 640 (1.3 vs
-    4.3 ms here), and it matches the recipe's ``hsv_h / hsv_s / hsv_v`` exactly.
-
-    Args:
-        hgain (float): hue shift range, fraction of the hue circle (YOLO ``hsv_h``, 0.015).
-        sgain (float): saturation gain range (YOLO ``hsv_s``, 0.7).
-        vgain (float): value gain range (YOLO ``hsv_v``, 0.4).
-        p (float): probability.
-    """
-
-    def __init__(self, hgain: float = 0.015, sgain: float = 0.7, vgain: float = 0.4, p: float = 1.0) -> None:
-        super().__init__(p=p)
-        self.hgain = check_number("hgain", hgain)
-        self.sgain = check_number("sgain", sgain)
-        self.vgain = check_number("vgain", vgain)
-
-    def get_params(self) -> dict[str, np.ndarray]:
-        """Draw the three gains from the pipeline's generator."""
-        return {"gains": self.random_generator.uniform(-1, 1, 3) * (self.hgain, self.sgain, self.vgain)}
-
-    def apply(self, img: np.ndarray, gains: np.ndarray, **params: object) -> np.ndarray:
-        """:func:`hsv_jitter` on 3-channel uint8 images; anything else passes unchanged."""
-        if img.ndim != 3 or img.shape[2] != 3 or img.dtype != np.uint8:
-            return img
-        return hsv_jitter(img, gains)
-
-    def get_transform_init_args_names(self) -> tuple[str, ...]:
-        """Arguments ``A.save`` records (``p`` is added by albumentations)."""
-        return ("hgain", "sgain", "vgain")
+#: Why a pipeline naming ``RandomHSV`` is refused: YOLO's HSV jitter is configured one way.
+RANDOM_HSV_REMOVED = ("seg-datamodule no longer ships the albumentations RandomHSV: YOLO's HSV jitter is configured "
+                      "one way, the DataModule's hsv: [h, s, v] (the same gains and draws, after the pipeline; "
+                      "hsv_on_device: true runs it on the accelerator)")
 
 
-def refuse_random_hsv(transforms: Any) -> None:
-    """Raise if an albumentations pipeline holds a ``RandomHSV`` (the DataModule's ``hsv`` is set).
-
-    Args:
-        transforms: an albumentations ``BaseCompose`` (nested ones are searched) or None.
-
-    Raises:
-        ValueError: ``transforms`` contains :class:`RandomHSV`.
-    """
-
-    def walk(t: Any) -> bool:
-        return isinstance(t, RandomHSV) or any(walk(c) for c in getattr(t, "transforms", None) or ())
-
-    if transforms is not None and walk(transforms):
-        raise ValueError(
-            "transforms contains RandomHSV and hsv is set: the colours would be jittered twice; "
-            "remove RandomHSV from the pipeline (hsv replaces it) or set hsv to None"
-        )
+def _names_random_hsv(node: Any) -> bool:
+    """Whether a saved pipeline (``A.save``'s dict, nested) names this package's ``RandomHSV``."""
+    if isinstance(node, dict):
+        name = str(node.get("__class_fullname__", ""))
+        return (name.startswith("seg_datamodule.") and name.endswith(".RandomHSV")) or any(
+            _names_random_hsv(v) for v in node.values())
+    return isinstance(node, list) and any(_names_random_hsv(v) for v in node)
 
 
 def load_transforms(transforms: A.BaseCompose | str | Path | None) -> A.BaseCompose | None:
@@ -104,8 +64,13 @@ def load_transforms(transforms: A.BaseCompose | str | Path | None) -> A.BaseComp
         path = Path(transforms)
         if not path.is_file():
             raise FileNotFoundError(f"transforms file {str(path)!r} does not exist")
-        fmt = "yaml" if path.suffix.lower() in (".yaml", ".yml") else "json"
-        loaded = A.load(str(path), data_format=fmt)
+        text = path.read_text()
+        # Parsed here (data only: safe_load, json) so that a pipeline naming the removed RandomHSV
+        # is refused by name, not as a class albumentations cannot find.
+        data = yaml.safe_load(text) if path.suffix.lower() in (".yaml", ".yml") else json.loads(text)
+        if _names_random_hsv(data):
+            raise ValueError(f"transforms file {str(path)!r}: {RANDOM_HSV_REMOVED}; remove RandomHSV from it")
+        loaded = A.from_dict(data)
         if not isinstance(loaded, A.BaseCompose):
             raise TypeError(
                 f"transforms file {str(path)!r} holds a {type(loaded).__name__}, expected a Compose"

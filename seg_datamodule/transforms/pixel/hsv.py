@@ -76,10 +76,9 @@ def hsv_jitter(image: np.ndarray, gains: np.ndarray) -> np.ndarray:
 class HSVJitter(CanvasStep):
     """YOLO's HSV jitter as a pixel step: each sample's gains ``uniform(-1, 1, 3) * (h, s, v)``.
 
-    The draw is Ultralytics' ``RandomHSV`` (and :class:`~seg_datamodule.transforms.pixel.albu.RandomHSV`)
-    one, in float64, from the generator passed in. It runs last, after the albumentations step
-    (Ultralytics' order), and draws after every other per-sample step, so setting it changes no
-    other augmentation.
+    The draw is Ultralytics' ``RandomHSV`` one, in float64, from the generator passed in. It runs
+    last, after the albumentations step (Ultralytics' order), and draws after every other
+    per-sample step, so setting it changes no other augmentation.
 
     Args:
         gains (Sequence[float]): ``(hgain, sgain, vgain)``: hue shift range as a fraction of the
