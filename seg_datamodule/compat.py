@@ -82,11 +82,11 @@ REACHES: dict[str, PrivateReach] = {
         "DetectionCollate's reused shared-memory slots (buffer_slots)", ("2.4.1", "2.14.1")),
     "fetch_action": PrivateReach(
         "lightning", "the profiler action '[_TrainingEpochLoop].train_dataloader_next' and the hook order",
-        "StepTimeProfiler's phases", ("2.5.0", "2.6.6")),
+        "StepTimeProfiler's phases", ("2.6.0", "2.6.6")),
     "loop_internals": PrivateReach(
         "lightning", "fit_loop._combined_loader, _shutdown_workers_and_reset_iterator, "
         "epoch_loop._batches_that_stepped", "StepTimeProfiler's isolated optimiser timing and step labels",
-        ("2.5.0", "2.6.6")),
+        ("2.6.0", "2.6.6")),
     "loader_iterator": PrivateReach(
         "torch", "torch.utils.data.dataloader._MultiProcessingDataLoaderIter._shutdown_workers",
         "StepTimeProfiler's isolated optimiser timing", ("2.4.1", "2.14.1")),
@@ -111,7 +111,7 @@ def installed_version(package: str) -> str:
 
 
 def verified_note(key: str) -> str:
-    """``"verified on lightning 2.5.0 to 2.6.6; this is 2.7.0"``, for a message about reach ``key``."""
+    """``"verified on lightning 2.6.0 to 2.6.6; this is 2.7.0"``, for a message about reach ``key``."""
     reach = REACHES[key]
     low, high = reach.verified
     span = low if low == high else f"{low} to {high}"

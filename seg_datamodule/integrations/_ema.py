@@ -8,8 +8,7 @@ float buffers such as BatchNorm running statistics) moves towards the model's by
 early averages follow the model closely. Integer buffers (``num_batches_tracked``) keep the
 copy's value.
 
-:class:`UltralyticsEMA` is exactly that on top of Lightning's own ``WeightAveraging`` callback
-(or, on Lightning < 2.6, :class:`~seg_datamodule.integrations._weight_averaging.FallbackWeightAveraging`),
+:class:`UltralyticsEMA` is exactly that on top of Lightning's own ``WeightAveraging`` callback,
 so validation scores the average, checkpoints hold it as their ``state_dict`` (the trained
 weights beside it, for an exact resume) and training ends with it in the module.
 """
@@ -24,7 +23,7 @@ import torch
 from lightning.pytorch.utilities import rank_zero_warn
 from torch import Tensor
 
-from seg_datamodule.integrations._weight_averaging import WeightAveraging
+from lightning.pytorch.callbacks import WeightAveraging
 
 __all__ = ["UltralyticsEMA", "check_ema_args", "ema_decay", "ultralytics_ema_avg_fn"]
 

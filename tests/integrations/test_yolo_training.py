@@ -1,18 +1,14 @@
 """YOLOSegModule trains as Ultralytics' trainer does: its EMA of the weights, its nominal-batch accumulation.
 
-The EMA is compared with Ultralytics' own ``ModelEMA`` fed the same weights after every optimiser
-step of a real ``Trainer`` run, once on Lightning's ``WeightAveraging`` and once on this
-project's fallback for Lightning < 2.6 (loaded with Lightning's callback hidden). The accumulated
+The EMA (on Lightning's own ``WeightAveraging``) is compared with Ultralytics' own ``ModelEMA`` fed
+the same weights after every optimiser step of a real ``Trainer`` run. The accumulated
 gradients are compared with a hand computation: the sum of the per-batch losses' gradients.
 """
 
 from __future__ import annotations
 
 import copy
-import importlib.util
 import math
-import sys
-import types
 from types import SimpleNamespace
 
 import lightning as L
@@ -41,26 +37,6 @@ def _trainer(tmp_path, callbacks: list, **kwargs) -> L.Trainer:
     options = dict(max_epochs=1, accelerator="cpu", logger=False, enable_progress_bar=False,
                    enable_model_summary=False, enable_checkpointing=False, num_sanity_val_steps=0)
     return L.Trainer(default_root_dir=tmp_path, callbacks=callbacks, **{**options, **kwargs})
-
-
-def _load_copy(name: str) -> types.ModuleType:
-    """A fresh execution of the module ``name`` (as what a lower Lightning would import)."""
-    spec = importlib.util.spec_from_file_location(f"{name}_copy", importlib.util.find_spec(name).origin)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
-
-
-@pytest.fixture(params=["lightning", "fallback"])
-def ema_class(request, monkeypatch) -> type:
-    """``UltralyticsEMA`` on Lightning's ``WeightAveraging``, or on ours as Lightning < 2.6 gets it."""
-    if request.param == "lightning":
-        return UltralyticsEMA
-    monkeypatch.delattr(L.pytorch.callbacks, "WeightAveraging", raising=False)
-    averaging = _load_copy("seg_datamodule.integrations._weight_averaging")
-    assert averaging.WeightAveraging is averaging.FallbackWeightAveraging
-    monkeypatch.setitem(sys.modules, "seg_datamodule.integrations._weight_averaging", averaging)
-    return _load_copy("seg_datamodule.integrations._ema").UltralyticsEMA
 
 
 def _assert_same_state(actual: dict, expected: dict, what: str) -> None:
@@ -99,11 +75,11 @@ class _ReferenceEMA(L.Callback):
 # SGD at lr 0.05 without warmup moves the average far from the weights in 3 steps, and the model diverges:
 # its validation loss is NaN, which the module names (check_loss) and these tests of the average ignore.
 @pytest.mark.filterwarnings("ignore:YOLOSegModule. a non-finite val loss")
-def test_the_ema_is_ultralytics_model_ema(demo_dir, tmp_path, ema_class) -> None:
+def test_the_ema_is_ultralytics_model_ema(demo_dir, tmp_path) -> None:
     module = YOLOSegModule(num_classes=4, optimizer="SGD", lr=0.05, warmup_steps=0, ema=False, nominal_batch_size=8,
                            coco_eval=False)
     reference = _ReferenceEMA()
-    ema = ema_class(decay=DECAY, tau=TAU)
+    ema = UltralyticsEMA(decay=DECAY, tau=TAU)
     trainer = _trainer(tmp_path, [reference, ema], limit_train_batches=6, limit_val_batches=1)
     trainer.fit(module, datamodule=_datamodule(demo_dir))
     assert trainer.global_step == 3 and ema.updates == 3 and reference.ema.updates == 3  # 6 batches, accumulate 2
@@ -124,12 +100,12 @@ class _Validated(L.Callback):
 # SGD at lr 0.05 without warmup moves the average far from the weights in 3 steps, and the model diverges:
 # its validation loss is NaN, which the module names (check_loss) and these tests of the average ignore.
 @pytest.mark.filterwarnings("ignore:YOLOSegModule. a non-finite val loss")
-def test_the_checkpoint_holds_the_ema_and_resumes_exactly(demo_dir, tmp_path, ema_class) -> None:
+def test_the_checkpoint_holds_the_ema_and_resumes_exactly(demo_dir, tmp_path) -> None:
     def run(max_steps: int, ckpt_path=None) -> tuple[YOLOSegModule, _ReferenceEMA, UltralyticsEMA]:
         L.seed_everything(0)
         module = YOLOSegModule(num_classes=4, optimizer="SGD", lr=0.05, warmup_steps=0, cosine_schedule=False,
                                ema=False, nominal_batch_size=None, coco_eval=False)  # one schedule for any max_steps
-        reference, ema = _ReferenceEMA(), ema_class(decay=DECAY, tau=TAU)
+        reference, ema = _ReferenceEMA(), UltralyticsEMA(decay=DECAY, tau=TAU)
         saver = L.pytorch.callbacks.ModelCheckpoint(dirpath=tmp_path / "run4", filename="{step}",
                                                     every_n_train_steps=2, save_top_k=-1)
         trainer = _trainer(tmp_path, [reference, ema, saver], max_steps=max_steps, limit_val_batches=0,

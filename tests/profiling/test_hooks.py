@@ -85,7 +85,7 @@ def test_a_fetch_that_never_fires_warns_once_naming_the_phase(tmp_path: Path, mo
     ours = [str(w.message) for w in caught if "StepTimeProfiler" in str(w.message)]
     assert len(ours) == 1, ours
     assert "'train_dataloader_next' never fired" in ours[0] and "train_dataloader_next" in ours[0]
-    assert "verified on lightning 2.5.0 to 2.6.6; this is " in ours[0]
+    assert "verified on lightning 2.6.0 to 2.6.6; this is " in ours[0]
     # still no silent zero in the report: the phase reads 0 only alongside the warning above
     assert profiler.summary()["train_dataloader_next"]["median_ms"] == 0.0
 

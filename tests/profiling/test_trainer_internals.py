@@ -26,7 +26,7 @@ def test_log_step_reads_lightnings_counter() -> None:
 def test_without_the_counter_the_global_step_stands_in_with_one_warning() -> None:
     with pytest.warns(UnverifiedPrivateAPIWarning, match="_batches_that_stepped") as caught:
         assert trainer_internals.log_step(_trainer()) == 7
-    assert "verified on lightning 2.5.0 to 2.6.6" in str(caught[0].message)
+    assert "verified on lightning 2.6.0 to 2.6.6" in str(caught[0].message)
     with warnings.catch_warnings():
         warnings.simplefilter("error")
         assert trainer_internals.log_step(_trainer()) == 7
