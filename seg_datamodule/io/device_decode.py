@@ -1,0 +1,118 @@
+"""Batched JPEG decoding on any torch device, the same pixels as the workers' OpenCV decode.
+
+For issue 53 (pixels on the device) the workers ship a batch's encoded JPEGs and the accelerator
+decodes them (:func:`decode_jpegs`) before warping them
+(:func:`~seg_datamodule.transforms.device_pixels.warp_tiles_device`). torchvision's batched
+``decode_jpeg`` wraps libjpeg-turbo on the CPU, as OpenCV does: the same pixels bit for bit
+(``tests/transforms/test_device_warp.py``), except CMYK, converted here as OpenCV converts it.
+On CUDA nvJPEG decodes, with its own rounding.
+"""
+
+from __future__ import annotations
+
+import warnings
+from typing import Sequence
+
+import torch
+from torchvision.io import ImageReadMode, decode_jpeg
+
+from seg_datamodule.io.orientation import exif_orientation
+
+__all__ = ["decode_jpegs"]
+
+_SOF_MARKERS = frozenset((0xC0, 0xC1, 0xC2, 0xC3, 0xC5, 0xC6, 0xC7, 0xC9, 0xCA, 0xCB, 0xCD, 0xCE, 0xCF))
+
+
+def _jpeg_components(data: memoryview) -> int:
+    """Components in a JPEG's SOF segment (1 grey, 3 colour, 4 CMYK or YCCK); 0 if not found."""
+    pos, n = 2, len(data)
+    while pos + 4 <= n and data[pos] == 0xFF:
+        marker = data[pos + 1]
+        if marker == 0xFF:  # fill byte
+            pos += 1
+            continue
+        if marker == 0x01 or 0xD0 <= marker <= 0xD7:  # no length
+            pos += 2
+            continue
+        if marker in _SOF_MARKERS:
+            return int(data[pos + 9]) if pos + 9 < n else 0
+        if marker in (0xDA, 0xD9):
+            return 0
+        pos += 2 + ((data[pos + 2] << 8) | data[pos + 3])
+    return 0
+
+
+def _cmyk_to_rgb(cmyk: torch.Tensor) -> torch.Tensor:
+    """OpenCV's CMYK (Adobe, inverted) to RGB, ``k - ((255 - c) * k >> 8)``; torchvision's own
+    conversion rounds instead and comes out one grey level above on most pixels."""
+    v = cmyk.to(torch.int32)
+    k = v[3:4]
+    return (k - (((255 - v[:3]) * k) >> 8)).to(torch.uint8)
+
+
+def _turn(image: torch.Tensor, orientation: int) -> torch.Tensor:
+    """``(C, H, W)`` pixels turned for display, as :func:`~seg_datamodule.io.orientation.apply_orientation`."""
+    if orientation >= 5:  # 5-8: transposed, then flipped as 1-4 are
+        image, orientation = image.transpose(-2, -1), {5: 1, 6: 2, 7: 3, 8: 4}[orientation]
+    dims = {1: (), 2: (-1,), 3: (-2, -1), 4: (-2,)}[orientation]
+    return (image.flip(dims) if dims else image).contiguous()
+
+
+def _decode(encoded: list[torch.Tensor], mode: ImageReadMode, device: torch.device) -> list[torch.Tensor]:
+    """One batched ``decode_jpeg`` call (none for an empty list)."""
+    if not encoded:
+        return []
+    with warnings.catch_warnings():
+        # torchvision 0.29 deprecates its codecs in favour of TorchCodec; they still work.
+        warnings.filterwarnings("ignore", ".*decoding and encoding capabilities of TorchVision", DeprecationWarning)
+        return decode_jpeg(encoded, mode=mode, device=device)
+
+
+def decode_jpegs(
+    encoded: Sequence[torch.Tensor], device: torch.device | str, oriented: Sequence[bool]
+) -> list[torch.Tensor]:
+    """Decode a batch of JPEGs to RGB ``uint8`` on ``device``, as the workers' OpenCV decode does.
+
+    One batched ``torchvision.io.decode_jpeg`` call (nvJPEG on CUDA). Grey JPEGs come out grey
+    in three channels; CMYK and YCCK ones are decoded on the CPU to four channels and converted
+    with OpenCV's formula (torchvision's is one grey level off). EXIF orientation is read from the
+    header and applied by torch ops (torchvision applies it on the CPU only). On the CPU the
+    pixels equal :func:`~seg_datamodule.io.images.decode_image_bytes` (``oriented`` False) and
+    :func:`~seg_datamodule.io.orientation.decode_oriented` (True) bit for bit.
+
+    Args:
+        encoded (Sequence[Tensor[n] uint8]): the files' bytes, on the CPU.
+        device (torch.device | str): where the pixels go.
+        oriented (Sequence[bool]): per image, apply its EXIF orientation (Ultralytics-style data,
+            labels refer to the turned image) or ignore it (COCO: sizes and polygons refer to the
+            stored pixels).
+
+    Returns:
+        list[Tensor[3, H, W] uint8]: RGB pixels on ``device``, in the order of ``encoded``.
+
+    Raises:
+        TypeError: an entry is not a 1-D ``uint8`` CPU tensor.
+        ValueError: ``oriented`` and ``encoded`` differ in length.
+        RuntimeError: torchvision cannot decode a file (corrupt, or not a JPEG).
+    """
+    if len(oriented) != len(encoded):
+        raise ValueError(f"oriented has {len(oriented)} entries but encoded has {len(encoded)}")
+    device = torch.device(device)
+    for k, data in enumerate(encoded):
+        if not (isinstance(data, torch.Tensor) and data.dtype == torch.uint8 and data.ndim == 1
+                and data.device.type == "cpu"):
+            raise TypeError(f"encoded[{k}] must be a 1-D uint8 CPU tensor, got {data!r:.80}")
+    views = [memoryview(data.numpy()) for data in encoded]
+    four = [k for k, view in enumerate(views) if _jpeg_components(view) == 4]
+    rest = [k for k in range(len(encoded)) if k not in set(four)]
+    out: list[torch.Tensor] = [torch.empty(0)] * len(encoded)
+    for k, image in zip(rest, _decode([encoded[k] for k in rest], ImageReadMode.RGB, device)):
+        out[k] = image
+    # CMYK: the four channels as stored (UNCHANGED), converted as OpenCV converts them.
+    for k, image in zip(four, _decode([encoded[k] for k in four], ImageReadMode.UNCHANGED, torch.device("cpu"))):
+        out[k] = _cmyk_to_rgb(image) if image.shape[0] == 4 else image.expand(3, -1, -1)
+    for k, view in enumerate(views):
+        if oriented[k]:
+            out[k] = _turn(out[k], exif_orientation(view))
+    # decode_jpeg leaves the pixels on the CPU for any device but CUDA.
+    return [image.to(device) for image in out]
