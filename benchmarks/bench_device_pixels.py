@@ -30,12 +30,12 @@ import cv2
 import numpy as np
 import torch
 
-from seg_datamodule.io.device_decode import decode_jpegs
-from seg_datamodule.io.images import decode_image_bytes
-from seg_datamodule.transforms.augment import MosaicAffine
-from seg_datamodule.transforms.device_pixels import warp_tiles_device
-from seg_datamodule.transforms.plan import draw_batch_partners
-from seg_datamodule.transforms.warp import warp_tiles
+from seg_datamodule.io.images.device_decode import decode_jpegs
+from seg_datamodule.io.images.decode import decode_image_bytes
+from seg_datamodule.transforms.layouts.mosaic import MosaicAffine
+from seg_datamodule.transforms.kernels.device_warp import warp_tiles_device
+from seg_datamodule.transforms.kernels.plan import draw_batch_partners
+from seg_datamodule.transforms.kernels.warp import warp_tiles
 
 ROOT = Path(__file__).resolve().parents[1]
 FIXTURES = sorted((ROOT / "tests" / "fixtures" / "coco-cc-by").rglob("*.jpg"))

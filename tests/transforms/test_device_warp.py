@@ -20,15 +20,15 @@ from hypothesis import strategies as st
 from PIL import Image
 from torchvision.io import ImageReadMode, decode_jpeg
 
-from seg_datamodule.io.device_decode import decode_jpegs
-from seg_datamodule.io.images import decode_image_bytes
-from seg_datamodule.io.orientation import decode_oriented, exif_orientation
+from seg_datamodule.io.images.device_decode import decode_jpegs
+from seg_datamodule.io.images.decode import decode_image_bytes
+from seg_datamodule.io.images.exif import decode_oriented, exif_orientation
 from seg_datamodule.ops.affine import make_affine
-from seg_datamodule.transforms.augment import Letterbox, MosaicAffine
-from seg_datamodule.transforms.device_pixels import flip_canvases, warp_tiles_device
-from seg_datamodule.transforms.plan import (TilePlan, draw_batch_partners, letterbox_layout, mosaic_layout,
+from seg_datamodule.transforms.layouts.mosaic import Letterbox, MosaicAffine
+from seg_datamodule.transforms.kernels.device_warp import flip_canvases, warp_tiles_device
+from seg_datamodule.transforms.kernels.plan import (TilePlan, draw_batch_partners, letterbox_layout, mosaic_layout,
                                             snap_for_resize)
-from seg_datamodule.transforms.warp import FILL_VALUE, warp_tiles
+from seg_datamodule.transforms.kernels.warp import FILL_VALUE, warp_tiles
 
 FIXTURES = sorted((Path(__file__).resolve().parents[1] / "fixtures" / "coco-cc-by").rglob("*.jpg"))
 

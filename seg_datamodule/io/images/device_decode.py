@@ -2,7 +2,7 @@
 
 For issue 53 (pixels on the device) the workers ship a batch's encoded JPEGs and the accelerator
 decodes them (:func:`decode_jpegs`) before warping them
-(:func:`~seg_datamodule.transforms.device_pixels.warp_tiles_device`). torchvision's batched
+(:func:`~seg_datamodule.transforms.kernels.device_warp.warp_tiles_device`). torchvision's batched
 ``decode_jpeg`` wraps libjpeg-turbo on the CPU, as OpenCV does: the same pixels bit for bit
 (``tests/transforms/test_device_warp.py``), except CMYK, converted here as OpenCV converts it.
 On CUDA nvJPEG decodes, with its own rounding.
@@ -16,7 +16,7 @@ from typing import Sequence
 import torch
 from torchvision.io import ImageReadMode, decode_jpeg
 
-from seg_datamodule.io.orientation import exif_orientation
+from seg_datamodule.io.images.exif import exif_orientation
 
 __all__ = ["decode_jpegs"]
 
@@ -51,7 +51,7 @@ def _cmyk_to_rgb(cmyk: torch.Tensor) -> torch.Tensor:
 
 
 def _turn(image: torch.Tensor, orientation: int) -> torch.Tensor:
-    """``(C, H, W)`` pixels turned for display, as :func:`~seg_datamodule.io.orientation.apply_orientation`."""
+    """``(C, H, W)`` pixels turned for display, as :func:`~seg_datamodule.io.images.exif.apply_orientation`."""
     if orientation >= 5:  # 5-8: transposed, then flipped as 1-4 are
         image, orientation = image.transpose(-2, -1), {5: 1, 6: 2, 7: 3, 8: 4}[orientation]
     dims = {1: (), 2: (-1,), 3: (-2, -1), 4: (-2,)}[orientation]
@@ -77,8 +77,8 @@ def decode_jpegs(
     in three channels; CMYK and YCCK ones are decoded on the CPU to four channels and converted
     with OpenCV's formula (torchvision's is one grey level off). EXIF orientation is read from the
     header and applied by torch ops (torchvision applies it on the CPU only). On the CPU the
-    pixels equal :func:`~seg_datamodule.io.images.decode_image_bytes` (``oriented`` False) and
-    :func:`~seg_datamodule.io.orientation.decode_oriented` (True) bit for bit.
+    pixels equal :func:`~seg_datamodule.io.images.decode.decode_image_bytes` (``oriented`` False) and
+    :func:`~seg_datamodule.io.images.exif.decode_oriented` (True) bit for bit.
 
     Args:
         encoded (Sequence[Tensor[n] uint8]): the files' bytes, on the CPU.

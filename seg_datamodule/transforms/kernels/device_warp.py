@@ -1,9 +1,9 @@
 """Pixels on the device (issue 53): a batch's JPEGs decoded and its tiles warped by torch ops.
 
 The worker path decodes each image with OpenCV and resamples it once into the canvas
-(:func:`~seg_datamodule.transforms.warp.warp_tiles`). Here the workers ship the encoded bytes and
+(:func:`~seg_datamodule.transforms.kernels.warp.warp_tiles`). Here the workers ship the encoded bytes and
 the plans, and the accelerator does both for the whole batch:
-:func:`~seg_datamodule.io.device_decode.decode_jpegs` (re-exported here) and
+:func:`~seg_datamodule.io.images.device_decode.decode_jpegs` (re-exported here) and
 :func:`warp_tiles_device` (one gather pass over every output pixel of the batch).
 
 The warp copies OpenCV 5.1's arithmetic, not just its geometry
@@ -34,9 +34,9 @@ from typing import Sequence
 import numpy as np
 import torch
 
-from seg_datamodule.io.device_decode import decode_jpegs  # the batch's other half, re-exported
+from seg_datamodule.io.images.device_decode import decode_jpegs  # the batch's other half, re-exported
 from seg_datamodule.ops.affine import invert_affine
-from seg_datamodule.transforms.plan import TilePlan
+from seg_datamodule.transforms.kernels.plan import TilePlan
 
 __all__ = ["decode_jpegs", "flip_canvases", "warp_tiles_device"]
 
@@ -325,7 +325,7 @@ def _interpolate_resize(p: Sequence[torch.Tensor], fx: torch.Tensor, fy: torch.T
 
 
 def flip_canvases(canvases: torch.Tensor, flips: torch.Tensor, axis: int = 1) -> torch.Tensor:
-    """Mirror the canvases whose flag is set, as :func:`~seg_datamodule.transforms.orient.flip_canvas`.
+    """Mirror the canvases whose flag is set, as :func:`~seg_datamodule.transforms.geometric.flips.flip_canvas`.
 
     Args:
         canvases (Tensor[B, C, H, W]): the batch.
