@@ -16,7 +16,7 @@ from typing import Sequence
 import torch
 from torchvision.io import ImageReadMode, decode_jpeg
 
-from seg_datamodule.io.images.exif import exif_orientation
+from seg_datamodule.io.images.exif import exif_orientation, jpeg_segments
 
 __all__ = ["decode_jpegs"]
 
@@ -25,20 +25,9 @@ _SOF_MARKERS = frozenset((0xC0, 0xC1, 0xC2, 0xC3, 0xC5, 0xC6, 0xC7, 0xC9, 0xCA, 
 
 def _jpeg_components(data: memoryview) -> int:
     """Components in a JPEG's SOF segment (1 grey, 3 colour, 4 CMYK or YCCK); 0 if not found."""
-    pos, n = 2, len(data)
-    while pos + 4 <= n and data[pos] == 0xFF:
-        marker = data[pos + 1]
-        if marker == 0xFF:  # fill byte
-            pos += 1
-            continue
-        if marker == 0x01 or 0xD0 <= marker <= 0xD7:  # no length
-            pos += 2
-            continue
+    for marker, pos, _ in jpeg_segments(data):
         if marker in _SOF_MARKERS:
-            return int(data[pos + 9]) if pos + 9 < n else 0
-        if marker in (0xDA, 0xD9):
-            return 0
-        pos += 2 + ((data[pos + 2] << 8) | data[pos + 3])
+            return int(data[pos + 9]) if pos + 9 < len(data) else 0
     return 0
 
 

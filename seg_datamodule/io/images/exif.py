@@ -33,14 +33,15 @@ from __future__ import annotations
 
 import os
 import struct
-from typing import NamedTuple
+from typing import Iterator, NamedTuple
 
 import numpy as np
 
 from seg_datamodule.io.images.decode import (MAX_IMAGE_PIXELS, BadImageError, decode_image_bytes, header_size,
                                              read_image_file, reduced_size)
 
-__all__ = ["HEAD_BYTES", "ImageHeader", "apply_orientation", "block_mean", "decode_oriented", "exif_orientation", "oriented_size", "read_image_header"]
+__all__ = ["HEAD_BYTES", "ImageHeader", "apply_orientation", "block_mean", "decode_oriented", "exif_orientation",
+           "jpeg_segments", "oriented_size", "read_image_header"]
 
 _ORIENTATION_TAG = 0x0112
 _EXIF_PREFIX = b"Exif\x00\x00"
@@ -69,8 +70,14 @@ def _tiff_orientation(tiff: bytes) -> int:
     return 1
 
 
-def _jpeg_exif(data: bytes) -> bytes | None:
-    """The TIFF block of a JPEG's first APP1 ``Exif`` segment (before the scan data), or None."""
+def jpeg_segments(data: bytes | memoryview) -> Iterator[tuple[int, int, int]]:
+    """``(marker, start, length)`` of each segment of a JPEG header, up to the scan data.
+
+    ``start`` is the segment's ``0xFF`` byte and ``length`` the segment's own length field (its
+    payload runs ``start + 4`` to ``start + 2 + length``); fill bytes and the markers without a
+    length are stepped over; the walk ends at the scan (``SOS``), the end (``EOI``), a broken
+    length or the data's end.
+    """
     pos, n = 2, len(data)
     while pos + 4 <= n and data[pos] == 0xFF:
         marker = data[pos + 1]
@@ -80,14 +87,20 @@ def _jpeg_exif(data: bytes) -> bytes | None:
         if marker == 0x01 or 0xD0 <= marker <= 0xD7:  # no length
             pos += 2
             continue
-        if marker in (0xDA, 0xD9):  # scan data, or the end: no EXIF before it
-            return None
+        if marker in (0xDA, 0xD9):  # scan data, or the end
+            return
         length = (data[pos + 2] << 8) | data[pos + 3]
         if length < 2:
-            return None
+            return
+        yield marker, pos, length
+        pos += 2 + length
+
+
+def _jpeg_exif(data: bytes) -> bytes | None:
+    """The TIFF block of a JPEG's first APP1 ``Exif`` segment (before the scan data), or None."""
+    for marker, pos, length in jpeg_segments(data):
         if marker == 0xE1 and data[pos + 4:pos + 10] == _EXIF_PREFIX:
             return data[pos + 10:pos + 2 + length]
-        pos += 2 + length
     return None
 
 
