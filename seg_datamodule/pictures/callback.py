@@ -19,21 +19,20 @@ the end of fit waits for them). The DataModule's ``plots`` key (the default) add
 
 from __future__ import annotations
 
-from pathlib import Path
 from typing import Any
 
-from lightning.pytorch import Callback, LightningModule, Trainer
+from lightning.pytorch import LightningModule, Trainer
 
 from seg_datamodule.pictures.labels import figure_rgb, label_figure, label_stats
 from seg_datamodule.pictures.validation import ValPictures
-from seg_datamodule.pictures.writer import PictureWriter, host_copy, run_folder
+from seg_datamodule.pictures.writer import DrawingCallback, PictureWriter, host_copy, run_folder
 from seg_datamodule.structures import DetectionBatch
 from seg_datamodule.visualize import batch_grid
 
 __all__ = ["FitPictures", "attach_run_pictures"]
 
 
-class FitPictures(Callback):
+class FitPictures(DrawingCallback):
     """Draw the label pictures and the first training batches of each fit (see the module docstring).
 
     Args:
@@ -45,9 +44,7 @@ class FitPictures(Callback):
         if batches < 0 or max_images < 1:
             raise ValueError(f"FitPictures needs batches >= 0 and max_images >= 1, got {batches}, {max_images}")
         self.batches, self.max_images = batches, max_images
-        self.paths: list[Path] = []  # the files written, in order
-        self.drawing_seconds = 0.0
-        self._writer: PictureWriter | None = None
+        super().__init__()
         self._drawn = 0
         self._names: list[str] = []
 
@@ -77,15 +74,6 @@ class FitPictures(Callback):
 
     def on_fit_end(self, trainer: Trainer, pl_module: LightningModule) -> None:
         self._finish()
-
-    def on_exception(self, trainer: Trainer, pl_module: LightningModule, exception: BaseException) -> None:
-        self._finish()
-
-    def _finish(self) -> None:
-        if self._writer is not None:
-            self.paths += self._writer.finish()
-            self.drawing_seconds += self._writer.drawing_seconds
-            self._writer = None
 
 
 def attach_run_pictures(trainer: Trainer | None, on: bool) -> None:

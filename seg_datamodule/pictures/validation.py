@@ -20,19 +20,18 @@ background thread (see :mod:`~seg_datamodule.pictures.callback`); a picture that
 from __future__ import annotations
 
 from collections import defaultdict
-from pathlib import Path
 from typing import Any
 
 import cv2
 import numpy as np
-from lightning.pytorch import Callback, LightningModule, Trainer
+from lightning.pytorch import LightningModule, Trainer
 from lightning.pytorch.utilities import rank_zero_info
 
 from seg_datamodule.evaluation.coco_eval import image_sizes
 from seg_datamodule.pictures.labels import figure_rgb
 from seg_datamodule.pictures.results import confusion_figure, confusion_matrix, pr_figure, results_figure
 from seg_datamodule.structures import DetectionBatch
-from seg_datamodule.pictures.writer import PictureWriter, host_copy, run_folder
+from seg_datamodule.pictures.writer import DrawingCallback, PictureWriter, host_copy, run_folder
 from seg_datamodule.visualize import batch_grid, draw_instances
 
 __all__ = ["ValPictures", "canvas_predictions"]
@@ -99,7 +98,7 @@ def _results_entries(dets: Any, sizes: dict[int, tuple[int, int]]) -> list[dict[
     return out
 
 
-class ValPictures(Callback):
+class ValPictures(DrawingCallback):
     """Draw validation batches and the end-of-fit results (see the module docstring).
 
     Args:
@@ -110,11 +109,9 @@ class ValPictures(Callback):
 
     def __init__(self, max_images: int = 16, min_score: float = 0.25, conf: float = 0.25, iou: float = 0.45) -> None:
         self.max_images, self.min_score, self.conf, self.iou = max_images, min_score, conf, iou
-        self.paths: list[Path] = []  # the files written, in order
-        self.drawing_seconds = 0.0
+        super().__init__()
         self.series: dict[str, list[tuple[float, float]]] = defaultdict(list)
         self._x_labels: dict[str, str] = {}
-        self._writer: PictureWriter | None = None
         self._last: tuple[Any, Any] | None = None  # (detections, ground truth) of the last validation
         self._logged_step = -1
 
@@ -190,8 +187,6 @@ class ValPictures(Callback):
                 rank_zero_info(f"seg_datamodule: the results pictures were not drawn: {error!r}")
         self._finish()
 
-    def on_exception(self, trainer: Trainer, pl_module: LightningModule, exception: BaseException) -> None:
-        self._finish()
 
     # ------------------------------------------------------------------ drawing
 
@@ -222,9 +217,3 @@ class ValPictures(Callback):
             return figure_rgb(confusion_figure(matrix, ordered, self.conf, self.iou), dpi=100)
 
         writer.submit("confusion_matrix.png", confusion, step)
-
-    def _finish(self) -> None:
-        if self._writer is not None:
-            self.paths += self._writer.finish()
-            self.drawing_seconds += self._writer.drawing_seconds
-            self._writer = None

@@ -16,12 +16,12 @@ from typing import Callable
 
 import cv2
 import numpy as np
-from lightning.pytorch import Trainer
+from lightning.pytorch import Callback, LightningModule, Trainer
 from lightning.pytorch.utilities import rank_zero_info
 
 from seg_datamodule.structures import DetectionBatch
 
-__all__ = ["PictureWriter", "host_copy", "run_folder", "write_picture"]
+__all__ = ["DrawingCallback", "PictureWriter", "host_copy", "run_folder", "write_picture"]
 
 
 def run_folder(trainer: Trainer) -> Path | None:
@@ -100,3 +100,23 @@ class PictureWriter:
         self._pool.shutdown(wait=True)
         return written
 
+
+class DrawingCallback(Callback):
+    """What :class:`~seg_datamodule.pictures.callback.FitPictures` and
+    :class:`~seg_datamodule.pictures.validation.ValPictures` share: a :class:`PictureWriter` while
+    a fit runs, the files it wrote (``paths``) and its thread's CPU time (``drawing_seconds``),
+    waited for at the end of fit or on an exception."""
+
+    def __init__(self) -> None:
+        self.paths: list[Path] = []  # the files written, in order
+        self.drawing_seconds = 0.0
+        self._writer: PictureWriter | None = None
+
+    def on_exception(self, trainer: Trainer, pl_module: LightningModule, exception: BaseException) -> None:
+        self._finish()
+
+    def _finish(self) -> None:
+        if self._writer is not None:
+            self.paths += self._writer.finish()
+            self.drawing_seconds += self._writer.drawing_seconds
+            self._writer = None
