@@ -88,8 +88,8 @@ class COCOSegDataModule(LightningDataModule):
             ``init_args`` of an ``albumentations.Compose``), or a path that ``A.load`` reads.
         hsv: YOLO's HSV gain jitter for training, ``(hgain, sgain, vgain)`` (Ultralytics'
             ``hsv_h, hsv_s, hsv_v``: ``(0.015, 0.7, 0.4)``), applied after ``transforms``; ``None``
-            (default) leaves colours alone. The one way to set it (the albumentations
-            ``RandomHSV`` this package shipped is refused by name).
+            (default) leaves colours alone. This key is the one way to set the jitter: a
+            pipeline naming the albumentations ``RandomHSV`` this package once shipped is refused.
         hsv_on_device: the workers only draw each sample's gains (from its own generator, so the
             batches are the same) and ship them in ``DetectionBatch.hsv_gains``;
             :meth:`on_after_batch_transfer` jitters the batch on its device, in place. False
