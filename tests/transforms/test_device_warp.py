@@ -7,8 +7,10 @@ images (tile ``k`` all ``k + 1``, fill 0), which both paths resample to themselv
 
 from __future__ import annotations
 
+import contextlib
 import inspect
 import io
+import warnings
 from pathlib import Path
 
 import cv2
@@ -20,15 +22,24 @@ from hypothesis import strategies as st
 from PIL import Image
 from torchvision.io import ImageReadMode, decode_jpeg
 
-from seg_datamodule.io.images.device_decode import decode_jpegs
 from seg_datamodule.io.images.decode import decode_image_bytes
+from seg_datamodule.io.images.device_decode import decode_jpegs
 from seg_datamodule.io.images.exif import decode_oriented, exif_orientation
 from seg_datamodule.ops.affine import make_affine
-from seg_datamodule.transforms.layouts.mosaic import Letterbox, MosaicAffine
-from seg_datamodule.transforms.kernels.device_warp import flip_canvases, warp_tiles_device
-from seg_datamodule.transforms.kernels.plan import (TilePlan, draw_batch_partners, letterbox_layout, mosaic_layout,
-                                            snap_for_resize)
+from seg_datamodule.transforms.kernels import device_warp
+from seg_datamodule.transforms.kernels.device_warp import (
+    flip_canvases,
+    warp_tiles_device,
+)
+from seg_datamodule.transforms.kernels.plan import (
+    TilePlan,
+    draw_batch_partners,
+    letterbox_layout,
+    mosaic_layout,
+    snap_for_resize,
+)
 from seg_datamodule.transforms.kernels.warp import FILL_VALUE, warp_tiles
+from seg_datamodule.transforms.layouts.mosaic import Letterbox, MosaicAffine
 
 FIXTURES = sorted((Path(__file__).resolve().parents[1] / "fixtures" / "coco-cc-by").rglob("*.jpg"))
 
@@ -55,6 +66,14 @@ def _pil_jpeg(image: Image.Image, **kwargs: object) -> bytes:
     buf = io.BytesIO()
     image.save(buf, "JPEG", quality=90, **kwargs)
     return buf.getvalue()
+
+
+@contextlib.contextmanager
+def _codec_deprecation():
+    """torchvision's own decode, its codec deprecation (0.29 and later, not 0.19) neither required nor shown."""
+    with warnings.catch_warnings():
+        warnings.filterwarnings("ignore", ".*decoding and encoding capabilities of TorchVision", DeprecationWarning)
+        yield
 
 
 def _tensor(data: bytes) -> torch.Tensor:
@@ -94,7 +113,7 @@ def test_decode_equals_the_worker_decode_bit_for_bit() -> None:
 def test_torchvision_alone_converts_cmyk_one_grey_level_off() -> None:
     """Why CMYK is decoded to its four channels and converted here (OpenCV's formula)."""
     data = _pil_jpeg(Image.fromarray(_photo(64, 80, 2)).convert("CMYK"))
-    with pytest.warns(DeprecationWarning):
+    with _codec_deprecation():
         own = decode_jpeg(_tensor(data), mode=ImageReadMode.RGB)
     diff = np.abs(_hwc(own).astype(int) - decode_image_bytes(data)[0])
     assert diff.max() == 1 and diff.mean() > 0.5
@@ -114,7 +133,7 @@ def test_decode_applies_exif_orientation_only_where_asked() -> None:
         expected = decode_oriented(data, exif_orientation(data))[0] if oriented[k] else decode_image_bytes(data)[0]
         np.testing.assert_array_equal(_hwc(image), expected)
         if oriented[k]:  # and as torchvision turns it on the CPU
-            with pytest.warns(DeprecationWarning):
+            with _codec_deprecation():
                 own = decode_jpeg(_tensor(data), mode=ImageReadMode.RGB, apply_exif_orientation=True)
             np.testing.assert_array_equal(image.numpy(), own.numpy())
 
@@ -204,6 +223,57 @@ def test_warp_affine_axis_aligned_tiles(photos: list[np.ndarray]) -> None:
     stats = _compare(photos, [Letterbox(200).plan(photos[0].shape[:2])[0]], [[0]])
     assert stats["owner_differs"] == 0.0 and stats["fill_ok"]
     assert stats["max"] <= 1 and stats["values_differ"] < 0.01
+
+
+def _opencv4_warp_affine(image: np.ndarray, matrix: np.ndarray, dsize: tuple[int, int], dst: object = None,
+                         flags: int = 0, borderMode: int = 0) -> np.ndarray:
+    """OpenCV 4's ``warpAffine`` (bilinear, ``WARP_INVERSE_MAP``, ``BORDER_REPLICATE``) as its source
+    writes it: positions rounded to 1/1024 per row and column, summed, cut to 1/32; 2**15 weights."""
+    assert flags == cv2.INTER_LINEAR | cv2.WARP_INVERSE_MAP and borderMode == cv2.BORDER_REPLICATE
+    (w_out, h_out), (h, w) = dsize, image.shape[:2]
+    xs, ys = np.arange(w_out), np.arange(h_out)
+    adelta, bdelta = np.rint(matrix[0, 0] * xs * 1024), np.rint(matrix[1, 0] * xs * 1024)
+    x_row, y_row = np.rint((matrix[0, 1] * ys + matrix[0, 2]) * 1024) + 16, np.rint((matrix[1, 1] * ys + matrix[1, 2]) * 1024) + 16
+    sx = (x_row[:, None] + adelta[None]).astype(np.int64) >> 5
+    sy = (y_row[:, None] + bdelta[None]).astype(np.int64) >> 5
+    a, b = (sx & 31)[..., None], (sy & 31)[..., None]
+    x0, x1 = np.clip(sx >> 5, 0, w - 1), np.clip((sx >> 5) + 1, 0, w - 1)
+    y0, y1 = np.clip(sy >> 5, 0, h - 1), np.clip((sy >> 5) + 1, 0, h - 1)
+    p = image.astype(np.int64).reshape(h, w, -1)
+    weights = 32 * ((32 - a) * (32 - b) * p[y0, x0] + a * (32 - b) * p[y0, x1] + (32 - a) * b * p[y1, x0] + a * b * p[y1, x1])
+    return ((weights + (1 << 14)) >> 15).astype(np.uint8).reshape(h_out, w_out, *image.shape[2:])
+
+
+@pytest.mark.skipif(int(cv2.__version__.split(".")[0]) >= 5, reason="checks the reference against OpenCV 4 itself")
+def test_opencv4_reference_is_opencv4() -> None:
+    """The reference below, against the OpenCV 4 the lowest-release CI installs: equal bit for bit."""
+    rng = np.random.default_rng(0)
+    for t in range(200):
+        h, w = (int(v) for v in rng.integers(2, 60, 2))
+        image = rng.integers(0, 256, (h, w, 3), np.uint8)
+        matrix = rng.uniform(-2, 2, (2, 3))
+        if t % 2:
+            matrix[0, 1] = matrix[1, 0] = 0.0
+        matrix[:, 2] = rng.uniform(-10, 40, 2)
+        size = (int(rng.integers(1, 50)), int(rng.integers(1, 50)))
+        flags, border = cv2.INTER_LINEAR | cv2.WARP_INVERSE_MAP, cv2.BORDER_REPLICATE
+        np.testing.assert_array_equal(_opencv4_warp_affine(image, matrix, size, flags=flags, borderMode=border),
+                                      cv2.warpAffine(image, matrix, size, flags=flags, borderMode=border))
+
+
+def test_opencv4_branch_equals_its_worker_path(photos: list[np.ndarray], monkeypatch: pytest.MonkeyPatch) -> None:
+    """The kernel's OpenCV 4 arithmetic, forced, against warp_tiles with OpenCV 4's warpAffine: rotated,
+    sheared and unsnapped axis-aligned mosaics and a letterbox, bit for bit wherever both give a pixel
+    the same tile (resized tiles keep cv2.resize, the same in 4 and 5)."""
+    monkeypatch.setattr(device_warp, "_opencv4", lambda: True)
+    monkeypatch.setattr(cv2, "warpAffine", _opencv4_warp_affine)
+    rotated = _mosaics(photos, MosaicAffine(image_size=256, degrees=30, shear=10, scale=(0.4, 1.6)), batch=4, seed=2)
+    axis = _mosaics(photos, MosaicAffine(image_size=256), batch=4, seed=1, snap=False)
+    letterbox = ([Letterbox(200).plan(photos[0].shape[:2])[0]], [[0]])
+    for (plans, tile_images), owners in ((rotated, 1e-3), (axis, 0.0), (letterbox, 0.0)):
+        stats = _compare(photos, plans, tile_images)
+        assert stats["owner_differs"] <= owners and stats["fill_ok"]
+        assert stats["max"] == 0, stats
 
 
 def test_rotated_and_sheared_tiles(photos: list[np.ndarray]) -> None:

@@ -11,9 +11,10 @@ On CUDA nvJPEG decodes, with its own rounding.
 from __future__ import annotations
 
 import warnings
-from typing import Sequence
+from collections.abc import Sequence
 
 import torch
+import torchvision
 from torchvision.io import ImageReadMode, decode_jpeg
 
 from seg_datamodule.io.images.exif import exif_orientation, jpeg_segments
@@ -47,14 +48,25 @@ def _turn(image: torch.Tensor, orientation: int) -> torch.Tensor:
     return (image.flip(dims) if dims else image).contiguous()
 
 
+def _batched_decode() -> bool:
+    """Whether this torchvision's ``decode_jpeg`` takes a list (0.20 and later; 0.19 takes one tensor)."""
+    major, minor = (int(part) for part in torchvision.__version__.split(".")[:2])
+    return (major, minor) >= (0, 20)
+
+
+_BATCHED = _batched_decode()
+
+
 def _decode(encoded: list[torch.Tensor], mode: ImageReadMode, device: torch.device) -> list[torch.Tensor]:
-    """One batched ``decode_jpeg`` call (none for an empty list)."""
+    """One batched ``decode_jpeg`` call (none for an empty list; one call per image on torchvision 0.19)."""
     if not encoded:
         return []
     with warnings.catch_warnings():
         # torchvision 0.29 deprecates its codecs in favour of TorchCodec; they still work.
         warnings.filterwarnings("ignore", ".*decoding and encoding capabilities of TorchVision", DeprecationWarning)
-        return decode_jpeg(encoded, mode=mode, device=device)
+        if _BATCHED:
+            return decode_jpeg(encoded, mode=mode, device=device)
+        return [decode_jpeg(data, mode=mode, device=device) for data in encoded]
 
 
 def decode_jpegs(

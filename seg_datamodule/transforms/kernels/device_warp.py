@@ -21,6 +21,11 @@ The warp copies OpenCV 5.1's arithmetic, not just its geometry
   :func:`_interpolate_shift`). Bit for bit where the four neighbours lie inside the image; where
   the replicated edge is sampled OpenCV rounds yet another way (a few values in 10^3 there).
 
+OpenCV 4 (``cv2.__version__`` below 5) resamples the last two kinds in fixed point, and so does
+the kernel there, bit for bit (:func:`_fixed_point_sources`): source positions from the very matrix
+``warp_tiles`` hands ``cv2.warpAffine``, rounded to 1/1024 per row and column, summed and cut to
+1/32 pixel; weights ``(32 - a) * (32 - b)`` and so on, ``(sum + 512) >> 10``.
+
 Coverage follows ``warp_tiles``: pixel ``(i, j)`` belongs to the last tile whose region holds the
 inverse image of its centre ``(j + 0.5, i + 0.5)``, half-open. ``warp_tiles`` rasterises a rotated
 tile's parallelogram instead: the same set but for centres within rounding of an edge.
@@ -28,14 +33,17 @@ tile's parallelogram instead: the same set but for centres within rounding of an
 
 from __future__ import annotations
 
+import functools
 import math
-from typing import Sequence
+from collections.abc import Sequence
 
 import numpy as np
 import torch
 
-from seg_datamodule.io.images.device_decode import decode_jpegs  # the batch's other half, re-exported
-from seg_datamodule.ops.affine import invert_affine
+from seg_datamodule.io.images.device_decode import (
+    decode_jpegs,  # the batch's other half, re-exported
+)
+from seg_datamodule.ops.affine import compose_affine, invert_affine, to_cv2_matrix
 from seg_datamodule.transforms.kernels.plan import TilePlan
 
 __all__ = ["decode_jpegs", "flip_canvases", "warp_tiles_device"]
@@ -44,6 +52,29 @@ _FILL = 114  # transforms.warp.FILL_VALUE, which brings OpenCV with it; a test k
 # Tile kinds (how warp_tiles renders a tile), and columns of the integer tile table.
 _NONE, _AXIS, _RESIZE, _GENERAL = 0, 1, 2, 3
 _I_BASE, _I_BOUNDS = 4, 6
+_F_CV = 12  # columns of the float tile table from here: cv2.warpAffine's matrix (6), its origin (2)
+
+
+@functools.cache
+def _opencv4() -> bool:
+    """Whether the workers' OpenCV is 4.x (fixed-point warpAffine) rather than 5 (float32)."""
+    import cv2  # the worker path's library; only its version matters here
+
+    return int(cv2.__version__.split(".")[0]) < 5
+
+
+def _cv2_warp_matrix(matrix: np.ndarray, window: tuple[int, int, int, int], rect: tuple[int, int, int, int] | None
+                     ) -> tuple[np.ndarray, tuple[int, int]]:
+    """The matrix ``warp_tiles`` hands ``cv2.warpAffine`` (``WARP_INVERSE_MAP``, full-size image) and
+    the canvas pixel its output starts at: the window, or an axis-aligned tile's covered rectangle.
+    Composed as ``warp_tiles`` composes it, so the doubles are the same."""
+    wx0, wy0 = window[0], window[1]
+    src_to_window = compose_affine(np.array([[1.0, 0.0, -wx0], [0.0, 1.0, -wy0]]), matrix,
+                                   np.array([[1.0, 0.0, 0.0], [0.0, 1.0, 0.0]]))
+    if rect is None:
+        return to_cv2_matrix(invert_affine(src_to_window)), (wx0, wy0)
+    sub = compose_affine(np.array([[1.0, 0.0, -(rect[0] - wx0)], [0.0, 1.0, -(rect[1] - wy0)]]), src_to_window)
+    return to_cv2_matrix(invert_affine(sub)), (rect[0], rect[1])
 
 
 def _axis_aligned_rect(matrix: np.ndarray, region: np.ndarray, window: tuple[int, int, int, int]
@@ -81,14 +112,15 @@ def _tile_tables(
     """Per tile slot ``t = k * B + b``, on the host: what the device pass needs.
 
     Returns:
-        floats (ndarray[K * B, 12] float64): inverse matrix (6), region (4), resize scales (2).
+        floats (ndarray[K * B, 20] float64): inverse matrix (6), region (4), resize scales (2),
+            ``cv2.warpAffine``'s matrix (6) and the canvas pixel its output starts at (2).
         ints (ndarray[K * B, 10] int64): resize crop origin and placement (4), start in the flat
             pixel buffer, row stride, pixels sampling clamps to ``x_lo, x_hi, y_lo, y_hi``.
         kinds (ndarray[K * B] int64): ``_NONE``, ``_AXIS``, ``_RESIZE`` or ``_GENERAL``.
         used (list[int]): the images the buffer holds, in order.
     """
     batch, slots = len(plans), max(len(p) for p in plans)
-    floats = np.zeros((slots * batch, 12))  # a zero region: an empty slot covers nothing
+    floats = np.zeros((slots * batch, 20))  # a zero region: an empty slot covers nothing
     ints = np.zeros((slots * batch, 10), np.int64)
     kinds = np.zeros(slots * batch, np.int64)
     base: dict[int, int] = {}
@@ -112,13 +144,15 @@ def _tile_tables(
                 base[index] = sum(images[i].shape[-2] * images[i].shape[-1] for i in used)
                 used.append(index)
             floats[t, :10] = *invert_affine(matrix).ravel(), *region
+            cv_matrix, origin = _cv2_warp_matrix(matrix, window, rect)
+            floats[t, _F_CV:] = *cv_matrix.ravel(), *origin
             ints[t, _I_BASE:] = base[index], w, 0, w - 1, 0, h - 1
             spec = None if plan.resize is None else plan.resize[k]
             if rect is not None and spec is not None and _resizable(spec, rect, (h, w)):
                 ax0, ay0, ax1, ay1, dx, dy, bx, by = (int(v) for v in spec)
                 kinds[t] = _RESIZE
                 # cv2.resize's scale: 1 / inv_scale in double, as OpenCV computes it.
-                floats[t, 10:] = 1.0 / (dx / (ax1 - ax0)), 1.0 / (dy / (ay1 - ay0))
+                floats[t, 10:12] = 1.0 / (dx / (ax1 - ax0)), 1.0 / (dy / (ay1 - ay0))
                 ints[t, :4] = ax0, ay0, bx, by
                 ints[t, _I_BOUNDS:] = ax0, ax1 - 1, ay0, ay1 - 1  # resize replicates the crop's edge
     if sum(images[i].shape[-2] * images[i].shape[-1] for i in used) >= 2**31:
@@ -197,7 +231,7 @@ def warp_tiles_device(
     if not used:
         return torch.full((batch, channels, height, width), fill, dtype=torch.uint8, device=dev)
     real = torch.float32 if dev.type == "mps" else torch.float64  # MPS has no float64
-    ftab = torch.from_numpy(floats).to(dev, real).T.contiguous()[..., None]  # (12, T, 1)
+    ftab = torch.from_numpy(floats).to(dev, real).T.contiguous()[..., None]  # (20, T, 1)
     itab = torch.from_numpy(ints).to(dev).T.contiguous()[..., None]  # (10, T, 1)
     kind = torch.from_numpy(kinds).to(dev)
     cols = torch.arange(width, device=dev, dtype=real)
@@ -213,7 +247,7 @@ def warp_tiles_device(
     general = (kinds == _GENERAL).any()
     src_x = src_y = torch.zeros((batch, height, width), dtype=real, device=dev) if general else None
     for k in range(len(kinds) // batch):
-        f = ftab[:, k * batch:(k + 1) * batch].view(12, batch, 1, 1)
+        f = ftab[:, k * batch:(k + 1) * batch].view(-1, batch, 1, 1)
         if (kinds[k * batch:(k + 1) * batch] == _GENERAL).any():
             u, v = (f[0] * xc + f[2]) + f[1] * yc, (f[4] * yc + f[5]) + f[3] * xc
         else:  # f[1], f[3] are +-0: the sums of warp_tiles' axis-aligned test, column by row
@@ -240,10 +274,19 @@ def warp_tiles_device(
     by_row = (tile * height + torch.arange(height, device=dev, dtype=torch.int32).view(height, 1)).view(-1)
     x0, x1, fx = (t.view(-1).index_select(0, by_col) for t in (x0, x1, fx))
     y0, y1, fy = (t.view(-1).index_select(0, by_row) for t in (y0, y1, fy))
-    if general:
-        # Rotated or sheared tiles: per pixel, from the inverse images kept in step 2.
-        flat = tile.view(-1)
+    flat = tile.view(-1)
+    if general or _opencv4():
         start, stride, x_lo, x_hi, y_lo, y_hi = itab[_I_BASE:, :, 0].T.contiguous().index_select(0, flat).unbind(1)
+    if _opencv4():
+        # warpAffine's fixed point, for every pixel not resized (rotated and axis-aligned tiles).
+        sx, sy = _fixed_point_sources(ftab[_F_CV:], cols, rows, by_col, by_row)
+        gx = _clamped(sx >> 5, (sx & 31).to(torch.float32) / 32, x_lo, x_hi, None, None)
+        gy = _clamped(sy >> 5, (sy & 31).to(torch.float32) / 32, y_lo, y_hi, start, stride)
+        warped = (kind != _RESIZE).index_select(0, flat)
+        x0, x1, fx = (torch.where(warped, a, b) for a, b in zip(gx, (x0, x1, fx)))
+        y0, y1, fy = (torch.where(warped, a, b) for a, b in zip(gy, (y0, y1, fy)))
+    elif general:
+        # Rotated or sheared tiles: per pixel, from the inverse images kept in step 2.
         gx = _clamped(*_warp_axis(src_x.view(-1) - 0.5), x_lo, x_hi, None, None)
         gy = _clamped(*_warp_axis(src_y.view(-1) - 0.5), y_lo, y_hi, start, stride)
         rotated = (kind == _GENERAL).index_select(0, flat)
@@ -255,7 +298,9 @@ def warp_tiles_device(
     p = [pixels.index_select(1, r + c) for r in (y0, y1) for c in (x0, x1)]
     out = torch.full_like(p[0], fill)
     pixel_kind = torch.where(covered.view(-1), kind.index_select(0, tile.view(-1)), _NONE)
-    for k, interpolate in ((_GENERAL, _interpolate_warp), (_AXIS, _interpolate_shift), (_RESIZE, _interpolate_resize)):
+    kernels = ((_GENERAL, _interpolate_fixed), (_AXIS, _interpolate_fixed)) if _opencv4() else (
+        (_GENERAL, _interpolate_warp), (_AXIS, _interpolate_shift))
+    for k, interpolate in (*kernels, (_RESIZE, _interpolate_resize)):
         if (kinds == k).any():
             out = torch.where(pixel_kind == k, interpolate(p, fx, fy), out)
     return out.view(channels, batch, height, width).transpose(0, 1).contiguous()
@@ -269,6 +314,32 @@ def _clamped(whole: torch.Tensor, frac: torch.Tensor, lo: torch.Tensor, hi: torc
     if start is not None:
         first, second = start + first * stride, start + second * stride
     return first.to(torch.int32), second.to(torch.int32), frac
+
+
+def _fixed_point_sources(m: torch.Tensor, cols: torch.Tensor, rows: torch.Tensor, by_col: torch.Tensor,
+                         by_row: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """OpenCV 4's ``warpAffine`` source positions per output pixel, in 1/32 pixel (int64).
+
+    Per row ``y`` and column ``x`` of the tile's output (``m[6:8]``: where it starts on the canvas):
+    ``X = (round((m0 * x) * 1024) + round((m1 * y + m2) * 1024) + 16) >> 5``, likewise ``Y``, rounded
+    half to even in float64 (``saturate_cast<int>``); then looked up per pixel by its tile.
+    """
+    x, y = cols - m[6], rows - m[7]  # (T, W), (T, H)
+    per_col = torch.stack([(m[0] * x * 1024).round(), (m[3] * x * 1024).round()]).to(torch.int64)
+    per_row = torch.stack([((m[1] * y + m[2]) * 1024).round(), ((m[4] * y + m[5]) * 1024).round()]).to(torch.int64)
+    cx, cy = (t.reshape(-1).index_select(0, by_col) for t in per_col)
+    rx, ry = (t.reshape(-1).index_select(0, by_row) for t in per_row)
+    return (cx + rx + 16) >> 5, (cy + ry + 16) >> 5
+
+
+def _interpolate_fixed(p: Sequence[torch.Tensor], fx: torch.Tensor, fy: torch.Tensor) -> torch.Tensor:
+    """OpenCV 4's fixed-point bilinear: fractions in 1/32, weights ``(32 - a) * (32 - b)`` and so
+    on (``INTER_REMAP_COEF_SCALE`` 2**15 is 32 times theirs), ``(sum + 512) >> 10``."""
+    a, b = (fx * 32).round().to(torch.int32), (fy * 32).round().to(torch.int32)
+    top, right, bottom, corner = (q.to(torch.int32) for q in p)
+    top.mul_(32 - a).add_(right.mul_(a)).mul_(32 - b)
+    bottom.mul_(32 - a).add_(corner.mul_(a)).mul_(b)
+    return top.add_(bottom).add_(512).bitwise_right_shift_(10).to(torch.uint8)
 
 
 def _warp_axis(coord: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
