@@ -265,7 +265,7 @@ def test_opencv4_branch_equals_its_worker_path(photos: list[np.ndarray], monkeyp
     """The kernel's OpenCV 4 arithmetic, forced, against warp_tiles with OpenCV 4's warpAffine: rotated,
     sheared and unsnapped axis-aligned mosaics and a letterbox, bit for bit wherever both give a pixel
     the same tile (resized tiles keep cv2.resize, the same in 4 and 5)."""
-    monkeypatch.setattr(device_warp, "_opencv4", lambda: True)
+    monkeypatch.setattr(device_warp, "opencv4", lambda: True)
     monkeypatch.setattr(cv2, "warpAffine", _opencv4_warp_affine)
     rotated = _mosaics(photos, MosaicAffine(image_size=256, degrees=30, shear=10, scale=(0.4, 1.6)), batch=4, seed=2)
     axis = _mosaics(photos, MosaicAffine(image_size=256), batch=4, seed=1, snap=False)

@@ -18,11 +18,11 @@ The warp copies OpenCV 5.1's arithmetic, not just its geometry
   here in float64 (float32 on MPS). About 1 value in 10^4 differs by one grey level.
 * axis-aligned ``cv2.warpAffine`` tiles (where a tile cannot be resized): OpenCV takes an integer
   path for scale-and-shift matrices (pixels in Q6, fractions floored to Q14; found by probing,
-  :func:`_interpolate_shift`). Bit for bit where the four neighbours lie inside the image; where
+  :func:`.opencv_bilinear.interpolate_shift`). Bit for bit where the four neighbours lie inside the image; where
   the replicated edge is sampled OpenCV rounds yet another way (a few values in 10^3 there).
 
 OpenCV 4 (``cv2.__version__`` below 5) resamples the last two kinds in fixed point, and so does
-the kernel there, bit for bit (:func:`_fixed_point_sources`): source positions from the very matrix
+the kernel there, bit for bit (:func:`.opencv_bilinear.fixed_point_sources`): source positions from the very matrix
 ``warp_tiles`` hands ``cv2.warpAffine``, rounded to 1/1024 per row and column, summed and cut to
 1/32 pixel; weights ``(32 - a) * (32 - b)`` and so on, ``(sum + 512) >> 10``.
 
@@ -33,7 +33,6 @@ tile's parallelogram instead: the same set but for centres within rounding of an
 
 from __future__ import annotations
 
-import functools
 import math
 from collections.abc import Sequence
 
@@ -44,6 +43,16 @@ from seg_datamodule.io.images.device_decode import (
     decode_jpegs,  # the batch's other half, re-exported
 )
 from seg_datamodule.ops.affine import compose_affine, invert_affine, to_cv2_matrix
+from seg_datamodule.transforms.kernels.opencv_bilinear import (
+    fixed_point_sources,
+    interpolate_fixed,
+    interpolate_resize,
+    interpolate_shift,
+    interpolate_warp,
+    opencv4,
+    resize_axis,
+    warp_axis,
+)
 from seg_datamodule.transforms.kernels.plan import TilePlan
 
 __all__ = ["decode_jpegs", "flip_canvases", "warp_tiles_device"]
@@ -53,14 +62,6 @@ _FILL = 114  # transforms.warp.FILL_VALUE, which brings OpenCV with it; a test k
 _NONE, _AXIS, _RESIZE, _GENERAL = 0, 1, 2, 3
 _I_BASE, _I_BOUNDS = 4, 6
 _F_CV = 12  # columns of the float tile table from here: cv2.warpAffine's matrix (6), its origin (2)
-
-
-@functools.cache
-def _opencv4() -> bool:
-    """Whether the workers' OpenCV is 4.x (fixed-point warpAffine) rather than 5 (float32)."""
-    import cv2  # the worker path's library; only its version matters here
-
-    return int(cv2.__version__.split(".")[0]) < 5
 
 
 def _cv2_warp_matrix(matrix: np.ndarray, window: tuple[int, int, int, int], rect: tuple[int, int, int, int] | None
@@ -262,10 +263,10 @@ def warp_tiles_device(
     # 3. Source pixels and fractions per column and per row of every axis-aligned tile, in the
     # arithmetic of the OpenCV call warp_tiles makes for it; then looked up per output pixel.
     resize = (kind == _RESIZE).view(-1, 1)
-    x_warp, fx_warp = _warp_axis(ftab[0] * (cols + 0.5) + ftab[2] - 0.5)
-    y_warp, fy_warp = _warp_axis(ftab[4] * (rows + 0.5) + ftab[5] - 0.5)
-    x_res, fx_res = _resize_axis(cols, itab[2], ftab[10], itab[0], itab[_I_BOUNDS + 1] - itab[_I_BOUNDS] + 1)
-    y_res, fy_res = _resize_axis(rows, itab[3], ftab[11], itab[1], None)
+    x_warp, fx_warp = warp_axis(ftab[0] * (cols + 0.5) + ftab[2] - 0.5)
+    y_warp, fy_warp = warp_axis(ftab[4] * (rows + 0.5) + ftab[5] - 0.5)
+    x_res, fx_res = resize_axis(cols, itab[2], ftab[10], itab[0], itab[_I_BOUNDS + 1] - itab[_I_BOUNDS] + 1)
+    y_res, fy_res = resize_axis(rows, itab[3], ftab[11], itab[1], None)
     x0, x1, fx = _clamped(torch.where(resize, x_res, x_warp), torch.where(resize, fx_res, fx_warp),
                           itab[_I_BOUNDS], itab[_I_BOUNDS + 1], None, None)
     y0, y1, fy = _clamped(torch.where(resize, y_res, y_warp), torch.where(resize, fy_res, fy_warp),
@@ -275,11 +276,11 @@ def warp_tiles_device(
     x0, x1, fx = (t.view(-1).index_select(0, by_col) for t in (x0, x1, fx))
     y0, y1, fy = (t.view(-1).index_select(0, by_row) for t in (y0, y1, fy))
     flat = tile.view(-1)
-    if general or _opencv4():
+    if general or opencv4():
         start, stride, x_lo, x_hi, y_lo, y_hi = itab[_I_BASE:, :, 0].T.contiguous().index_select(0, flat).unbind(1)
-    if _opencv4():
+    if opencv4():
         # warpAffine's fixed point, for every pixel not resized (rotated and axis-aligned tiles).
-        sx, sy = _fixed_point_sources(ftab[_F_CV:], cols, rows, by_col, by_row)
+        sx, sy = fixed_point_sources(ftab[_F_CV:], cols, rows, by_col, by_row)
         gx = _clamped(sx >> 5, (sx & 31).to(torch.float32) / 32, x_lo, x_hi, None, None)
         gy = _clamped(sy >> 5, (sy & 31).to(torch.float32) / 32, y_lo, y_hi, start, stride)
         warped = (kind != _RESIZE).index_select(0, flat)
@@ -287,8 +288,8 @@ def warp_tiles_device(
         y0, y1, fy = (torch.where(warped, a, b) for a, b in zip(gy, (y0, y1, fy)))
     elif general:
         # Rotated or sheared tiles: per pixel, from the inverse images kept in step 2.
-        gx = _clamped(*_warp_axis(src_x.view(-1) - 0.5), x_lo, x_hi, None, None)
-        gy = _clamped(*_warp_axis(src_y.view(-1) - 0.5), y_lo, y_hi, start, stride)
+        gx = _clamped(*warp_axis(src_x.view(-1) - 0.5), x_lo, x_hi, None, None)
+        gy = _clamped(*warp_axis(src_y.view(-1) - 0.5), y_lo, y_hi, start, stride)
         rotated = (kind == _GENERAL).index_select(0, flat)
         x0, x1, fx = (torch.where(rotated, a, b) for a, b in zip(gx, (x0, x1, fx)))
         y0, y1, fy = (torch.where(rotated, a, b) for a, b in zip(gy, (y0, y1, fy)))
@@ -298,9 +299,9 @@ def warp_tiles_device(
     p = [pixels.index_select(1, r + c) for r in (y0, y1) for c in (x0, x1)]
     out = torch.full_like(p[0], fill)
     pixel_kind = torch.where(covered.view(-1), kind.index_select(0, tile.view(-1)), _NONE)
-    kernels = ((_GENERAL, _interpolate_fixed), (_AXIS, _interpolate_fixed)) if _opencv4() else (
-        (_GENERAL, _interpolate_warp), (_AXIS, _interpolate_shift))
-    for k, interpolate in (*kernels, (_RESIZE, _interpolate_resize)):
+    kernels = ((_GENERAL, interpolate_fixed), (_AXIS, interpolate_fixed)) if opencv4() else (
+        (_GENERAL, interpolate_warp), (_AXIS, interpolate_shift))
+    for k, interpolate in (*kernels, (_RESIZE, interpolate_resize)):
         if (kinds == k).any():
             out = torch.where(pixel_kind == k, interpolate(p, fx, fy), out)
     return out.view(channels, batch, height, width).transpose(0, 1).contiguous()
@@ -314,85 +315,6 @@ def _clamped(whole: torch.Tensor, frac: torch.Tensor, lo: torch.Tensor, hi: torc
     if start is not None:
         first, second = start + first * stride, start + second * stride
     return first.to(torch.int32), second.to(torch.int32), frac
-
-
-def _fixed_point_sources(m: torch.Tensor, cols: torch.Tensor, rows: torch.Tensor, by_col: torch.Tensor,
-                         by_row: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """OpenCV 4's ``warpAffine`` source positions per output pixel, in 1/32 pixel (int64).
-
-    Per row ``y`` and column ``x`` of the tile's output (``m[6:8]``: where it starts on the canvas):
-    ``X = (round((m0 * x) * 1024) + round((m1 * y + m2) * 1024) + 16) >> 5``, likewise ``Y``, rounded
-    half to even in float64 (``saturate_cast<int>``); then looked up per pixel by its tile.
-    """
-    x, y = cols - m[6], rows - m[7]  # (T, W), (T, H)
-    per_col = torch.stack([(m[0] * x * 1024).round(), (m[3] * x * 1024).round()]).to(torch.int64)
-    per_row = torch.stack([((m[1] * y + m[2]) * 1024).round(), ((m[4] * y + m[5]) * 1024).round()]).to(torch.int64)
-    cx, cy = (t.reshape(-1).index_select(0, by_col) for t in per_col)
-    rx, ry = (t.reshape(-1).index_select(0, by_row) for t in per_row)
-    return (cx + rx + 16) >> 5, (cy + ry + 16) >> 5
-
-
-def _interpolate_fixed(p: Sequence[torch.Tensor], fx: torch.Tensor, fy: torch.Tensor) -> torch.Tensor:
-    """OpenCV 4's fixed-point bilinear: fractions in 1/32, weights ``(32 - a) * (32 - b)`` and so
-    on (``INTER_REMAP_COEF_SCALE`` 2**15 is 32 times theirs), ``(sum + 512) >> 10``."""
-    a, b = (fx * 32).round().to(torch.int32), (fy * 32).round().to(torch.int32)
-    top, right, bottom, corner = (q.to(torch.int32) for q in p)
-    top.mul_(32 - a).add_(right.mul_(a)).mul_(32 - b)
-    bottom.mul_(32 - a).add_(corner.mul_(a)).mul_(b)
-    return top.add_(bottom).add_(512).bitwise_right_shift_(10).to(torch.uint8)
-
-
-def _warp_axis(coord: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """``warpAffine``'s integer source pixel and float32 fraction of an OpenCV pixel coordinate."""
-    whole = torch.floor(coord)
-    return whole.to(torch.int64), (coord - whole).to(torch.float32)
-
-
-def _resize_axis(index: torch.Tensor, place: torch.Tensor, scale: torch.Tensor, origin: torch.Tensor,
-                 crop: torch.Tensor | None) -> tuple[torch.Tensor, torch.Tensor]:
-    """``cv2.resize``'s source pixel and float32 fraction along one axis of the resized crop.
-
-    ``f = float((d + 0.5) * scale - 0.5)`` for output pixel ``d`` of the resized crop; along x
-    (``crop`` given: the crop's width) a neighbour off the crop pins the fraction to 0, along y
-    OpenCV keeps the fraction and repeats the edge row instead.
-    """
-    f = ((index - place.to(index.dtype) + 0.5) * scale - 0.5).to(torch.float32)
-    whole = torch.floor(f)
-    f = f - whole
-    whole = whole.to(torch.int64)
-    if crop is not None:
-        f = torch.where((whole < 0) | (whole >= crop - 1), 0.0, f)
-        whole = torch.minimum(whole.clamp(min=0), crop - 1)
-    return origin + whole, f
-
-
-def _interpolate_warp(p: Sequence[torch.Tensor], fx: torch.Tensor, fy: torch.Tensor) -> torch.Tensor:
-    """OpenCV 5's float32 bilinear of 8-bit pixels: along x, then y, rounded half to even."""
-    top, right, bottom, corner = (q.to(torch.float32) for q in p)
-    top.add_(right.sub_(top).mul_(fx))  # in place: each (C, N) pass allocates nothing
-    bottom.add_(corner.sub_(bottom).mul_(fx))
-    return top.add_(bottom.sub_(top).mul_(fy)).round_().to(torch.uint8)
-
-
-def _interpolate_shift(p: Sequence[torch.Tensor], fx: torch.Tensor, fy: torch.Tensor) -> torch.Tensor:
-    """OpenCV 5's integer bilinear for scale-and-shift matrices: pixels in Q6, fractions floored to
-    Q14, along x rounded, along y truncated (found by probing it; exact inside the image)."""
-    a, b = (fx * 16384).floor().to(torch.int32), (fy * 16384).floor().to(torch.int32)
-    top, right, bottom, corner = (q.to(torch.int32).bitwise_left_shift_(6) for q in p)
-    top.add_(right.sub_(top).mul_(a).add_(8192).bitwise_right_shift_(14))
-    bottom.add_(corner.sub_(bottom).mul_(a).add_(8192).bitwise_right_shift_(14))
-    top.add_(bottom.sub_(top).mul_(b).bitwise_right_shift_(14))
-    return top.add_(32).bitwise_right_shift_(6).to(torch.uint8)
-
-
-def _interpolate_resize(p: Sequence[torch.Tensor], fx: torch.Tensor, fy: torch.Tensor) -> torch.Tensor:
-    """``cv2.resize``'s 8-bit bilinear: 11-bit weights, rows in int32, then its SIMD vertical pass."""
-    a0, a1 = ((1.0 - fx) * 2048).round().to(torch.int32), (fx * 2048).round().to(torch.int32)
-    b0, b1 = ((1.0 - fy) * 2048).round().to(torch.int32), (fy * 2048).round().to(torch.int32)
-    top, right, bottom, corner = (q.to(torch.int32) for q in p)
-    top.mul_(a0).add_(right.mul_(a1)).bitwise_right_shift_(4).mul_(b0).bitwise_right_shift_(16)
-    bottom.mul_(a0).add_(corner.mul_(a1)).bitwise_right_shift_(4).mul_(b1).bitwise_right_shift_(16)
-    return top.add_(bottom).add_(2).bitwise_right_shift_(2).clamp_(0, 255).to(torch.uint8)
 
 
 def flip_canvases(canvases: torch.Tensor, flips: torch.Tensor, axis: int = 1) -> torch.Tensor:
