@@ -29,6 +29,7 @@ from seg_datamodule.data.report import RunCounts
 from seg_datamodule.data.splits.sources import STAGE_SPLITS, Fallback, SplitSources
 from seg_datamodule.transforms import Step
 from seg_datamodule.transforms.pixel.hsv import apply_pending_hsv
+from seg_datamodule.data.batching.device_pixels import apply_pending_pixels
 
 __all__ = ["AUTO_CACHE_MAX_IMAGES", "COCOSegDataModule"]
 
@@ -94,6 +95,10 @@ class COCOSegDataModule(LightningDataModule):
             batches are the same) and ship them in ``DetectionBatch.hsv_gains``;
             :meth:`on_after_batch_transfer` jitters the batch on its device, in place. False
             (default) jitters in the workers. True with ``hsv`` None is refused (nothing to move).
+        pixels_on_device: training workers ship JPEG bytes and plans; :meth:`on_after_batch_transfer`
+            decodes (batched ``decode_jpeg``), warps, flips and jitters them on the device. Targets
+            and counts are unchanged; the guide (docs/guides/device-pixels.md) says how the pixels
+            compare. Refused beside ``transforms``, copy-paste, MixUp or 90-degree turns.
         on_bad_sample: ``"raise"`` (default) fails with a message naming the file and ids;
             ``"skip"`` leaves bad annotations or images out and counts them by reason.
         drop_crowd: leave crowd regions out (otherwise they become ``ignore_masks``).
@@ -251,6 +256,7 @@ class COCOSegDataModule(LightningDataModule):
         transforms: A.BaseCompose | str | None = None,
         hsv: tuple[float, float, float] | None = None,
         hsv_on_device: bool = False,
+        pixels_on_device: bool = False,
         on_bad_sample: Literal["raise", "skip"] = "raise",
         drop_crowd: bool = False,
         crowd_as_instances: bool = False,
@@ -430,14 +436,14 @@ class COCOSegDataModule(LightningDataModule):
         return self.loaders.predict_loader(LoaderContext.of(self.trainer))
 
     def on_after_batch_transfer(self, batch: Any, dataloader_idx: int) -> Any:
-        """Apply the batch's pending HSV jitter (``hsv_on_device``) on its device, then run the model's hook.
+        """Make the batch's pending pixels and HSV jitter (``*_on_device``) on its device, then run the model's hook.
 
         Lightning runs only the DataModule's hook when both define it, so the model's own
         ``on_after_batch_transfer`` is called from here, after the jitter. (Evaluation batches are
         counted by their loader as it hands them out: :class:`~seg_datamodule.data.loaders.resume.CountingLoader`.)
         """
         trainer = self.trainer
-        batch = apply_pending_hsv(batch)
+        batch = apply_pending_hsv(apply_pending_pixels(batch))
         model = None if trainer is None else trainer.lightning_module
         if model is not None and is_overridden("on_after_batch_transfer", model):
             batch = model.on_after_batch_transfer(batch, dataloader_idx)

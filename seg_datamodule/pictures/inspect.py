@@ -204,6 +204,7 @@ def _recipe(datamodule: Any, split: str, index: Any, samples: int, probe: int,
             per_reason: int) -> tuple[list[tuple[Card, Card]], dict[str, list[Card]]]:
     """The first ``samples`` images beside their samples, and the recipe's drops over ``probe`` samples."""
     from seg_datamodule.data.batching.collate import collate_detection
+    from seg_datamodule.data.batching.device_pixels import apply_pending_pixels
 
     dataset = datamodule.train_dataset if split == "train" else getattr(datamodule, f"{split}_dataset", None)
     if dataset is None or not len(dataset):
@@ -215,7 +216,8 @@ def _recipe(datamodule: Any, split: str, index: Any, samples: int, probe: int,
     built = []
     try:
         for start in range(0, len(keys), batch):
-            built.append(collate_detection(dataset.__getitems__(keys[start : start + batch])))
+            # pixels_on_device: the pixels made here, on the CPU, as the device would make them.
+            built.append(apply_pending_pixels(collate_detection(dataset.__getitems__(keys[start : start + batch]))))
     finally:
         drops, pipeline.drop_log = pipeline.drop_log, None
     pairs = []

@@ -8,6 +8,8 @@ from typing import Any
 
 import torch
 
+from seg_datamodule.structures.pending import PendingPixels
+
 __all__ = ["DetectionBatch"]
 
 
@@ -55,6 +57,9 @@ class DetectionBatch:
             (``hsv_on_device``): ``COCOSegDataModule.on_after_batch_transfer`` applies them with
             :func:`~seg_datamodule.transforms.pixel.hsv.hsv_jitter_batch_` on the device and sets this
             to ``None``; ``None`` when there is nothing left to apply.
+        pending_pixels (PendingPixels | None): ``pixels_on_device``: ``images`` is ``(B, 3, 0, 0)``
+            until ``COCOSegDataModule.on_after_batch_transfer`` decodes, warps and flips these on
+            the device (before the HSV jitter) and sets this to ``None``.
     """
 
     images: torch.Tensor
@@ -77,6 +82,7 @@ class DetectionBatch:
     origins: torch.Tensor | None = None
     hsv_gains: torch.Tensor | None = None
     has_mask: torch.Tensor | None = None
+    pending_pixels: PendingPixels | None = None
 
     def __len__(self) -> int:
         return int(self.images.shape[0])

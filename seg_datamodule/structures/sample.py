@@ -14,6 +14,7 @@ from typing import Iterator, Sequence, overload
 import numpy as np
 
 from seg_datamodule.structures.instances import Instances
+from seg_datamodule.structures.pending import PendingTiles
 from seg_datamodule.structures.polygons import Polygons
 
 __all__ = ["ORIGINS", "Sample", "SampleBatch"]
@@ -58,6 +59,9 @@ class Sample:
         hsv_gains (ndarray[3] float64 | None): HSV jitter gains still to apply to ``image``
             (``HSVJitter.draw``; with ``hsv_on_device`` the accelerator applies them); ``None``
             when there are none.
+        pending (PendingTiles | None): ``pixels_on_device``: the pixels are still to be made on
+            the device from these tiles; ``image`` is then a read-only stand-in of the canvas's
+            size (one fill value, no memory). None: ``image`` holds the pixels.
     """
 
     image: np.ndarray
@@ -76,6 +80,7 @@ class Sample:
     origins: np.ndarray | None = None
     hsv_gains: np.ndarray | None = None
     has_mask: np.ndarray | None = None
+    pending: PendingTiles | None = None
 
     @property
     def num_instances(self) -> int:

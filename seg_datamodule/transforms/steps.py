@@ -26,7 +26,7 @@ from typing import Any, Callable, ClassVar, Iterator, Literal, Sequence
 import numpy as np
 
 from seg_datamodule.errors import UserInputError
-from seg_datamodule.structures import Polygons, Sample
+from seg_datamodule.structures import PendingTiles, Polygons, Sample
 from seg_datamodule.transforms.kernels.plan import TilePlan
 
 __all__ = ["Canvas", "CanvasStep", "DrawPhase", "GroupStep", "Layout", "MixResult", "StepTypeError",
@@ -70,6 +70,9 @@ class Canvas:
         area_before (ndarray[N] float64), area_after (ndarray[N] float64): per instance, the area
             its clips compare (for the ``min_area_ratio`` drop).
         hsv_gains (ndarray[3] float64 | None): HSV gains recorded for the device, not yet applied.
+        pending (PendingTiles | None): ``pixels_on_device``: the pixels are made on the device
+            from these tiles, and ``image`` is a read-only stand-in; a canvas step records its
+            pixel work here (the flips), a pixel step must run on the device.
     """
 
     image: np.ndarray
@@ -78,6 +81,7 @@ class Canvas:
     area_before: np.ndarray
     area_after: np.ndarray
     hsv_gains: np.ndarray | None = None
+    pending: PendingTiles | None = None
 
 
 class CanvasStep(abc.ABC):

@@ -331,6 +331,56 @@ def test_batch_partners_ragged_plans_and_invisible_tiles(photos: list[np.ndarray
         warp_tiles_device(tensors, plans, tile_images)
 
 
+def test_reduced_decodes_warp_as_warp_tiles_warps_them(photos: list[np.ndarray], monkeypatch: pytest.MonkeyPatch) -> None:
+    """Tiles whose images were decoded 2, 4 or 8 times smaller (never resized; sampled in the small
+    image's pixels, coverage from the plan): bit for bit against warp_tiles with ``reduces``, in both
+    OpenCV arithmetics (the other one forced as in test_opencv4_branch_equals_its_worker_path)."""
+    from seg_datamodule.io.images.exif import block_mean
+
+    step = MosaicAffine(image_size=160, degrees=20, scale=(0.3, 0.6))
+    for opencv4 in (False, True):
+        if opencv4:
+            monkeypatch.setattr(device_warp, "opencv4", lambda: True)
+            monkeypatch.setattr(cv2, "warpAffine", _opencv4_warp_affine)
+        for snap in (True, False):
+            plans, tile_images = _mosaics(photos, step, batch=4, seed=11, snap=snap)
+            reduces = [[(2, 4, 8, 2)[(b + k) % 4] for k in range(len(plan))] for b, plan in enumerate(plans)]
+            flat = [block_mean(photos[i], r) for row, rs in zip(tile_images, reduces) for i, r in zip(row, rs)]
+            rows = np.cumsum([0] + [len(p) for p in plans])
+            ref = np.stack([warp_tiles(flat[rows[b]:rows[b + 1]], plan, reduces[b]) for b, plan in enumerate(plans)])
+            tensors = [torch.from_numpy(im).permute(2, 0, 1) for im in flat]
+            dev = warp_tiles_device(tensors, plans, None, reduces=reduces).permute(0, 2, 3, 1).numpy()
+            diff = np.abs(ref.astype(int) - dev.astype(int))
+            # Rotated tiles: seam pixels owned differently, as at full size (test_rotated_and_sheared_tiles).
+            assert (diff > 0).mean() < 2e-3 and (diff > 1).mean() < 1e-3, (opencv4, snap)
+
+
+@settings(max_examples=40)
+@given(st.integers(1, 40), st.integers(1, 40), st.sampled_from([1, 2, 3, 4, 8]), st.integers(0, 2**32 - 1))
+def test_block_mean_on_the_device_equals_numpys(h: int, w: int, reduce: int, seed: int) -> None:
+    from seg_datamodule.io.images.device_decode import block_mean as device_block_mean
+    from seg_datamodule.io.images.exif import block_mean
+
+    image = np.random.default_rng(seed).integers(0, 256, (h, w, 3), np.uint8)
+    np.testing.assert_array_equal(device_block_mean(torch.from_numpy(image).permute(2, 0, 1), reduce).permute(1, 2, 0),
+                                  block_mean(image, reduce))
+
+
+def test_reduced_decode_of_a_turned_photo_equals_decode_oriented() -> None:
+    """Turned, then averaged: what the workers do for a turned photo at any reduce, bit for bit."""
+    rgb = _photo(53, 70, 4)
+    exif = Image.Exif()
+    for orientation in (1, 3, 6, 8):
+        exif[0x0112] = orientation
+        data = _pil_jpeg(Image.fromarray(rgb), exif=exif.tobytes())
+        decoded = decode_jpegs([_tensor(data)] * 3, "cpu", [True] * 3, [2, 4, 8])
+        for image, reduce in zip(decoded, (2, 4, 8)):
+            if orientation != 1:
+                np.testing.assert_array_equal(_hwc(image), decode_oriented(data, orientation, reduce=reduce)[0])
+            else:  # libjpeg's scaled IDCT, approximated (measured on real photos in tests/data/test_device_pixels.py)
+                assert _hwc(image).shape == decode_image_bytes(data, reduce=reduce)[0].shape
+
+
 def test_empty_batch_and_nothing_visible() -> None:
     assert warp_tiles_device([], []).shape == (0, 3, 0, 0)
     off = TilePlan(np.array([[[1.0, 0.0, 500.0], [0.0, 1.0, 0.0]]]), np.array([[0.0, 0.0, 10.0, 10.0]]), (6, 5))

@@ -22,7 +22,7 @@ from seg_datamodule.ops.checks import check_bool, check_int, check_optional_bool
 from seg_datamodule.ops.occlusion import rasterize_visible
 from seg_datamodule.ops.raster import grid_size, rasterize_flat
 from seg_datamodule.data.batching.shm import Lease, SharedBufferPool, pooling_available
-from seg_datamodule.structures import COLUMNS, DetectionBatch, Instances, Polygons, Sample, SampleBatch
+from seg_datamodule.structures import COLUMNS, DetectionBatch, Instances, PendingPixels, Polygons, Sample, SampleBatch
 
 __all__ = ["DEFAULT_BUFFER_SLOTS", "DetectionCollate", "batch_bytes", "boxes_from_polygons", "collate_detection"]
 
@@ -179,6 +179,11 @@ class DetectionCollate:
         if any(with_gains) and not all(with_gains):
             odd = samples[with_gains.index(not with_gains[0])]
             raise ValueError(f"image id {odd.image_id}: hsv_gains on some samples of the batch but not on all")
+        pending = [s.pending is not None for s in samples]
+        if any(pending) and not all(pending):
+            odd = samples[pending.index(not pending[0])]
+            raise ValueError(f"image id {odd.image_id}: pixels pending on the device for some samples of the "
+                             "batch but not for all")
 
         # 1. One allocation for every output (a reused shared-memory slot in a worker), so the
         # batch crosses to the main process as one file descriptor, not one per tensor. The
@@ -187,7 +192,9 @@ class DetectionCollate:
         # LVIS's per-image lists (values, then per-image counts) ride in the same segment.
         instances = _batch_instances(samples, (height, width))
         columns = [c for c in COLUMNS if c.tensor is not None and getattr(instances, c.name) is not None]
-        image_shape = (batch_size, height, width, 3) if self.channels_last else (batch_size, 3, height, width)
+        # Pixels made on the device (pending): an empty stand-in until on_after_batch_transfer.
+        rows, cols = (0, 0) if pending[0] else (height, width)
+        image_shape = (batch_size, rows, cols, 3) if self.channels_last else (batch_size, 3, rows, cols)
         (images, masks, ignore, per_image, image_ids, scales, pads, orig_sizes, *rest), lease, fresh = (
             _allocate(
                 [(image_shape, torch.uint8), ((total, hp, wp), torch.bool), ((batch_size, hp, wp), torch.bool),
@@ -214,7 +221,7 @@ class DetectionCollate:
 
         # 2. Images: HWC uint8 -> (B, 3, H, W), written straight into the output.
         images_np = images.numpy()
-        for b, sample in enumerate(samples):
+        for b, sample in enumerate(samples if not pending[0] else ()):
             if self.channels_last:
                 images_np[b] = sample.image
             else:
@@ -262,6 +269,8 @@ class DetectionCollate:
             mask_stride=stride,
             counts=dict(samples.counts) if isinstance(samples, SampleBatch) else None,
             hsv_gains=gains[0] if gains else None,
+            pending_pixels=PendingPixels.of([s.pending for s in samples], (height, width),  # type: ignore[misc]
+                                            image_ids.numpy().copy(), self.channels_last) if pending[0] else None,
             **targets,
         )
         if federated:

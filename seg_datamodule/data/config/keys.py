@@ -158,10 +158,12 @@ def _augment_options(keys: Mapping[str, Any]) -> AugmentOptions:
                           "hsv_on_device is True but hsv is None: there is no HSV jitter to move to the "
                           "accelerator; set hsv (Ultralytics' gains: [0.015, 0.7, 0.4]) or leave hsv_on_device "
                           "at its default False")
-    jitter = None if hsv is None else HSVJitter(hsv, on_device=keys["hsv_on_device"])
+    # With the pixels made on the device, the flat jitter runs there too (nothing else could).
+    on_device = keys["hsv_on_device"] or keys["pixels_on_device"] is True
+    jitter = None if hsv is None else HSVJitter(hsv, on_device=on_device)
     return AugmentOptions(geometry, keys["mosaic"], keys["close_mosaic"], keys["mosaic_partners"], keys["copy_paste"],
                           keys["copy_paste_mode"], keys["mixup"], keys["min_area_ratio"], keys["min_box_size"],
-                          keys["transforms"], jitter, listed)
+                          keys["transforms"], jitter, listed, keys["pixels_on_device"])
 
 
 def _refuse_geometry_keys(keys: Mapping[str, Any]) -> None:

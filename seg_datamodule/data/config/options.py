@@ -25,6 +25,7 @@ from lightning.fabric.utilities.data import suggested_max_num_workers
 
 from seg_datamodule.ops.checks import check_bool, check_choice, check_int, check_number
 from seg_datamodule.transforms.pixel.albu import AlbumentationsTransform, load_transforms, refuse_resizing
+from seg_datamodule.transforms.geometric.flips import MirrorStep
 from seg_datamodule.transforms.layouts.mosaic import MosaicAffine
 from seg_datamodule.transforms.pixel.hsv import HSVJitter
 from seg_datamodule.transforms.group.sample_mixing import SampleMixing
@@ -45,12 +46,15 @@ class SampleOptions:
         mosaic_partners (str): ``"batch"`` (the batch's other images) or ``"uniform"`` (the dataset).
         min_area_ratio (float): drop an instance keeping less than this fraction of its area.
         min_box_size (float): drop an instance whose box is narrower or lower than this.
+        pixels_on_device (bool): training samples ship JPEG bytes and plans; the device decodes,
+            warps and flips them.
     """
 
     mosaic: float = 1.0
     mosaic_partners: Literal["batch", "uniform"] = "batch"
     min_area_ratio: float = 0.1
     min_box_size: float = 2.0
+    pixels_on_device: bool = False
 
 
 @dataclass(frozen=True)
@@ -77,6 +81,10 @@ class AugmentOptions:
             ``geometry`` is its layout and ``transforms`` and ``hsv`` are None (they are steps of
             it); ``copy_paste`` / ``mixup`` add their group step to a list without one. None: the
             recipe is the flat fields' (:meth:`build_recipe`).
+        pixels_on_device (bool): training samples ship their JPEG bytes and plans, and the
+            accelerator decodes, warps, flips and jitters them (``on_after_batch_transfer``). Only
+            steps the device runs may join it: a layout, flips, HSV on the device; albumentations,
+            90-degree turns, copy-paste and MixUp (their pixels are the workers') are refused.
 
     Raises:
         TypeError: a field has the wrong type.
@@ -98,6 +106,7 @@ class AugmentOptions:
     transforms: A.BaseCompose | str | None = None
     hsv: HSVJitter | None = None
     steps: Recipe | None = None
+    pixels_on_device: bool = False
 
     def __post_init__(self) -> None:
         if not isinstance(self.geometry, Layout):
@@ -127,6 +136,34 @@ class AugmentOptions:
             if self.steps.group is not None and mixing.enabled:
                 raise RecipeError(f"copy_paste / mixup are set but the recipe list ends with a group step "
                                   f"({type(self.steps.group).__name__}): give them in one place")
+        if not isinstance(self.pixels_on_device, bool):
+            raise TypeError(f"pixels_on_device must be a bool, got {self.pixels_on_device!r}")
+        if self.pixels_on_device:
+            problem = self._device_pixels_problem(mixing.enabled, pipeline is not None)
+            if problem is not None:
+                raise RecipeError(f"pixels_on_device is True but {problem}: the device makes the pixels, and "
+                                  "only a layout, flips and HSV on the device run there")
+
+    def _device_pixels_problem(self, mixing: bool, albumentations: bool) -> str | None:
+        """What in the recipe needs the workers' pixels, in words; None when nothing does."""
+        if self.steps is None:
+            if albumentations:
+                return "transforms is set (albumentations runs on the workers' pixels)"
+            if mixing:
+                return "copy_paste or mixup is set (they mix the workers' pixels)"
+            if self.hsv is not None and not self.hsv.on_device:
+                return "hsv runs in the workers (hsv_on_device is False)"
+            return None
+        group = self.steps.group
+        steps = [*self.steps.canvas_steps, *self.steps.pixel_steps,
+                 *([group] if group is not None and getattr(group, "enabled", True) else [])]
+        for step in steps:
+            if isinstance(step, MirrorStep) or (isinstance(step, HSVJitter) and step.on_device):
+                continue
+            if isinstance(step, HSVJitter):
+                return "the recipe's HSVJitter has on_device False"
+            return f"the recipe has {type(step).__name__}, which needs the workers' pixels"
+        return None
 
     @classmethod
     def from_recipe(cls, recipe: Recipe, **fields: object) -> AugmentOptions:
@@ -148,7 +185,8 @@ class AugmentOptions:
     @property
     def sampling(self) -> SampleOptions:
         """The sample-level numbers the pipeline reads beside the recipe."""
-        return SampleOptions(self.mosaic, self.mosaic_partners, self.min_area_ratio, self.min_box_size)
+        return SampleOptions(self.mosaic, self.mosaic_partners, self.min_area_ratio, self.min_box_size,
+                             self.pixels_on_device)
 
     @property
     def image_size(self) -> int:

@@ -5,12 +5,13 @@ decode table that decodes each image once per batch.
 from __future__ import annotations
 
 from collections import Counter, OrderedDict
+from dataclasses import replace
 from typing import Any, Callable, Protocol, runtime_checkable
 
 import numpy as np
 
 from seg_datamodule.io.images.decode import BadImageError
-from seg_datamodule.structures import Polygons
+from seg_datamodule.structures import EncodedImage, Polygons
 
 __all__ = ["BatchDecodes", "FederatedIndex", "ImageIndex", "ImageSource", "LRUCache", "TileDecodes"]
 
@@ -115,6 +116,24 @@ class ImageSource:
         """Image ``i``'s crowd mask (decoded from RLE), or None."""
         return self._lru().get("crowd", i, lambda: self.index.crowd_mask(i))
 
+    def encoded(self, i: int, reduce: int, log: Counter[str]) -> EncodedImage | np.ndarray:
+        """``pixels_on_device``: image ``i``'s JPEG file for the device to decode at ``reduce`` (the
+        index's ``encoded_image``, header checked), or, for another format, its pixels decoded here
+        as :meth:`image` decodes them; raises ``BadImageError`` as :meth:`image` does. Cached and
+        counted as :meth:`image` (the device decodes what the workers ship)."""
+
+        def make() -> EncodedImage | np.ndarray:
+            reader = getattr(self.index, "encoded_image", None)
+            found = None if reader is None else reader(i)
+            if found is None:
+                return self._decode(i, reduce, log)
+            log["decodes"] += 1
+            if reduce > 1:
+                log["reduced_decodes"] += 1
+            return replace(found, reduce=reduce)
+
+        return self._lru().get("encoded", (i, reduce), make)
+
     def _decode(self, i: int, reduce: int, log: Counter[str]) -> np.ndarray:
         image = self.index.load_image(i, reduce=reduce)
         log["decodes"] += 1
@@ -134,13 +153,17 @@ class TileDecodes:
     Args:
         source (ImageSource): the images.
         log (Counter): where decodes are counted (see :meth:`ImageSource.image`).
+        encoded (bool): ``pixels_on_device``: serve :meth:`ImageSource.encoded` instead.
     """
 
-    def __init__(self, source: ImageSource, log: Counter[str]) -> None:
-        self._source, self._log = source, log
+    def __init__(self, source: ImageSource, log: Counter[str], encoded: bool = False) -> None:
+        self._source, self._log, self._encoded = source, log, encoded
 
-    def get(self, i: int, reduce: int) -> tuple[np.ndarray, int]:
-        """Image ``i`` at ``reduce``, and ``reduce``; raises ``BadImageError``."""
+    def get(self, i: int, reduce: int) -> tuple[np.ndarray | EncodedImage, int]:
+        """Image ``i`` at ``reduce``, and ``reduce``; raises ``BadImageError``. ``encoded``
+        (``pixels_on_device``): :meth:`ImageSource.encoded`."""
+        if self._encoded:
+            return self._source.encoded(i, reduce, self._log), reduce
         return self._source.image(i, reduce, self._log), reduce
 
     def crowd(self, i: int) -> np.ndarray | None:
@@ -159,19 +182,20 @@ class BatchDecodes:
     Args:
         source (ImageSource): the images.
         log (Counter): where decodes are counted (see :meth:`ImageSource.image`).
+        encoded (bool): ``pixels_on_device``: serve :meth:`ImageSource.encoded` instead.
     """
 
-    def __init__(self, source: ImageSource, log: Counter[str]) -> None:
-        self._source, self._log = source, log
+    def __init__(self, source: ImageSource, log: Counter[str], encoded: bool = False) -> None:
+        self._source, self._log, self._encoded = source, log, encoded
         self._wanted: dict[int, int] = {}
-        self._done: dict[int, tuple[np.ndarray, int] | BadImageError] = {}
+        self._done: dict[int, tuple[np.ndarray | EncodedImage, int] | BadImageError] = {}
         self._crowds: dict[int, np.ndarray | None] = {}
 
     def want(self, i: int, reduce: int) -> None:
         """Record that a tile shows image ``i`` and could take it at ``reduce``."""
         self._wanted[i] = min(reduce, self._wanted.get(i, reduce))
 
-    def get(self, i: int, reduce: int) -> tuple[np.ndarray, int]:
+    def get(self, i: int, reduce: int) -> tuple[np.ndarray | EncodedImage, int]:
         """Image ``i`` and the reduction it was decoded at (``<= reduce`` when planned).
 
         Raises:
@@ -180,7 +204,8 @@ class BatchDecodes:
         if i not in self._done:
             r = min(reduce, self._wanted.get(i, reduce))
             try:
-                self._done[i] = (self._source.image(i, r, self._log), r)
+                self._done[i] = ((self._source.encoded(i, r, self._log) if self._encoded
+                                  else self._source.image(i, r, self._log)), r)
             except BadImageError as err:
                 self._done[i] = err
         done = self._done[i]

@@ -44,7 +44,7 @@ from seg_datamodule.data.config.options import SampleOptions
 from seg_datamodule.data.samples.targets import TileTargets, fetch_targets
 from seg_datamodule.data.samples.tiles import BadTile, Decoder, TileDraw, TileLoader, Tiles
 from seg_datamodule.io.images.decode import IMAGE_ERROR_REASONS, BadImageError
-from seg_datamodule.structures import Polygons, Sample
+from seg_datamodule.structures import PendingTiles, Polygons, Sample
 from seg_datamodule.transforms.kernels.box_only import without_rings
 from seg_datamodule.transforms.kernels.plan import TilePlan, choose_reduce, draw_batch_partners, visible_tiles
 from seg_datamodule.transforms.kernels.polygons import DROP_REASONS, drop_reasons, transform_polygons, transform_polygons_batch
@@ -128,6 +128,8 @@ class Pipeline:
         self.images = ImageSource(index, cache_images)
         self.tiles = TileLoader(self.geometry, self.sizes, self.skip_bad, max_retries)
         self.steps = SampleSteps(recipe.pixel_steps, sampling.min_area_ratio, sampling.min_box_size)
+        #: Workers ship JPEG bytes and plans; the device makes the pixels (training samples only).
+        self.device_pixels = sampling.pixels_on_device
         #: When a list: per sample built, (annotation ids, DROP_REASONS codes) of the instances dropped.
         self.drop_log: list[tuple[np.ndarray, np.ndarray]] | None = None
 
@@ -153,7 +155,7 @@ class Pipeline:
     def _alone(self, key: SampleKey, counts: Counts, decodes: Counts) -> tuple[np.random.Generator, Sample]:
         rng = self.generator(key)
         tiles = self.draw_tiles(rng, key)
-        return rng, self._build(rng, key, tiles, TileDecodes(self.images, decodes), counts)
+        return rng, self._build(rng, key, tiles, TileDecodes(self.images, decodes, self.device_pixels), counts)
 
     def _partnered(self, keys: Sequence[SampleKey], counts: Counts) -> tuple[list[np.random.Generator], list[Sample]]:
         """The batch's samples before mixing, mosaic partners from the batch; and their generators."""
@@ -167,7 +169,7 @@ class Pipeline:
                  for b, (rng, key) in enumerate(zip(rngs, keys))]
         # 3. Every tile planned before any decode, so each image is decoded once at the finest
         # scale it needs.
-        decoder = BatchDecodes(self.images, counts)
+        decoder = BatchDecodes(self.images, counts, self.device_pixels)
         plans = [self.tiles.plan(tiles) for tiles in draws]
         for tiles, plan in zip(draws, plans):
             for k in np.flatnonzero(visible_tiles(plan)):
@@ -190,7 +192,8 @@ class Pipeline:
 
     def _assemble(self, rng: np.random.Generator, tiles: Tiles, targets: TileTargets, draw: TileDraw,
                   counts: Counts, transported: tuple[Polygons, np.ndarray, np.ndarray] | None = None) -> Sample:
-        sample, codes = assemble_sample(tiles, targets, self.steps, rng, draw.canvas, transported=transported)
+        sample, codes = assemble_sample(tiles, targets, self.steps, rng, draw.canvas, transported=transported,
+                                        pixels_on_device=self.device_pixels)
         _count_codes(codes, counts)
         if self.drop_log is not None:  # `seg-datamodule inspect`: which annotation went, and why
             self.drop_log.append((targets.annotation_ids[codes > 0], codes[codes > 0]))
@@ -270,6 +273,7 @@ def assemble_sample(
     drawn: tuple[tuple[CanvasStep, object], ...] = (),
     frame: Frame | None = None,
     transported: tuple[Polygons, np.ndarray, np.ndarray] | None = None,
+    pixels_on_device: bool = False,
 ) -> tuple[Sample, np.ndarray]:
     """Warp the tiles into one canvas and carry every instance of every tile through.
 
@@ -285,6 +289,9 @@ def assemble_sample(
         transported (tuple[Polygons, ndarray, ndarray] | None): what
             :func:`~seg_datamodule.transforms.kernels.polygons.transform_polygons` gives for these
             targets and plan, when the caller transported a whole batch at once; None does it here.
+        pixels_on_device (bool): ``tiles`` hold encoded files (or full-size pixels) for the device:
+            no warp here; the sample's ``pending`` carries them, its plan and its flips, and its
+            ``image`` is a read-only stand-in of the canvas's size.
 
     Returns:
         sample (Sample): the kept instances.
@@ -293,8 +300,14 @@ def assemble_sample(
     """
     plan = tiles.plan
     assert plan is not None, "a load ended by a bad image has no plan"
-    # 1. Pixels: one resample per tile, straight into the output.
-    image = warp_tiles(list(tiles.images), plan, list(tiles.reduces))
+    # 1. Pixels: one resample per tile, straight into the output (or, on the device, later).
+    pending = None
+    if pixels_on_device:
+        image = np.broadcast_to(np.uint8(FILL_VALUE), (*plan.output_size, 3))
+        pending = PendingTiles(tiles.ids.copy(), tuple(tiles.images), tuple(tiles.reduces), plan.matrices,
+                               plan.regions, plan.resize)
+    else:
+        image = warp_tiles(list(tiles.images), plan, list(tiles.reduces))  # type: ignore[arg-type]
 
     # 2. Crowd regions through the same matrices (nearest), if the index keeps them.
     crowd = None
@@ -309,7 +322,7 @@ def assemble_sample(
     polygons, area_before, area_after = (transform_polygons(list(targets.polygons), plan) if transported is None
                                          else transported)
 
-    canvas = Canvas(image, polygons, crowd, area_before, area_after)
+    canvas = Canvas(image, polygons, crowd, area_before, area_after, pending=pending)
     # 4. The canvas steps drawn before decode (the flip): exact on the output, no resample.
     for step, params in drawn:
         canvas = step.apply(canvas, params)
@@ -331,7 +344,7 @@ def assemble_sample(
     has_mask = None if targets.has_mask is None else targets.has_mask[keep]
     kept = polygons.select(keep) if has_mask is None else without_rings(polygons.select(keep), has_mask)
     sample = Sample(
-        image=np.ascontiguousarray(image),
+        image=image if canvas.pending is not None else np.ascontiguousarray(image),
         image_id=targets.image_id,
         polygons=kept,
         has_mask=None if has_mask is None or has_mask.all() else has_mask,
@@ -342,6 +355,7 @@ def assemble_sample(
         hsv_gains=hsv_gains,
         neg_labels=targets.neg_labels,
         not_exhaustive_labels=targets.not_exhaustive_labels,
+        pending=canvas.pending,
         **({} if frame is None else {"scale": frame.scale, "pad": frame.pad, "orig_size": frame.orig_size}),
     )
     return sample, codes

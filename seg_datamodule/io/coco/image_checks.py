@@ -19,10 +19,11 @@ import numpy as np
 
 from seg_datamodule.io.coco.errors import MAX_EXAMPLES
 from seg_datamodule.io.images.decode import BadImageError, read_image_view, reduced_size
-from seg_datamodule.io.images.exif import decode_oriented
+from seg_datamodule.io.images.exif import decode_oriented, encoded_jpeg
 from seg_datamodule.io.paths import file_name_problem
+from seg_datamodule.structures import EncodedImage
 
-__all__ = ["count_image_errors", "find_bad_images", "load_checked_image"]
+__all__ = ["count_image_errors", "find_bad_images", "load_checked_image", "read_encoded_image"]
 
 
 def load_checked_image(
@@ -79,6 +80,27 @@ def load_checked_image(
             path=path, reason="image_corrupt", **ids,
         )
     return image
+
+
+def read_encoded_image(image_root: Path, file_name: str, expected: tuple[int, int], orientation: int
+                       ) -> EncodedImage | None:
+    """``image_root / file_name`` kept encoded for the device (``pixels_on_device``) when it is a
+    JPEG whose name, size and end marker pass :func:`load_checked_image`'s checks; None otherwise
+    (another format, or a problem that :func:`load_checked_image` then reports with its reason).
+
+    Args:
+        image_root: the folder of the images.
+        file_name: the JSON's ``file_name``.
+        expected: the JSON's ``(H, W)`` (of the turned image when ``orientation`` turns it).
+        orientation: the EXIF orientation the worker path turns the pixels by; 1: as stored.
+    """
+    if file_name_problem(file_name) is not None:
+        return None
+    try:
+        data = read_image_view(image_root / file_name)
+    except BadImageError:
+        return None
+    return encoded_jpeg(data, expected, orientation)
 
 
 def find_bad_images(load: Callable[[int], Any], num_images: int) -> list[BadImageError | None]:

@@ -30,9 +30,9 @@ from seg_datamodule.io.coco.building import merge_options, refuse_box_only
 from seg_datamodule.io.coco.cache import default_cache_dir
 from seg_datamodule.io.coco.crowd import warn_crowd_trap
 from seg_datamodule.io.coco.errors import format_skip_summary
-from seg_datamodule.io.coco.image_checks import find_bad_images, load_checked_image
+from seg_datamodule.io.coco.image_checks import find_bad_images, load_checked_image, read_encoded_image
 from seg_datamodule.io.coco.tables import TABLE_KEYS, category_presence, crowd_mask, image_polygons, tables_equal
-from seg_datamodule.structures import Polygons
+from seg_datamodule.structures import EncodedImage, Polygons
 
 __all__ = ["CocoIndex", "default_cache_dir"]
 
@@ -363,6 +363,11 @@ class CocoIndex:
         """
         return crowd_mask(self._t, self._check_index(i))
 
+    def encoded_image(self, i: int) -> EncodedImage | None:
+        """Image ``i``'s JPEG file for the device (``pixels_on_device``; see :func:`read_encoded_image`)."""
+        i = self._check_index(i)
+        return read_encoded_image(self.image_root, self.file_name(i), self.image_size(i), int(self._t["orientations"][i]))
+
     def load_image(self, i: int, reduce: int = 1, *, check_size: bool = True) -> np.ndarray:
         """Decode image ``i`` to RGB ``uint8`` (see :func:`~seg_datamodule.io.images.decode.decode_image`),
         turned by its :attr:`orientations` entry.
@@ -371,8 +376,7 @@ class CocoIndex:
             i: image index.
             reduce: one of ``(1, 2, 4, 8)``; the result is ``(ceil(H / reduce), ceil(W / reduce))``
                 for the JSON's ``(H, W)``, decoded at reduced scale by libjpeg for JPEGs.
-            check_size: raise when the file's stored size is not the JSON's (checked exactly at
-                any ``reduce``: the stored size is read from the file header).
+            check_size: raise when the file's stored size (from its header, at any ``reduce``) is not the JSON's.
 
         Returns:
             ndarray[h, w, 3] uint8 RGB.
@@ -383,12 +387,10 @@ class CocoIndex:
                 carries ``reason``, ``image_id`` and ``image_index``.
         """
         i = self._check_index(i)
-        return load_checked_image(
-            self.image_root, self.file_name(i), self.image_size(i), reduce=reduce, check_size=check_size,
-            where=f"{self.ann_file}: image id {int(self._t['image_ids'][i])}",
-            ids={"image_id": int(self._t["image_ids"][i]), "image_index": i},
-            orientation=int(self._t["orientations"][i]),
-        )
+        image_id = int(self._t["image_ids"][i])
+        return load_checked_image(self.image_root, self.file_name(i), self.image_size(i), reduce=reduce,
+                                  check_size=check_size, where=f"{self.ann_file}: image id {image_id}",
+                                  ids={"image_id": image_id, "image_index": i}, orientation=int(self._t["orientations"][i]))
 
 
 def _readonly(array: np.ndarray) -> np.ndarray:

@@ -58,6 +58,7 @@ __all__ = [
     "MAX_IMAGE_BYTES",
     "MAX_IMAGE_PIXELS",
     "REDUCE_FACTORS",
+    "complete_jpeg_size",
     "decode_image",
     "decode_image_bytes",
     "decode_image_with_size",
@@ -190,6 +191,15 @@ def _jpeg_header(data: bytes | memoryview) -> tuple[tuple[int, int] | None, bool
 def _byte_view(data: bytes | bytearray | memoryview) -> bytes | memoryview:
     """``data`` indexable byte by byte (ints), without copying it."""
     return data if isinstance(data, bytes) else memoryview(data).cast("B")
+
+
+def complete_jpeg_size(data: bytes | bytearray | memoryview) -> tuple[int, int] | None:
+    """The stored ``(H, W)`` of a JPEG whose header parses and whose end-of-image marker is there
+    (what the decode path checks before decoding); None for anything else."""
+    if bytes(data[:3]) != b"\xff\xd8\xff":
+        return None
+    stored, complete = _jpeg_header(_byte_view(data))
+    return stored if complete else None
 
 
 def header_size(data: bytes | bytearray | memoryview) -> tuple[int, int] | None:

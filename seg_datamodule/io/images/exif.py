@@ -37,11 +37,12 @@ from typing import Iterator, NamedTuple
 
 import numpy as np
 
-from seg_datamodule.io.images.decode import (MAX_IMAGE_PIXELS, BadImageError, decode_image_bytes, header_size,
-                                             read_image_file, reduced_size)
+from seg_datamodule.io.images.decode import (MAX_IMAGE_PIXELS, BadImageError, complete_jpeg_size, decode_image_bytes,
+                                             header_size, read_image_file, reduced_size)
+from seg_datamodule.structures.pending import EncodedImage
 
-__all__ = ["HEAD_BYTES", "ImageHeader", "apply_orientation", "block_mean", "decode_oriented", "exif_orientation",
-           "jpeg_segments", "oriented_size", "read_image_header"]
+__all__ = ["HEAD_BYTES", "ImageHeader", "apply_orientation", "block_mean", "decode_oriented", "encoded_jpeg",
+           "exif_orientation", "jpeg_segments", "oriented_size", "read_image_header"]
 
 _ORIENTATION_TAG = 0x0112
 _EXIF_PREFIX = b"Exif\x00\x00"
@@ -157,6 +158,29 @@ def exif_orientation(data: bytes | bytearray | memoryview) -> int:
 def oriented_size(size: tuple[int, int], orientation: int) -> tuple[int, int]:
     """``(H, W)`` of a stored ``size`` once turned by ``orientation`` (5-8 swap the sides)."""
     return (int(size[1]), int(size[0])) if orientation >= 5 else (int(size[0]), int(size[1]))
+
+
+def encoded_jpeg(data: bytes | bytearray | memoryview, expected: tuple[int, int], orientation: int
+                 ) -> EncodedImage | None:
+    """A JPEG file kept encoded for the device (``pixels_on_device``), its header checked as the
+    worker path checks it; None for anything else (another format, a header that does not parse or
+    disagrees with ``expected``): decode that the usual way, which gives its pixels or its error.
+
+    Args:
+        data (bytes): the file.
+        expected (tuple[int, int]): the index's ``(H, W)``, of the image as turned by ``orientation``.
+        orientation (int): the EXIF orientation the worker path turns it by (1: as stored).
+
+    Returns:
+        EncodedImage | None: a copy of the bytes (``data`` may be a reused buffer) and ``orientation``.
+    """
+    try:
+        stored = complete_jpeg_size(data)
+    except BadImageError:
+        return None
+    if stored is None or oriented_size(stored, orientation) != tuple(expected):
+        return None
+    return EncodedImage(np.frombuffer(data, np.uint8).copy(), int(orientation))
 
 
 def apply_orientation(image: np.ndarray, orientation: int) -> np.ndarray:

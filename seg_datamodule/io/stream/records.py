@@ -21,11 +21,11 @@ import numpy as np
 from pycocotools import mask as mask_utils
 
 from seg_datamodule.io.images.decode import BadImageError, reduced_size
-from seg_datamodule.io.images.exif import decode_oriented
+from seg_datamodule.io.images.exif import decode_oriented, encoded_jpeg
 from seg_datamodule.io.stream.schema import RECORD_DTYPES, RECORD_INTS, RECORD_SCHEMA
 from seg_datamodule.ops.checks import check_choice
 from seg_datamodule.ops.rle import RLE_SAFE_PIXELS, rle_string, uncompressed_rle
-from seg_datamodule.structures import Polygons
+from seg_datamodule.structures import EncodedImage, Polygons
 
 __all__ = ["RECORD_DTYPES", "RECORD_INTS", "RecordWindow", "check_record", "crowd_rle", "record_from_index",
            "record_polygons"]
@@ -218,6 +218,13 @@ class RecordWindow:
             return None
         rle = {"size": [int(record["height"]), int(record["width"])], "counts": record["crowd_rle"].tobytes()}
         return np.ascontiguousarray(mask_utils.decode(rle), dtype=bool)
+
+    def encoded_image(self, i: int) -> EncodedImage | None:
+        """The record's JPEG bytes kept encoded for the device (``pixels_on_device``), checked as
+        ``CocoIndex.encoded_image`` checks a file; None for another format or a bad header."""
+        record = self._record(i)
+        expected = (int(record["height"]), int(record["width"]))
+        return encoded_jpeg(record["image"], expected, int(self.orientations[int(i)]))
 
     def load_image(self, i: int, reduce: int = 1) -> np.ndarray:
         """Decode the record's stored bytes exactly as ``CocoIndex.load_image`` decodes the file.

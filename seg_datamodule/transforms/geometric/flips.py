@@ -26,7 +26,8 @@ def flip_canvas(canvas: Canvas, axis: int) -> Canvas:
 
     Pixel row (or column) ``k`` goes to ``H - 1 - k`` (``W - 1 - k``) and vertices by the same map of
     the continuous canvas, so masks rasterised afterwards are the mirrored masks, bit for bit. The
-    pixels and crowd regions are mirrored in place (the canvas is the sample's own).
+    pixels and crowd regions are mirrored in place (the canvas is the sample's own); pixels still
+    to be made on the device (``canvas.pending``) are mirrored there.
 
     Args:
         canvas (Canvas): the sample, image ``(H, W, 3)``.
@@ -38,6 +39,8 @@ def flip_canvas(canvas: Canvas, axis: int) -> Canvas:
     crowd = None if canvas.crowd is None else cv2.flip(canvas.crowd, axis, dst=canvas.crowd)
     size = canvas.image.shape[axis]
     polygons = canvas.polygons.flip_lr(size) if axis == 1 else canvas.polygons.flip_ud(size)
+    if canvas.pending is not None:  # pixels_on_device: the device mirrors the pixels after its warp
+        return replace(canvas, pending=canvas.pending.flipped(axis), crowd=crowd, polygons=polygons)
     return replace(canvas, image=cv2.flip(canvas.image, axis, dst=canvas.image), crowd=crowd, polygons=polygons)
 
 

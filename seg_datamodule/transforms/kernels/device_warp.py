@@ -62,16 +62,17 @@ _FILL = 114  # transforms.warp.FILL_VALUE, which brings OpenCV with it; a test k
 _NONE, _AXIS, _RESIZE, _GENERAL = 0, 1, 2, 3
 _I_BASE, _I_BOUNDS = 4, 6
 _F_CV = 12  # columns of the float tile table from here: cv2.warpAffine's matrix (6), its origin (2)
+_F_SAMPLE = 20  # and from here: canvas -> (reduced) source pixels, the sampling matrix (6)
 
 
-def _cv2_warp_matrix(matrix: np.ndarray, window: tuple[int, int, int, int], rect: tuple[int, int, int, int] | None
-                     ) -> tuple[np.ndarray, tuple[int, int]]:
-    """The matrix ``warp_tiles`` hands ``cv2.warpAffine`` (``WARP_INVERSE_MAP``, full-size image) and
-    the canvas pixel its output starts at: the window, or an axis-aligned tile's covered rectangle.
-    Composed as ``warp_tiles`` composes it, so the doubles are the same."""
+def _cv2_warp_matrix(matrix: np.ndarray, window: tuple[int, int, int, int], rect: tuple[int, int, int, int] | None,
+                     reduce: int) -> tuple[np.ndarray, tuple[int, int]]:
+    """The matrix ``warp_tiles`` hands ``cv2.warpAffine`` (``WARP_INVERSE_MAP``, an image decoded at
+    ``reduce``) and the canvas pixel its output starts at: the window, or an axis-aligned tile's
+    covered rectangle. Composed as ``warp_tiles`` composes it, so the doubles are the same."""
     wx0, wy0 = window[0], window[1]
     src_to_window = compose_affine(np.array([[1.0, 0.0, -wx0], [0.0, 1.0, -wy0]]), matrix,
-                                   np.array([[1.0, 0.0, 0.0], [0.0, 1.0, 0.0]]))
+                                   np.array([[float(reduce), 0.0, 0.0], [0.0, float(reduce), 0.0]]))
     if rect is None:
         return to_cv2_matrix(invert_affine(src_to_window)), (wx0, wy0)
     sub = compose_affine(np.array([[1.0, 0.0, -(rect[0] - wx0)], [0.0, 1.0, -(rect[1] - wy0)]]), src_to_window)
@@ -108,20 +109,22 @@ def _resizable(spec: np.ndarray, rect: tuple[int, int, int, int], size: tuple[in
 
 
 def _tile_tables(
-    images: Sequence[torch.Tensor | None], plans: Sequence[TilePlan], tile_images: list[list[int]]
+    images: Sequence[torch.Tensor | None], plans: Sequence[TilePlan], tile_images: list[list[int]],
+    reduces: list[list[int]],
 ) -> tuple[np.ndarray, np.ndarray, np.ndarray, list[int]]:
     """Per tile slot ``t = k * B + b``, on the host: what the device pass needs.
 
     Returns:
-        floats (ndarray[K * B, 20] float64): inverse matrix (6), region (4), resize scales (2),
-            ``cv2.warpAffine``'s matrix (6) and the canvas pixel its output starts at (2).
+        floats (ndarray[K * B, 26] float64): inverse matrix (6), region (4), resize scales (2),
+            ``cv2.warpAffine``'s matrix (6) and the canvas pixel its output starts at (2), the
+            inverse of the matrix from the tile's decoded (maybe reduced) pixels (6).
         ints (ndarray[K * B, 10] int64): resize crop origin and placement (4), start in the flat
             pixel buffer, row stride, pixels sampling clamps to ``x_lo, x_hi, y_lo, y_hi``.
         kinds (ndarray[K * B] int64): ``_NONE``, ``_AXIS``, ``_RESIZE`` or ``_GENERAL``.
         used (list[int]): the images the buffer holds, in order.
     """
     batch, slots = len(plans), max(len(p) for p in plans)
-    floats = np.zeros((slots * batch, 20))  # a zero region: an empty slot covers nothing
+    floats = np.zeros((slots * batch, 26))  # a zero region: an empty slot covers nothing
     ints = np.zeros((slots * batch, 10), np.int64)
     kinds = np.zeros(slots * batch, np.int64)
     base: dict[int, int] = {}
@@ -144,12 +147,16 @@ def _tile_tables(
             if index not in base:
                 base[index] = sum(images[i].shape[-2] * images[i].shape[-1] for i in used)
                 used.append(index)
+            reduce = reduces[b][k]
+            scale = np.array([[float(reduce), 0.0, 0.0], [0.0, float(reduce), 0.0]])
             floats[t, :10] = *invert_affine(matrix).ravel(), *region
-            cv_matrix, origin = _cv2_warp_matrix(matrix, window, rect)
-            floats[t, _F_CV:] = *cv_matrix.ravel(), *origin
+            cv_matrix, origin = _cv2_warp_matrix(matrix, window, rect, reduce)
+            floats[t, _F_CV:_F_SAMPLE] = *cv_matrix.ravel(), *origin
+            # Sampling from a reduced decode (warp_tiles: never resized); coverage keeps the plan's.
+            floats[t, _F_SAMPLE:] = invert_affine(compose_affine(matrix, scale) if reduce > 1 else matrix).ravel()
             ints[t, _I_BASE:] = base[index], w, 0, w - 1, 0, h - 1
             spec = None if plan.resize is None else plan.resize[k]
-            if rect is not None and spec is not None and _resizable(spec, rect, (h, w)):
+            if rect is not None and spec is not None and reduce == 1 and _resizable(spec, rect, (h, w)):
                 ax0, ay0, ax1, ay1, dx, dy, bx, by = (int(v) for v in spec)
                 kinds[t] = _RESIZE
                 # cv2.resize's scale: 1 / inv_scale in double, as OpenCV computes it.
@@ -190,6 +197,7 @@ def warp_tiles_device(
     tile_images: Sequence[Sequence[int]] | None = None,
     fill: int = _FILL,
     device: torch.device | str | None = None,
+    reduces: Sequence[Sequence[int]] | None = None,
 ) -> torch.Tensor:
     """Warp every tile of a batch into its canvas in one pass, as ``warp_tiles`` does per sample.
 
@@ -208,6 +216,9 @@ def warp_tiles_device(
         fill (int): value of pixels no tile covers.
         device (torch.device | str | None): device of the canvases when no image is given (all
             tiles invisible); default the CPU.
+        reduces (Sequence[Sequence[int]] | None): per sample, per tile, the factor its image was
+            decoded smaller by (``warp_tiles``' ``reduces``: the image is ``ceil(h / r) x ceil(w / r)``,
+            and such a tile is never resized); None: all full size.
 
     Returns:
         Tensor[B, C, H, W] uint8: the canvases (``C`` 3 when no image is given; ``(0, C, 0, 0)``
@@ -222,17 +233,21 @@ def warp_tiles_device(
     if not (isinstance(fill, (int, np.integer)) and 0 <= fill <= 255):
         raise ValueError(f"fill must be an int in 0..255, got {fill!r}")
     indices = _check_batch(images, plans, tile_images)
+    factors = [[1] * len(row) for row in indices] if reduces is None else [[int(r) for r in row] for row in reduces]
+    if [len(row) for row in factors] != [len(row) for row in indices]:
+        raise ValueError("reduces must give one factor per tile of every sample")
+    reduced = any(r > 1 for row in factors for r in row)
     given = [im for im in images if im is not None]
     channels = int(given[0].shape[0]) if given else 3
     dev = given[0].device if given else torch.device(device if device is not None else "cpu")
     if not plans:
         return torch.empty((0, channels, 0, 0), dtype=torch.uint8, device=dev)
     (height, width), batch = plans[0].output_size, len(plans)
-    floats, ints, kinds, used = _tile_tables(images, plans, indices)
+    floats, ints, kinds, used = _tile_tables(images, plans, indices, factors)
     if not used:
         return torch.full((batch, channels, height, width), fill, dtype=torch.uint8, device=dev)
     real = torch.float32 if dev.type == "mps" else torch.float64  # MPS has no float64
-    ftab = torch.from_numpy(floats).to(dev, real).T.contiguous()[..., None]  # (20, T, 1)
+    ftab = torch.from_numpy(floats).to(dev, real).T.contiguous()[..., None]  # (26, T, 1)
     itab = torch.from_numpy(ints).to(dev).T.contiguous()[..., None]  # (10, T, 1)
     kind = torch.from_numpy(kinds).to(dev)
     cols = torch.arange(width, device=dev, dtype=real)
@@ -256,6 +271,9 @@ def warp_tiles_device(
         inside = (u >= f[6]) & (u < f[8]) & (v >= f[7]) & (v < f[9])
         tile = torch.where(inside, sample + k * batch, tile)
         if general and u.shape == tile.shape:
+            if reduced:  # sampled in the reduced image's pixels
+                g = f[_F_SAMPLE:]
+                u, v = (g[0] * xc + g[2]) + g[1] * yc, (g[4] * yc + g[5]) + g[3] * xc
             src_x, src_y = torch.where(inside, u, src_x), torch.where(inside, v, src_y)
     covered = tile >= 0
     tile.clamp_(min=0)
@@ -263,8 +281,9 @@ def warp_tiles_device(
     # 3. Source pixels and fractions per column and per row of every axis-aligned tile, in the
     # arithmetic of the OpenCV call warp_tiles makes for it; then looked up per output pixel.
     resize = (kind == _RESIZE).view(-1, 1)
-    x_warp, fx_warp = warp_axis(ftab[0] * (cols + 0.5) + ftab[2] - 0.5)
-    y_warp, fy_warp = warp_axis(ftab[4] * (rows + 0.5) + ftab[5] - 0.5)
+    g = ftab[_F_SAMPLE:]  # the plan's inverse, or (reduced decode) that of the image's own matrix
+    x_warp, fx_warp = warp_axis(g[0] * (cols + 0.5) + g[2] - 0.5)
+    y_warp, fy_warp = warp_axis(g[4] * (rows + 0.5) + g[5] - 0.5)
     x_res, fx_res = resize_axis(cols, itab[2], ftab[10], itab[0], itab[_I_BOUNDS + 1] - itab[_I_BOUNDS] + 1)
     y_res, fy_res = resize_axis(rows, itab[3], ftab[11], itab[1], None)
     x0, x1, fx = _clamped(torch.where(resize, x_res, x_warp), torch.where(resize, fx_res, fx_warp),
@@ -280,7 +299,7 @@ def warp_tiles_device(
         start, stride, x_lo, x_hi, y_lo, y_hi = itab[_I_BASE:, :, 0].T.contiguous().index_select(0, flat).unbind(1)
     if opencv4():
         # warpAffine's fixed point, for every pixel not resized (rotated and axis-aligned tiles).
-        sx, sy = fixed_point_sources(ftab[_F_CV:], cols, rows, by_col, by_row)
+        sx, sy = fixed_point_sources(ftab[_F_CV:_F_SAMPLE], cols, rows, by_col, by_row)
         gx = _clamped(sx >> 5, (sx & 31).to(torch.float32) / 32, x_lo, x_hi, None, None)
         gy = _clamped(sy >> 5, (sy & 31).to(torch.float32) / 32, y_lo, y_hi, start, stride)
         warped = (kind != _RESIZE).index_select(0, flat)
