@@ -15,8 +15,13 @@ decoded once per batch) with YOLO's HSV jitter in the workers (``hsv``, ``hsv_on
 after the albumentations steps, in Ultralytics' order), the same with the jitter moved to the
 accelerator (``hsv_on_device=True``: the workers only draw the gains; the device step's own cost
 is timed apart, below), and ``"uniform"`` partners (over the dataset: four decodes per mosaic;
-``--no-uniform`` leaves this row out). The decodes per output image are counted by the dataset
-and printed.
+``--no-uniform`` leaves the uniform rows out). The decodes per output image are counted by the
+dataset and printed. Two more rows (``--no-device-pixels`` leaves them out) are
+``pixels_on_device`` (issue 53), partners from the batch and over the dataset: the workers ship
+JPEG bytes and plans and make the targets, the device decodes, warps, flips and jitters (that step
+is timed apart, below, like the HSV one). Their recipe has no albumentations steps (they need the
+workers' pixels; Ultralytics' defaults run each with p=0.01). Their rows are the workers' cost,
+which is what the issue's goal compares with Ultralytics' per-image CPU time.
 
 The device step (:func:`~seg_datamodule.transforms.pixel.hsv.hsv_jitter_batch_` on one collated batch of
 ``--batch-size`` images) is timed on the CPU, one thread (an upper bound of what it costs on an
@@ -112,6 +117,7 @@ from seg_datamodule.transforms.pixel.hsv import HSVJitter, hsv_jitter_batch_
 from seg_datamodule.io.coco.index import CocoIndex
 from seg_datamodule.data.batching.allocator import keep_freed_memory
 from seg_datamodule.data.batching.collate import DetectionCollate
+from seg_datamodule.data.batching.device_pixels import make_pixels
 from seg_datamodule.data.samples.dataset import SegDataset
 from seg_datamodule.data.loaders.arguments import worker_init_fn
 from seg_datamodule.data.config.options import AugmentOptions
@@ -186,11 +192,16 @@ def make_large_split(root: Path, work: Path, num_images: int, annotate_every: in
 
 
 def build_ours(ann_file: Path, images: Path, image_size: int, partners: str, hsv_on_device: bool,
-               cache_dir: Path, copy_paste: float = 0.0, mixup: float = 0.0) -> SegDataset:
+               cache_dir: Path, copy_paste: float = 0.0, mixup: float = 0.0,
+               pixels_on_device: bool = False) -> SegDataset:
+    """Our dataset in one configuration (``pixels_on_device``: without the albumentations steps,
+    which need the workers' pixels; Ultralytics' run each with p=0.01)."""
     index = CocoIndex.build(ann_file, images, cache_dir=cache_dir)
-    augment = AugmentOptions(MosaicAffine(image_size=image_size), mosaic=1.0, transforms=yolo_recipe(),
-                             mosaic_partners=partners, hsv=HSVJitter(YOLO_HSV, on_device=hsv_on_device),
-                             copy_paste=copy_paste, copy_paste_mode="flip", mixup=mixup)
+    augment = AugmentOptions(MosaicAffine(image_size=image_size), mosaic=1.0,
+                             transforms=None if pixels_on_device else yolo_recipe(), mosaic_partners=partners,
+                             hsv=HSVJitter(YOLO_HSV, on_device=hsv_on_device or pixels_on_device),
+                             copy_paste=copy_paste, copy_paste_mode="flip", mixup=mixup,
+                             pixels_on_device=pixels_on_device)
     return SegDataset(index, augment, cache_images=0, seed=0)
 
 
@@ -479,16 +490,56 @@ def device_step(ds: SegDataset, batch_size: int, repeat: int) -> None:
     print(f"  {torch.cuda.get_device_name()}  {min(times):8.3f} ms/batch")
 
 
+def device_pixels_step(ds: SegDataset, batch_size: int, repeat: int) -> None:
+    """Time the ``pixels_on_device`` step (``make_pixels``: decode, average, warp, flip; then the
+    HSV jitter) on one real collated batch: CPU (one thread), and CUDA if present."""
+    batch = DetectionCollate(mask_stride=4)(ds.__getitems__(list(range(batch_size))))
+    pending, gains = batch.pending_pixels, batch.hsv_gains
+    assert pending is not None and gains is not None
+    print(f"device step (make_pixels then hsv_jitter_batch_, {batch_size} images, "
+          f"{len(pending.sources)} files), best of {repeat}:")
+    hsv_jitter_batch_(make_pixels(pending, "cpu"), gains)  # builds the colour tables once (not timed)
+    best, best_cpu = float("inf"), float("inf")
+    for _ in range(repeat):
+        start, start_cpu = time.perf_counter(), time.thread_time()
+        hsv_jitter_batch_(make_pixels(pending, "cpu"), gains)
+        best_cpu = min(best_cpu, time.thread_time() - start_cpu)
+        best = min(best, time.perf_counter() - start)
+    print(f"  cpu, 1 thread   {1e3 * best:8.2f} ms/batch wall, {1e3 * best_cpu:8.2f} ms/batch CPU time "
+          f"({1e3 * best_cpu / batch_size:.2f} ms/image)")
+    if not torch.cuda.is_available():
+        print("  cuda            not available here")
+        return
+    gpu_gains = gains.cuda()
+    hsv_jitter_batch_(make_pixels(pending, "cuda"), gpu_gains)
+    times = []
+    for _ in range(repeat):
+        begin, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        begin.record()
+        hsv_jitter_batch_(make_pixels(pending, "cuda"), gpu_gains)
+        end.record()
+        torch.cuda.synchronize()
+        times.append(begin.elapsed_time(end))
+    print(f"  {torch.cuda.get_device_name()}  {min(times):8.3f} ms/batch ({batch_size * 1e3 / min(times):.0f} images/s)")
+
+
 # ----------------------------------------------------------------------------- main
 
-#: Our rows: (mosaic partners, HSV jitter on the device).
-OURS = {"ours, HSV in workers": ("batch", False), "ours, HSV on device": ("batch", True),
-        "ours, uniform partners": ("uniform", False)}
+#: Our rows: (mosaic partners, HSV jitter on the device, pixels on the device).
+OURS = {"ours, HSV in workers": ("batch", False, False), "ours, HSV on device": ("batch", True, False),
+        "ours, uniform partners": ("uniform", False, False),
+        "ours, pixels on device": ("batch", True, True),
+        "ours, pixels on device, uniform": ("uniform", True, True)}
 PEER = "ultralytics cache=False"
 #: The row whose decodes (files and reductions) the decode-only row repeats.
 FLOOR_OF = "ours, HSV in workers"
 #: The rows with copy-paste and MixUp on, ours and the peer's (the same values on both sides).
 MIXED, PEER_MIXED = "ours, + copy-paste, mixup", "ultralytics + copy-paste, mixup"
+
+
+def _device_pixels(name: str) -> bool:
+    """Whether row ``name`` leaves the pixels to the device (its workers decode nothing)."""
+    return name in OURS and OURS[name][2]
 
 
 def _ratio(name: str, row: dict[str, float], inverse: bool = False) -> str:
@@ -534,7 +585,8 @@ def main() -> None:
     parser.add_argument("--repeat", type=int, default=2)
     parser.add_argument("--no-ultralytics", action="store_true")
     parser.add_argument("--breakdown", action="store_true")
-    parser.add_argument("--no-uniform", action="store_true", help="leave out the uniform-partners row")
+    parser.add_argument("--no-uniform", action="store_true", help="leave out the uniform-partners rows")
+    parser.add_argument("--no-device-pixels", action="store_true", help="leave out the pixels_on_device rows")
     parser.add_argument("--device-repeat", type=int, default=5)
     parser.add_argument("--copy-paste", type=float, default=0.5, help="0 with --mixup 0: no mixing rows")
     parser.add_argument("--mixup", type=float, default=0.15)
@@ -550,9 +602,10 @@ def main() -> None:
     work = Path(tempfile.mkdtemp(prefix="bench_loader_"))
     try:
         ann_file, images = make_large_split(args.coco_mini, work / "split", args.images)
-        datasets = {name: build_ours(ann_file, images, args.image_size, partners, on_device, work / "index")
-                    for name, (partners, on_device) in OURS.items()
-                    if not (args.no_uniform and partners == "uniform")}
+        datasets = {name: build_ours(ann_file, images, args.image_size, partners, on_device, work / "index",
+                                     pixels_on_device=pixels)
+                    for name, (partners, on_device, pixels) in OURS.items()
+                    if not (args.no_uniform and partners == "uniform") and not (args.no_device_pixels and pixels)}
         if mixing:
             datasets[MIXED] = build_ours(ann_file, images, args.image_size, "batch", False, work / "index", **mixing)
         peer: Path | None = None
@@ -601,7 +654,7 @@ def main() -> None:
             for name, value in row.items():
                 spread = ", ".join(f"{v:.0f}" for v in runs[name])
                 extra = f"  {per_image[name]:.2f} decodes/image" if name in per_image else ""
-                if workers == 0 and name in per_image:
+                if workers == 0 and name in per_image and not _device_pixels(name):
                     extra += f"  {100 * value / floor_rate:.0f} % of decode only"
                 print(f"  workers={workers}  {name:32s} {value:7.1f} img/s{_ratio(name, row)}{extra}   "
                       f"[runs: {spread}]")
@@ -619,9 +672,11 @@ def main() -> None:
                                              args.batch_size)
         print(f"  {'decode only':32s} {floor_ms:6.2f} ms/image")
         for name, value in cpu.items():
-            floor = f"  {100 * floor_ms / value:.0f} % of decode only" if name in datasets else ""
+            floor = f"  {100 * floor_ms / value:.0f} % of decode only" if name in datasets and not _device_pixels(name) else ""
             print(f"  {name:32s} {value:6.2f} ms/image{_ratio(name, cpu, inverse=True)}{floor}")
         device_step(datasets["ours, HSV on device"], args.batch_size, args.device_repeat)
+        if "ours, pixels on device" in datasets:
+            device_pixels_step(datasets["ours, pixels on device"], args.batch_size, args.device_repeat)
         if mixing:
             mixing_costs(ann_file, images, peer, args, work)
         if args.breakdown:
