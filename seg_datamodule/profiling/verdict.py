@@ -164,11 +164,12 @@ def _device_work_finding(work: Mapping[str, float], loader: Mapping[str, Any]) -
     device = loader.get("device")
     figures = {"device_work_share": work["share"], "device_work_median_ms": work["median_ms"], "device": device}
     sentence = (f"Work on the batch after its transfer takes {work['share']:.0%} of the step (device_work, i.e."
-                f" on_after_batch_transfer, {work['median_ms']:.1f} ms median: the DataModule's hsv_on_device HSV"
-                " jitter, or the model's own hook); it is not a copy.")
+                f" on_after_batch_transfer, {work['median_ms']:.1f} ms median: the DataModule's pixels_on_device"
+                " decode and warp or hsv_on_device jitter, or the model's own hook); it is not a copy.")
     if device is not None and device != "cuda":
         sentence += (f" On a {device} run it is the training process doing what the loader's workers could do in"
-                     " parallel: set hsv_on_device: false (the workers jitter) and give them the cores.")
+                     " parallel: set pixels_on_device: false and hsv_on_device: false (the workers make the pixels) and"
+                     " give them the cores.")
     else:
         sentence += " On the accelerator it is part of the step's compute: cheaper augmentation, or accept it."
     return {"figures": figures, "sentence": sentence}
