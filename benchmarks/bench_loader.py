@@ -463,31 +463,37 @@ def device_step(ds: SegDataset, batch_size: int, repeat: int) -> None:
     images, gains = batch.images, batch.hsv_gains
     assert gains is not None
     print(f"device step (hsv_jitter_batch_, {tuple(images.shape)} uint8), best of {repeat}:")
-    hsv_jitter_batch_(images.clone(), gains)  # builds the colour tables once (not timed)
+    on_gpu, gpu_gains = (images.cuda(), gains.cuda()) if torch.cuda.is_available() else (None, None)
+    _time_device_step(lambda: hsv_jitter_batch_(images.clone(), gains),
+                      None if on_gpu is None else lambda: hsv_jitter_batch_(on_gpu.clone(), gpu_gains),
+                      batch_size, repeat)
+
+
+def _time_device_step(on_cpu: Any, on_cuda: Any, batch_size: int, repeat: int) -> None:
+    """Print the best of ``repeat`` calls of ``on_cpu`` (wall and thread CPU time) and of ``on_cuda``
+    (CUDA events; None: no CUDA here), each after one untimed call (tables, kernels, handles)."""
+    on_cpu()
     best, best_cpu = float("inf"), float("inf")
     for _ in range(repeat):
-        copy = images.clone()
         start, start_cpu = time.perf_counter(), time.thread_time()
-        hsv_jitter_batch_(copy, gains)
+        on_cpu()
         best_cpu = min(best_cpu, time.thread_time() - start_cpu)
         best = min(best, time.perf_counter() - start)
     print(f"  cpu, 1 thread   {1e3 * best:8.2f} ms/batch wall, {1e3 * best_cpu:8.2f} ms/batch CPU time "
           f"({1e3 * best_cpu / batch_size:.2f} ms/image)")
-    if not torch.cuda.is_available():
+    if on_cuda is None:
         print("  cuda            not available here")
         return
-    on_gpu, gpu_gains = images.cuda(), gains.cuda()
-    hsv_jitter_batch_(on_gpu.clone(), gpu_gains)
+    on_cuda()
     times = []
     for _ in range(repeat):
-        copy = on_gpu.clone()
         begin, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
         begin.record()
-        hsv_jitter_batch_(copy, gpu_gains)
+        on_cuda()
         end.record()
         torch.cuda.synchronize()
         times.append(begin.elapsed_time(end))
-    print(f"  {torch.cuda.get_device_name()}  {min(times):8.3f} ms/batch")
+    print(f"  {torch.cuda.get_device_name()}  {min(times):8.3f} ms/batch ({batch_size * 1e3 / min(times):.0f} images/s)")
 
 
 def device_pixels_step(ds: SegDataset, batch_size: int, repeat: int) -> None:
@@ -498,29 +504,10 @@ def device_pixels_step(ds: SegDataset, batch_size: int, repeat: int) -> None:
     assert pending is not None and gains is not None
     print(f"device step (make_pixels then hsv_jitter_batch_, {batch_size} images, "
           f"{len(pending.sources)} files), best of {repeat}:")
-    hsv_jitter_batch_(make_pixels(pending, "cpu"), gains)  # builds the colour tables once (not timed)
-    best, best_cpu = float("inf"), float("inf")
-    for _ in range(repeat):
-        start, start_cpu = time.perf_counter(), time.thread_time()
-        hsv_jitter_batch_(make_pixels(pending, "cpu"), gains)
-        best_cpu = min(best_cpu, time.thread_time() - start_cpu)
-        best = min(best, time.perf_counter() - start)
-    print(f"  cpu, 1 thread   {1e3 * best:8.2f} ms/batch wall, {1e3 * best_cpu:8.2f} ms/batch CPU time "
-          f"({1e3 * best_cpu / batch_size:.2f} ms/image)")
-    if not torch.cuda.is_available():
-        print("  cuda            not available here")
-        return
-    gpu_gains = gains.cuda()
-    hsv_jitter_batch_(make_pixels(pending, "cuda"), gpu_gains)
-    times = []
-    for _ in range(repeat):
-        begin, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        begin.record()
-        hsv_jitter_batch_(make_pixels(pending, "cuda"), gpu_gains)
-        end.record()
-        torch.cuda.synchronize()
-        times.append(begin.elapsed_time(end))
-    print(f"  {torch.cuda.get_device_name()}  {min(times):8.3f} ms/batch ({batch_size * 1e3 / min(times):.0f} images/s)")
+    gpu_gains = gains.cuda() if torch.cuda.is_available() else None
+    _time_device_step(lambda: hsv_jitter_batch_(make_pixels(pending, "cpu"), gains),
+                      None if gpu_gains is None else lambda: hsv_jitter_batch_(make_pixels(pending, "cuda"), gpu_gains),
+                      batch_size, repeat)
 
 
 # ----------------------------------------------------------------------------- main

@@ -160,33 +160,30 @@ class TileDecodes:
         self._source, self._log, self._encoded = source, log, encoded
 
     def get(self, i: int, reduce: int) -> tuple[np.ndarray | EncodedImage, int]:
-        """Image ``i`` at ``reduce``, and ``reduce``; raises ``BadImageError``. ``encoded``
-        (``pixels_on_device``): :meth:`ImageSource.encoded`."""
-        if self._encoded:
-            return self._source.encoded(i, reduce, self._log), reduce
-        return self._source.image(i, reduce, self._log), reduce
+        """Image ``i`` at ``reduce``, and ``reduce``; raises ``BadImageError``."""
+        return self._fetch(i, reduce), reduce
+
+    def _fetch(self, i: int, reduce: int) -> np.ndarray | EncodedImage:
+        """:meth:`ImageSource.image`, or (``encoded``: ``pixels_on_device``) :meth:`ImageSource.encoded`."""
+        return (self._source.encoded if self._encoded else self._source.image)(i, reduce, self._log)
 
     def crowd(self, i: int) -> np.ndarray | None:
         """Image ``i``'s crowd mask (through the cache), or None."""
         return self._source.crowd(i)
 
 
-class BatchDecodes:
+class BatchDecodes(TileDecodes):
     """The images one batch decodes: each image once, at the finest scale any of its tiles needs.
 
     A batch's tiles are planned first, so the decode scale of every image is known before any
     decode (:meth:`want`); :meth:`get` then serves every tile that shows the image from that one
     decode. What a batch holds depends only on the batch, never on which worker built it or what
-    it built before, so samples stay a pure function of ``(seed, epoch, batch)``.
-
-    Args:
-        source (ImageSource): the images.
-        log (Counter): where decodes are counted (see :meth:`ImageSource.image`).
-        encoded (bool): ``pixels_on_device``: serve :meth:`ImageSource.encoded` instead.
+    it built before, so samples stay a pure function of ``(seed, epoch, batch)``. Arguments as
+    :class:`TileDecodes`.
     """
 
     def __init__(self, source: ImageSource, log: Counter[str], encoded: bool = False) -> None:
-        self._source, self._log, self._encoded = source, log, encoded
+        super().__init__(source, log, encoded)
         self._wanted: dict[int, int] = {}
         self._done: dict[int, tuple[np.ndarray | EncodedImage, int] | BadImageError] = {}
         self._crowds: dict[int, np.ndarray | None] = {}
@@ -204,8 +201,7 @@ class BatchDecodes:
         if i not in self._done:
             r = min(reduce, self._wanted.get(i, reduce))
             try:
-                self._done[i] = ((self._source.encoded(i, r, self._log) if self._encoded
-                                  else self._source.image(i, r, self._log)), r)
+                self._done[i] = (self._fetch(i, r), r)
             except BadImageError as err:
                 self._done[i] = err
         done = self._done[i]
