@@ -50,7 +50,7 @@ from seg_datamodule.transforms.pixel.hsv import apply_pending_hsv
 _DECODES = ("samples", "decodes", "reduced_decodes")
 #: Batch fields added after the first recorded hashes, left out of the digest while None
 #: (``has_mask`` is None unless ``box_only: keep`` delivers a box-only target).
-_ADDED_OPTIONAL = ("has_mask",)
+_ADDED_OPTIONAL = ("has_mask", "pending_pixels")
 COCO_MINI = Path(__file__).resolve().parents[1].parent / "shared" / "data" / "coco-mini"
 
 
