@@ -127,24 +127,27 @@ class ImageSource:
             found = None if reader is None else reader(i)
             if found is None:
                 return self._decode(i, reduce, log)
-            log["decodes"] += 1
-            if reduce > 1:
-                log["reduced_decodes"] += 1
+            _count_decode(reduce, log)
             return replace(found, reduce=reduce)
 
         return self._lru().get("encoded", (i, reduce), make)
 
     def _decode(self, i: int, reduce: int, log: Counter[str]) -> np.ndarray:
         image = self.index.load_image(i, reduce=reduce)
-        log["decodes"] += 1
-        if reduce > 1:
-            log["reduced_decodes"] += 1
+        _count_decode(reduce, log)
         return image
 
     def _lru(self) -> LRUCache:
         if self._cache is None:
             self._cache = LRUCache(self.cache_images)
         return self._cache
+
+
+def _count_decode(reduce: int, log: Counter[str]) -> None:
+    """One decode at ``reduce`` (made here, or on the device from the bytes shipped)."""
+    log["decodes"] += 1
+    if reduce > 1:
+        log["reduced_decodes"] += 1
 
 
 class TileDecodes:
