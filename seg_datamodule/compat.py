@@ -90,12 +90,17 @@ REACHES: dict[str, PrivateReach] = {
     "loader_iterator": PrivateReach(
         "torch", "torch.utils.data.dataloader._MultiProcessingDataLoaderIter._shutdown_workers",
         "StepTimeProfiler's isolated optimiser timing", ("2.4.1", "2.14.1")),
+    "worker_release": PrivateReach(
+        "torch", "_MultiProcessingDataLoaderIter's _workers, _workers_status, _workers_done_event, "
+        "_mark_worker_as_unavailable, _worker_pids_set and its pin-memory thread",
+        "StreamTrainLoader's release of an abandoned epoch's workers (data/loaders/release.py)", ("2.4.1", "2.14.1")),
     "albumentations_seeding": PrivateReach(
         "albumentations", "Compose.set_random_state reaching every transform",
         "AlbumentationsTransform's per-sample seeding (forked workers would share one stream)",
         ("2.0.0", "2.0.8")),
     "litdata_state": PrivateReach(
-        "litdata", "StreamingDataLoader.restore, _num_samples_yielded_streaming, _latest_worker_idx",
+        "litdata", "StreamingDataLoader.restore, _num_samples_yielded_streaming, _latest_worker_idx, "
+        "_StreamingMultiProcessingDataLoaderIter",
         "StreamTrainLoader's consumed-batch checkpoints and its restore fix", ("0.2.76", "0.2.76")),
 }
 

@@ -5,7 +5,10 @@ Every ```` ```bash ```` and ```` ```python ```` block of ``README.md`` and of ev
 becomes one or more :class:`Step` s, named after the page and the section they stand in
 (``use-it-in-your-own-code`` in the README, ``guides/coco:train-on-coco-2017`` on a page,
 ``-2``, ``-3`` ... for later blocks of a section). A block that cannot run in a test carries the line
-``<!-- readme-test: skip (why) -->`` just before its fence and is reported skipped by name. A
+``<!-- readme-test: skip (why) -->`` just before its fence and is reported skipped by name; a block
+that needs an optional part (``tests/_optional.py``) carries ``<!-- readme-test: needs ultralytics -->``
+there, and a step that runs a shipped config needs what the config's header installs
+(:func:`config_needs`): without the part, the step is skipped saying which. A
 command shown twice (the quick start on the README and on the first page) runs once: a step whose
 command, as run, an earlier step already runs is left out (:func:`steps_from_blocks`).
 
@@ -47,7 +50,7 @@ from pathlib import Path
 
 __all__ = [
     "CLI_LIMITS", "MASK_RCNN_LIMITS", "PY_LIMITS", "WARNINGS_AS_ERRORS", "warning_flags", "Block", "Step", "cli_limits", "doc_pages",
-    "make_coco_root", "make_lvis_root", "parse_blocks", "steps_from_blocks", "substitute_python", "substitute_token",
+    "config_needs", "make_coco_root", "make_lvis_root", "parse_blocks", "steps_from_blocks", "substitute_python", "substitute_token",
 ]
 
 #: The canvas side of every run: small (the suite's time), a multiple of 32 (the YOLO configs' stride).
@@ -151,6 +154,9 @@ def make_lvis_root(coco_root: Path, root: Path) -> Path:
     return root
 
 _SKIP = re.compile(r"<!--\s*readme-test:\s*skip\s*\((?P<why>[^)]+)\)\s*-->")
+_NEEDS = re.compile(r"<!--\s*readme-test:\s*needs\s+(?P<parts>[\w, ]+?)\s*-->")
+#: A config's header names the extra it needs as its install line does (``seg-datamodule[ultralytics]``).
+_CONFIG_NEEDS = re.compile(r"pip install \"seg-datamodule\[(?P<extra>\w+)\]\"")
 _FENCE = re.compile(r"^```(?P<lang>[A-Za-z]*)\s*$")
 
 
@@ -165,6 +171,8 @@ class Block:
         code: the block's text.
         line: 1-based line of the opening fence.
         skip: why the block is not run, from its ``readme-test: skip`` marker; ``None`` runs it.
+        needs: the optional parts (``tests/_optional.py``) its steps need, from its
+            ``readme-test: needs ultralytics`` marker: without them its steps are skipped, saying which.
     """
 
     name: str
@@ -172,6 +180,7 @@ class Block:
     code: str
     line: int
     skip: str | None = None
+    needs: tuple[str, ...] = ()
 
 
 @dataclass
@@ -187,6 +196,8 @@ class Step:
         source: the block's code (python), or ``""``.
         subcommand: for ``cli``: ``fit``, ``validate``, ``convert``, ...
         config: for ``cli``: the ``--config`` file it names, if any.
+        needs: the optional parts it needs: its block's, and those its shipped config names
+            (:func:`config_needs`).
     """
 
     name: str
@@ -195,6 +206,7 @@ class Step:
     source: str = ""
     subcommand: str | None = None
     config: str | None = None
+    needs: tuple[str, ...] = ()
 
 
 def _slug(heading: str) -> str:
@@ -246,11 +258,24 @@ def parse_blocks(text: str, page: str = "") -> list[Block]:
             name = section if seen[section] == 1 else f"{section}-{seen[section]}"
             name = f"{page}:{name}" if page else name
             skip = _SKIP.search(lines[i - 1]) if i else None
+            needs = _NEEDS.search(lines[i - 1]) if i else None
             blocks.append(Block(name=name, lang="python" if lang.startswith("py") else "bash",
                                 code="\n".join(lines[i + 1:end]), line=i + 1,
-                                skip=skip["why"].strip() if skip else None))
+                                skip=skip["why"].strip() if skip else None,
+                                needs=tuple(re.split(r"[,\s]+", needs["parts"].strip())) if needs else ()))
         i = end + 1
     return blocks
+
+
+def config_needs(config: Path) -> tuple[str, ...]:
+    """The extras a shipped config needs: those its header's install line names (``pip install
+    "seg-datamodule[ultralytics]"``), which is where its reader learns it too."""
+    header = []
+    for line in config.read_text().splitlines():
+        if not line.startswith("#"):
+            break
+        header.append(line)
+    return tuple(m["extra"] for m in _CONFIG_NEEDS.finditer("\n".join(header)))
 
 
 def _commands(code: str) -> list[list[str]]:
@@ -301,8 +326,13 @@ def _run_key(step: Step) -> tuple:
     return (step.kind, *step.argv)
 
 
-def steps_from_blocks(blocks: list[Block]) -> list[Step]:
+def steps_from_blocks(blocks: list[Block], root: Path | None = None) -> list[Step]:
     """Every step of the runnable blocks, in page order, each command once.
+
+    Args:
+        blocks: the pages' blocks.
+        root: the checkout a ``--config configs/...`` is read from, for the parts it needs
+            (:func:`config_needs`); ``None`` reads no config.
 
     Raises:
         ValueError: a command that no runner knows (so a new kind of command on a page cannot go
@@ -324,6 +354,9 @@ def steps_from_blocks(blocks: list[Block]) -> list[Step]:
                     step.name = f"{block.name}:{Path(argv[1]).stem}"
                 candidates.append(step)
         for step in candidates:
+            config = root / step.config if root is not None and step.config else None
+            extra = config_needs(config) if config is not None and config.parent.name == "configs" and config.is_file() else ()
+            step.needs = tuple(dict.fromkeys((*block.needs, *extra)))
             if _run_key(step) not in seen:
                 seen.add(_run_key(step))
                 steps.append(step)

@@ -29,6 +29,7 @@ os.environ.setdefault("NO_ALBUMENTATIONS_UPDATE", "1")
 
 # Tests live in folders that mirror the package; their shared helpers (_reference, _recorder) here.
 sys.path.insert(0, str(Path(__file__).resolve().parent))
+from _optional import NEEDS_COUNTS, missing, skip_reason  # noqa: E402
 
 # No deadline and no too-slow health check: both measure wall time per example, and on a loaded
 # machine (the suite must pass beside two CPU-bound processes) an example that takes 2 ms alone
@@ -50,7 +51,7 @@ TILED_COPIES = 16
 
 
 @pytest.hookimpl(tryfirst=True)  # before -m deselects
-def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     """Mark ``coco_mini`` every test that reads real COCO data, and run the heaviest files first.
 
     The mark lets CI run, with ``../shared`` present, the default tier's tests whose data differ
@@ -62,12 +63,37 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     for item in items:
         if "coco_mini" in getattr(item, "fixturenames", ()):
             item.add_marker(pytest.mark.coco_mini)
+    config.stash[NEEDS_COUNTS] = _count_needs(items)
     slow = collections.Counter(_file(item) for item in items if item.get_closest_marker("slow"))
     items.sort(key=lambda item: -slow[_file(item)])  # stable: the order within a file is kept
 
 
 def _file(item: pytest.Item) -> str:
     return item.nodeid.split("::")[0]
+
+
+def _needs(item: pytest.Item, partly: bool = True) -> list[str]:
+    """The parts ``item`` needs (with ``partly``: also those it calls ``require`` for itself)."""
+    return [name for mark in item.iter_markers("needs") if partly or not mark.kwargs.get("partly")
+            for name in mark.args]
+
+
+def _count_needs(items: list[pytest.Item]) -> dict[str, int]:
+    """How many tests of the default tier need each optional part (before ``-m`` deselects), and
+    ``"<whole>"``: 1 when every test file was collected (a run of some files counts only theirs)."""
+    tests = Path(__file__).resolve().parent
+    on_disk = {str(p.relative_to(tests.parent)) for p in tests.rglob("test_*.py")}
+    collected = {_file(item) for item in items}
+    counts = collections.Counter(name for item in items if not item.get_closest_marker("extended")
+                                 for name in set(_needs(item)))
+    return {**counts, "<whole>": int(collected == on_disk)}
+
+
+def pytest_runtest_setup(item: pytest.Item) -> None:
+    """Skip a test whose ``needs`` parts are absent here, saying which (``tests/_optional.py``)."""
+    absent = missing(_needs(item, partly=False))
+    if absent:
+        pytest.skip("; ".join(skip_reason(name) for name in absent))
 
 
 @pytest.fixture(scope="session", autouse=True)

@@ -205,7 +205,7 @@ def test_lightning_moves_the_batch_to_a_device():
     assert torch.equal(moved.masks, batch.masks) and moved.mask_stride == 4
 
 
-@pytest.mark.skipif(not torch.cuda.is_available(), reason="pinning needs an accelerator")
+@pytest.mark.needs("cuda")  # pinning needs an accelerator
 def test_pin_memory_keeps_the_batch_type():
     from torch.utils.data._utils.pin_memory import pin_memory
 

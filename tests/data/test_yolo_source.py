@@ -12,6 +12,7 @@ import torch
 
 from _yolo import coco_of_yolo_split, rotate_with_exif, write_data_yaml, write_yolo_split
 from seg_datamodule import COCOSegDataModule, DetectionBatch
+from seg_datamodule.data.splits.scan import LabelsNotFoundError
 from seg_datamodule.io.yolo import DatasetYamlError
 
 FIELDS = ("images", "boxes", "labels", "masks", "boxes_per_image", "image_ids", "annotation_ids", "ignore_masks",
@@ -119,6 +120,48 @@ def test_validate_alone_needs_no_training_split(both, tmp_path: Path) -> None:
     assert dm.class_names[:2] == ["person", "bicycle"]
     with pytest.raises(ValueError, match="fit needs .* train_split"):
         dm.train_dataloader()
+
+
+def test_test_and_validate_read_the_data_yamls_splits_by_default(both, tmp_path: Path) -> None:
+    """``test`` scores the data.yaml's ``test:`` split with no key set (the shipped config's default too)."""
+    yaml, _, _ = both
+    dm = _dm(tmp_path, dataset=str(yaml))
+    dm.setup("test")
+    assert dm.test_index is not None and len(dm.test_dataset) == 16 and dm.test_index.num_instances > 0
+    assert dm.evaluation_file("test") is not None
+    config = (Path(__file__).resolve().parents[2] / "configs" / "yolo11n_seg_data_yaml.yaml").read_text()
+    assert "  test_split: test  #" in config and "  val_split: val\n" in config
+
+
+@pytest.mark.parametrize("split", ["test", "val"])
+def test_a_split_without_labels_is_one_line_naming_the_key_to_score_another(split: str, both,
+                                                                             tmp_path: Path) -> None:
+    """A ``test:`` of images without label files (COCO's test-dev, as Ultralytics' coco.yaml names it)."""
+    from seg_datamodule.cli_errors import one_line
+
+    yaml, _, images = both
+    dev = tmp_path / "dataset"
+    (dev / "images" / "test-dev").mkdir(parents=True)
+    for image in sorted(images.iterdir())[:5]:
+        (dev / "images" / "test-dev" / image.name).symlink_to(image.resolve())
+    (dev / "data.yaml").write_text(yaml.read_text().replace(f"path: {yaml.parent}", f"path: {dev}")
+                                   .replace("train: images/val", f"train: {images}")
+                                   .replace("val: images/val", "val: images/test-dev" if split == "val" else f"val: {images}")
+                                   .replace("test: images/val", "test: images/test-dev"))
+    dm = _dm(tmp_path, dataset=str(dev / "data.yaml"))
+    stage = "test" if split == "test" else "validate"
+    with pytest.raises(LabelsNotFoundError) as info:
+        dm.setup(stage)
+    message = str(info.value)
+    assert "\n" not in message
+    shown = one_line(message)  # as the CLI prints it (bounded): the remedy comes before the paths
+    assert shown.startswith(f"{dev / 'data.yaml'} [{split}]: none of its 5 images has a label file, so `{stage}` "
+                              "has nothing to score (a split without labels, as COCO's test-dev); score a split with "
+                              "labels: ")
+    assert ("--data.test_split val." if split == "test" else "--data.val_split SPLIT, one with labels") in shown
+    assert str(dev / "labels" / "test-dev") in message  # where labels were looked for, should it have them
+    if split == "test":  # fit and validate never read it
+        _dm(tmp_path, dataset=str(dev / "data.yaml")).setup("validate")
 
 
 def test_a_streamed_split_decodes_turned_photos_as_the_index_does(both, tmp_path: Path) -> None:

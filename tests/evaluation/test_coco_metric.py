@@ -237,7 +237,7 @@ def test_unknown_backend_is_named(val_ann: str) -> None:
         COCOMaskMAP(val_ann, backend="detectron2")
 
 
-@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+@pytest.mark.needs("cuda")
 def test_cuda_predictions_and_metric_give_the_cpu_numbers(val_ann: str, coco: COCO, imperfect: dict) -> None:
     image_ids = sorted(coco.imgs)[:16]
     on_cpu, on_gpu = COCOMaskMAP(val_ann), COCOMaskMAP(val_ann).to("cuda")

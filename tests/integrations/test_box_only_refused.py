@@ -28,8 +28,8 @@ def test_mask_rcnn_refuses_box_only_keep_in_one_line(coco_mini: Path) -> None:
     module.setup("predict")
 
 
+@pytest.mark.needs("ultralytics")
 def test_yolo_seg_refuses_box_only_keep() -> None:
-    pytest.importorskip("ultralytics")
     from seg_datamodule.integrations import YOLOSegModule
 
     module = YOLOSegModule(num_classes=2, model="yolo11n-seg.yaml", coco_eval=False)

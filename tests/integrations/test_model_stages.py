@@ -25,9 +25,9 @@ from seg_datamodule.evaluation import CocoDetections
 from seg_datamodule.integrations import MaskRCNNModule, NonFiniteLossError
 from seg_datamodule.integrations._stages import OnceFilter
 from seg_datamodule.visualize import draw_results
+from seg_datamodule.integrations import YOLOSegModule
 
-pytest.importorskip("ultralytics")
-from seg_datamodule.integrations import YOLOSegModule  # noqa: E402
+needs_ultralytics = pytest.mark.needs("ultralytics")
 
 VAL = "annotations/instances_val2017.json"
 # Few proposals and a small backbone keep a CPU step cheap; the mechanics are those of the default.
@@ -109,6 +109,7 @@ def _test_and_predict(module: L.LightningModule, dm: COCOSegDataModule, truth: P
 
 
 @pytest.mark.parametrize("layout", ["coco", "data_yaml"])
+@needs_ultralytics
 def test_yolo_fits_tests_and_predicts(held_out, coco_mini: Path, tmp_path: Path, layout: str) -> None:
     truth, images = held_out
     if layout == "coco":
@@ -160,6 +161,7 @@ class _NanAt(L.Callback):
             _nan_first_conv(pl_module)
 
 
+@needs_ultralytics
 def test_a_nan_training_loss_stops_at_its_step_with_a_checkpoint(held_out, tmp_path: Path) -> None:
     truth, images = held_out
     dm = COCOSegDataModule(train_ann=str(truth), train_images=str(images), image_size=64, batch_size=4,
@@ -174,6 +176,7 @@ def test_a_nan_training_loss_stops_at_its_step_with_a_checkpoint(held_out, tmp_p
     assert (tmp_path / "ckpt" / "interrupted.ckpt").is_file()
 
 
+@needs_ultralytics
 def test_skip_goes_on_without_a_step_and_says_it_once(held_out, tmp_path: Path) -> None:
     truth, images = held_out
     dm = COCOSegDataModule(train_ann=str(truth), train_images=str(images), image_size=64, batch_size=4,
@@ -188,6 +191,7 @@ def test_skip_goes_on_without_a_step_and_says_it_once(held_out, tmp_path: Path) 
         YOLOSegModule(num_classes=2, on_nonfinite_loss="ignore")
 
 
+@needs_ultralytics
 def test_a_validation_from_a_checkpoint_prints_its_epoch(held_out, tmp_path: Path,
                                                          caplog: pytest.LogCaptureFixture) -> None:
     truth, images = held_out
@@ -206,6 +210,7 @@ def test_a_validation_from_a_checkpoint_prints_its_epoch(held_out, tmp_path: Pat
     assert saved == 3 and said and said[-1].startswith("epoch 3: COCO val segm AP")  # the checkpoint's, not 0
 
 
+@needs_ultralytics
 def test_nms_has_no_time_limit_by_default(held_out, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """A slow device (time jumps 100 s per call here) keeps every image's detections, with no warning;
     with a limit set, Ultralytics gives up on the batch as it does."""

@@ -31,12 +31,9 @@ import torch
 from pycocotools.coco import COCO
 
 from seg_datamodule import COCOSegDataModule, collate_detection
+from seg_datamodule.integrations import YOLOSegModule, to_ultralytics_batch
 
-pytest.importorskip("ultralytics")
-
-from seg_datamodule.integrations import YOLOSegModule, to_ultralytics_batch  # noqa: E402
-
-pytestmark = pytest.mark.slow
+pytestmark = [pytest.mark.slow, pytest.mark.needs("ultralytics")]
 
 SIZE = 640
 

@@ -32,12 +32,9 @@ import torch
 
 from _yolo import rotate_with_exif, write_data_yaml, write_yolo_split
 from seg_datamodule import COCOSegDataModule, collate_detection
+from seg_datamodule.integrations import YOLOSegModule, to_ultralytics_batch
 
-pytest.importorskip("ultralytics")
-
-from seg_datamodule.integrations import YOLOSegModule, to_ultralytics_batch  # noqa: E402
-
-pytestmark = pytest.mark.slow
+pytestmark = [pytest.mark.slow, pytest.mark.needs("ultralytics")]
 
 SIZE = 640
 

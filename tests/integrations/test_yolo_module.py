@@ -10,10 +10,9 @@ import pytest
 import torch
 
 from seg_datamodule import COCOSegDataModule, StepTimeProfiler, collate_detection
+from seg_datamodule.integrations import YOLOSegModule
 
-pytest.importorskip("ultralytics")
-
-from seg_datamodule.integrations import YOLOSegModule  # noqa: E402
+pytestmark = pytest.mark.needs("ultralytics")
 
 
 def _step(module: YOLOSegModule, optimizer: torch.optim.Optimizer, batch) -> tuple[float, dict[str, float]]:

@@ -17,12 +17,9 @@ import torch
 
 from seg_datamodule import COCOSegDataModule
 from seg_datamodule.integrations._optim import apply_nominal_batch, nominal_batch_accumulation
+from seg_datamodule.integrations import UltralyticsEMA, YOLOSegModule
 
-pytest.importorskip("ultralytics")
-
-from ultralytics.utils.torch_utils import ModelEMA  # noqa: E402
-
-from seg_datamodule.integrations import UltralyticsEMA, YOLOSegModule  # noqa: E402
+needs_ultralytics = pytest.mark.needs("ultralytics")
 
 # A short ramp and a low decay, so the average differs from the weights after a few steps.
 DECAY, TAU = 0.9, 2.0
@@ -55,6 +52,8 @@ class _ReferenceEMA(L.Callback):
         self.history: dict[int, dict] = {}  # optimiser step -> the reference EMA's state
 
     def on_train_start(self, trainer, pl_module) -> None:
+        from ultralytics.utils.torch_utils import ModelEMA
+
         self.ema = ModelEMA(pl_module.model, decay=DECAY, tau=TAU)
         self._step = trainer.global_step
 
@@ -75,6 +74,7 @@ class _ReferenceEMA(L.Callback):
 # SGD at lr 0.05 without warmup moves the average far from the weights in 3 steps, and the model diverges:
 # its validation loss is NaN, which the module names (check_loss) and these tests of the average ignore.
 @pytest.mark.filterwarnings("ignore:YOLOSegModule. a non-finite val loss")
+@needs_ultralytics
 def test_the_ema_is_ultralytics_model_ema(demo_dir, tmp_path) -> None:
     module = YOLOSegModule(num_classes=4, optimizer="SGD", lr=0.05, warmup_steps=0, ema=False, nominal_batch_size=8,
                            coco_eval=False)
@@ -100,6 +100,7 @@ class _Validated(L.Callback):
 # SGD at lr 0.05 without warmup moves the average far from the weights in 3 steps, and the model diverges:
 # its validation loss is NaN, which the module names (check_loss) and these tests of the average ignore.
 @pytest.mark.filterwarnings("ignore:YOLOSegModule. a non-finite val loss")
+@needs_ultralytics
 def test_the_checkpoint_holds_the_ema_and_resumes_exactly(demo_dir, tmp_path) -> None:
     def run(max_steps: int, ckpt_path=None) -> tuple[YOLOSegModule, _ReferenceEMA, UltralyticsEMA]:
         L.seed_everything(0)
@@ -178,6 +179,7 @@ class _Capture(L.Callback):
 
 
 @pytest.mark.slow
+@needs_ultralytics
 def test_accumulated_gradients_are_the_sum_of_the_batches_losses(demo_dir, tmp_path) -> None:
     module = YOLOSegModule(num_classes=4, optimizer="SGD", weight_decay=5e-4, warmup_steps=0, ema=False,
                            nominal_batch_size=10, coco_eval=False)  # batch 4: accumulate round(2.5) = 2
@@ -195,6 +197,7 @@ def test_accumulated_gradients_are_the_sum_of_the_batches_losses(demo_dir, tmp_p
             torch.testing.assert_close(capture.grads[name], param.grad, rtol=1e-4, atol=1e-6, msg=name)
 
 
+@needs_ultralytics
 def test_the_keys_turn_both_off_and_are_checked() -> None:
     assert [type(c) for c in YOLOSegModule(num_classes=4).configure_callbacks()] == [UltralyticsEMA]
     module = YOLOSegModule(num_classes=4, ema=False, nominal_batch_size=None)

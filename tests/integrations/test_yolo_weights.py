@@ -14,15 +14,18 @@ import pathlib
 import pytest
 import torch
 
-pytest.importorskip("ultralytics")
+from seg_datamodule.errors import UserInputError
+from seg_datamodule.integrations import YOLOSegModule
+from seg_datamodule.integrations._weights import WeightsFileError
 
-from ultralytics import YOLO  # noqa: E402
-from ultralytics.nn.tasks import torch_safe_load  # noqa: E402
-from ultralytics.utils.torch_utils import intersect_dicts  # noqa: E402
+pytestmark = pytest.mark.needs("ultralytics")
 
-from seg_datamodule.errors import UserInputError  # noqa: E402
-from seg_datamodule.integrations import YOLOSegModule  # noqa: E402
-from seg_datamodule.integrations._weights import WeightsFileError  # noqa: E402
+
+def _torch_safe_load(path: str):
+    """Ultralytics' own checkpoint loader (imported here: the module collects without the extra)."""
+    from ultralytics.nn.tasks import torch_safe_load
+
+    return torch_safe_load(path)
 
 
 @pytest.fixture(scope="module")
@@ -30,12 +33,14 @@ def coco_checkpoint(tmp_path_factory) -> pathlib.Path:
     """An 80-class YOLO11n-seg checkpoint as Ultralytics writes one (``yolo11n-seg.pt``'s layout)."""
     torch.manual_seed(1)
     path = tmp_path_factory.mktemp("yolo") / "yolo11n-seg.pt"
+    from ultralytics import YOLO
+
     YOLO("yolo11n-seg.yaml").save(str(path))
     return path
 
 
 def _reference_state(path: pathlib.Path) -> dict[str, torch.Tensor]:
-    ckpt = torch_safe_load(str(path))[0]  # Ultralytics' loader (it unpickles: this test wrote the file)
+    ckpt = _torch_safe_load(str(path))[0]  # Ultralytics' loader (it unpickles: this test wrote the file)
     return (ckpt.get("ema") or ckpt["model"]).float().state_dict()
 
 
@@ -62,6 +67,8 @@ def test_an_ultralytics_checkpoint_loads_as_ultralytics_loads_it(coco_checkpoint
     with caplog.at_level(logging.INFO):
         module = YOLOSegModule(num_classes=4, weights=str(coco_checkpoint))
     state = module.model.state_dict()
+    from ultralytics.utils.torch_utils import intersect_dicts
+
     kept = intersect_dicts(reference, state)
     assert set(module.pretrained.loaded) == set(kept) and len(kept) > 0.9 * len(state)
     assert all(torch.equal(state[name], value) for name, value in kept.items())
@@ -74,7 +81,7 @@ def test_an_ultralytics_checkpoint_loads_as_ultralytics_loads_it(coco_checkpoint
 
 
 def test_a_runs_checkpoint_gives_its_ema(coco_checkpoint, tmp_path) -> None:
-    model = torch_safe_load(str(coco_checkpoint))[0]["model"].float()
+    model = _torch_safe_load(str(coco_checkpoint))[0]["model"].float()
     ema = copy.deepcopy(model)
     with torch.no_grad():
         for p in ema.parameters():
@@ -90,7 +97,7 @@ def test_a_runs_checkpoint_gives_its_ema(coco_checkpoint, tmp_path) -> None:
 
 def test_nothing_in_a_checkpoint_is_run(coco_checkpoint, tmp_path) -> None:
     marker = tmp_path / "ran.txt"
-    ckpt = torch_safe_load(str(coco_checkpoint))[0]
+    ckpt = _torch_safe_load(str(coco_checkpoint))[0]
     evil_extra = tmp_path / "evil_extra.pt"
     torch.save({**ckpt, "train_args": _Evil(marker)}, evil_extra)
     module = YOLOSegModule(num_classes=80, weights=str(evil_extra))  # the model loads; the rest is inert
@@ -112,6 +119,8 @@ def test_files_that_do_not_fit(coco_checkpoint, tmp_path) -> None:
         YOLOSegModule(num_classes=4, weights=str(tmp_path / "text.pt"))
     # Another architecture: a YOLOv8 checkpoint fills too little of YOLO11 to be a head to re-learn.
     other = tmp_path / "yolov8n-seg.pt"
+    from ultralytics import YOLO
+
     YOLO("yolov8n-seg.yaml").save(str(other))
     with pytest.raises(UserInputError, match=r"fills \d+ of the model's \d+ tensors.*another shape.*architecture"):
         YOLOSegModule(num_classes=80, weights=str(other))

@@ -17,11 +17,12 @@ import numpy as np
 import pytest
 from pycocotools import mask as mask_utils
 
+from _optional import chromium, require
 from _yolo import write_data_yaml, write_yolo_split
 
 ROOT = Path(__file__).resolve().parents[2]
 FIXTURE = ROOT / "tests" / "fixtures" / "coco-cc-by"
-CHROMIUM = shutil.which("chromium") or shutil.which("chromium-browser")
+CHROMIUM = chromium()
 
 
 def _inspect(args: list[str], cwd: Path) -> Path:
@@ -39,8 +40,7 @@ def _gallery(page: Path) -> set[str]:
 
 def _browser(page: Path, tmp_path: Path) -> None:
     """The page in headless Chromium: every picture decoded, and a screenshot that shows them."""
-    if CHROMIUM is None:
-        pytest.skip("no chromium here (Debian: apt install chromium; .ci/run installs it)")
+    require("chromium")  # the report's checks above ran; only the browser's is skipped
     flags = ["--headless", "--no-sandbox", "--disable-gpu", "--hide-scrollbars", f"--user-data-dir={tmp_path / 'c'}"]
     dom = subprocess.run([CHROMIUM, *flags, "--virtual-time-budget=10000", "--dump-dom", page.as_uri()],
                          capture_output=True, text=True, timeout=120).stdout
@@ -83,6 +83,7 @@ def _cvat_export(root: Path) -> Path:
 
 
 @pytest.mark.slow
+@pytest.mark.needs("chromium", partly=True)
 def test_a_cvat_export_shows_every_reason_and_opens_in_a_browser(tmp_path: Path) -> None:
     ann = _cvat_export(tmp_path / "cvat")
     page = _inspect(["--config", str(ROOT / "configs" / "coco.yaml"), "--data.train_ann", str(ann),
@@ -96,6 +97,7 @@ def test_a_cvat_export_shows_every_reason_and_opens_in_a_browser(tmp_path: Path)
 
 
 @pytest.mark.slow
+@pytest.mark.needs("chromium", partly=True)
 def test_a_yolo_split_with_a_box_only_file_and_a_clean_split_through_the_recipe(coco_mini: Path,
                                                                                 tmp_path: Path) -> None:
     root = tmp_path / "yolo"

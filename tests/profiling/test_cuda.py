@@ -18,7 +18,7 @@ from seg_datamodule.profiling import StepTimeAccumulator, StepTimeProfiler
 from seg_datamodule.profiling.recorder import StepRecorder, step_metrics
 from seg_datamodule.profiling.timing import CudaMarks, PhaseTimer
 
-pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+pytestmark = pytest.mark.needs("cuda")
 
 # torch.cuda._sleep spins the device for a number of cycles: device work of a known order whose
 # host-side launch is instant. Calibrated per test against events, never a nominal duration.

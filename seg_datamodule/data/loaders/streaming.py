@@ -11,7 +11,9 @@
   one ahead), and LitData's ``restore`` flag is cleared on the second ``iter()`` after a resume
   (LitData 0.2.76 clears it only when an epoch is exhausted, which Lightning does not do, so the
   next epoch replayed the old tail). Its delivered counts are the map-style loader's
-  (:class:`~seg_datamodule.data.counts.DeliveredCounts`).
+  (:class:`~seg_datamodule.data.counts.DeliveredCounts`). An epoch left before its end (an early
+  stop) releases its workers at once (:func:`~seg_datamodule.data.loaders.release.release_workers`),
+  not after their batch in progress, whose chunk may still be downloading.
 
 The records themselves (:class:`~seg_datamodule.io.stream.loader.StreamRecords`, checked before
 LitData reads them) come from :mod:`seg_datamodule.io.stream`. Needs ``seg-datamodule[stream]``.
@@ -22,11 +24,13 @@ from __future__ import annotations
 from typing import Any, Callable, Iterator, Sequence
 
 from litdata import StreamingDataLoader
+from litdata.streaming.dataloader import _StreamingMultiProcessingDataLoaderIter
 
 from seg_datamodule.data.batching.collate import DetectionCollate
 from seg_datamodule.data.samples.dataset import SegDataset
 from seg_datamodule.data.config.options import StreamOptions
 from seg_datamodule.data.counts import DeliveredCounts, batch_counts
+from seg_datamodule.data.loaders.release import release_workers
 from seg_datamodule.data.loaders.resume import current_rank
 from seg_datamodule.io.stream.loader import StreamRecords, check_litdata
 from seg_datamodule.io.stream.records import RecordWindow
@@ -66,6 +70,14 @@ class StreamBatchCollate:
             return self.dataset.__getitems__(items)
         finally:
             window.bind(())  # drop the pixels' bytes as soon as the batch is built
+
+
+class _ReleasingIterator(_StreamingMultiProcessingDataLoaderIter):
+    """LitData's multi-process iterator whose workers are released at once when it is left."""
+
+    def _shutdown_workers(self) -> None:
+        release_workers(self)
+        super()._shutdown_workers()
 
 
 class StreamTrainLoader(StreamingDataLoader):
@@ -109,6 +121,12 @@ class StreamTrainLoader(StreamingDataLoader):
             self.counts.add(self._iteration, len(self._marks), batch_counts(batch))
             self._marks.append((self._num_samples_yielded_streaming, self._latest_worker_idx))
             yield batch
+
+    def _get_iterator(self) -> Any:
+        if self.num_workers == 0:
+            return super()._get_iterator()
+        self.check_worker_number_rationality()
+        return _ReleasingIterator(self)
 
     def _unconsumed(self) -> int:
         """Batches handed out this epoch that training has not taken (fetched ahead)."""

@@ -13,7 +13,9 @@ job (issue 49):
   be computed at all) is a :class:`NothingToScoreError`; a test file without annotations at all
   (COCO test-dev's image info) is not scored, by design, and passes;
 * an Ultralytics split where no image has a label file is a :class:`LabelsNotFoundError` naming
-  where labels were looked for and the nearest folder there is (``Labels/`` beside ``labels/``).
+  where labels were looked for and the nearest folder there is (``Labels/`` beside ``labels/``);
+  for a validation or test split it first says the split has nothing to score (a ``test:`` split
+  may be COCO's test-dev, without labels) and names the key that scores another split.
 
 ``allow_no_targets=True`` (the DataModule's key) lets a split of negatives on purpose through;
 the scan line still says so. The scans are printed once per split, kept in the end-of-fit report,
@@ -36,6 +38,9 @@ __all__ = ["LabelsNotFoundError", "NothingToScoreError", "NothingToLearnError", 
 
 #: The scans' file in the run's log folder.
 SCAN_FILE = "data_scan.json"
+#: The held-out splits: the stage that scores each, and how to score another split instead.
+_HELD_OUT = {"val": ("validate", "--data.val_split SPLIT, one with labels (or null: fit without validation)"),
+             "test": ("test", "--data.test_split val")}
 #: The key that lets a split without a target instance through.
 _ALLOW = "allow_no_targets: true (--data.allow_no_targets true)"
 
@@ -150,6 +155,12 @@ def check_scan(scan: SplitScan, index: CocoIndex, allow_no_targets: bool = False
     """
     if scan.instances or allow_no_targets or not scan.images:
         return
+    if scan.labels_missing == scan.images and scan.split in _HELD_OUT:
+        stage, other = _HELD_OUT[scan.split]
+        raise LabelsNotFoundError(
+            f"{scan.source}: none of its {scan.images} images has a label file, so `{stage}` has nothing to score "
+            f"(a split without labels, as COCO's test-dev); score a split with labels: {other}. "
+            f"If this one has labels: {labels_not_found_hint(str(index.file_path(0)))}")
     if scan.labels_missing == scan.images:
         raise LabelsNotFoundError(
             f"{scan.source}: none of its {scan.images} images has a label file, so it would "

@@ -24,8 +24,10 @@ def test_label_path_by_hand(image: str, label: str) -> None:
     assert label_path(image) == label
 
 
+@pytest.mark.needs("ultralytics")
 def test_label_path_is_ultralytics_rule() -> None:
-    utils = pytest.importorskip("ultralytics.data.utils")
+    from ultralytics.data import utils
+
     images = ["/d/images/train/a.jpg", "/d/images/x/images/b.JPEG", "/d/pics/c.v2.png", "/images_2/images/d.jpg"]
     assert [label_path(p) for p in images] == utils.img2label_paths(images)
 
@@ -36,7 +38,8 @@ def _touch(path: Path) -> Path:
     return path
 
 
-def test_a_folder_is_walked_as_ultralytics_globs_it(tmp_path: Path) -> None:
+def _tree(tmp_path: Path) -> Path:
+    """Images, hidden files, other files and links, as a labelling tool's export may hold them."""
     root = tmp_path / "images"
     for name in ("b.jpg", "a.PNG", "sub/c.webp", "sub/deeper/d.tif", ".hidden.jpg", ".cache/e.jpg", "notes.txt",
                  "x.json"):
@@ -44,12 +47,24 @@ def test_a_folder_is_walked_as_ultralytics_globs_it(tmp_path: Path) -> None:
     outside = _touch(tmp_path / "elsewhere" / "f.jpg")
     os.symlink(outside, root / "linked.jpg")  # a linked file is listed
     os.symlink(tmp_path / "elsewhere", root / "linked_folder")  # a linked folder is not entered
+    return root
+
+
+def test_a_folder_is_walked_by_hand(tmp_path: Path) -> None:
+    root = _tree(tmp_path)
     listing = list_split_images([root])
     assert listing.root == root
     assert listing.file_names == ["a.PNG", "b.jpg", "linked.jpg", "sub/c.webp", "sub/deeper/d.tif"]
     assert listing.counts == {"files_ignored": 2, "image_listed_twice": 0} and listing.problems == []
-    ultralytics = pytest.importorskip("ultralytics.data.base")
-    theirs = ultralytics.BaseDataset.get_img_files(SimpleNamespace(prefix="", fraction=1.0), str(root))
+
+
+@pytest.mark.needs("ultralytics")
+def test_a_folder_is_walked_as_ultralytics_globs_it(tmp_path: Path) -> None:
+    from ultralytics.data.base import BaseDataset
+
+    root = _tree(tmp_path)
+    listing = list_split_images([root])
+    theirs = BaseDataset.get_img_files(SimpleNamespace(prefix="", fraction=1.0), str(root))
     assert [os.path.relpath(p, root) for p in theirs] == [*listing.file_names[:3], "linked_folder/f.jpg",
                                                             *listing.file_names[3:]]
 
