@@ -362,7 +362,7 @@ def test_what_needs_an_optional_part_says_so():
     assert [s.needs for s in steps_from_blocks(marked)] == [("ultralytics", "lvis")]
 
 
-_STATED = re.compile(r"(\d+) (?:tests? )?need(?:s)? [^`]*`\[(\w+)\]`")
+_STATED = re.compile(r"(\d+)\s+(?:tests?\s+)?needs?\s[^`]*`\[(\w+)\]`")
 
 
 def test_the_readme_states_how_many_tests_need_each_part(request):
