@@ -8,14 +8,13 @@ error re-raised from a real DataLoader worker); the CLI tests count the lines a 
 from __future__ import annotations
 
 import os
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 import torch
 from torch.utils.data import DataLoader, Dataset
 
+from _cli import Ran, run_commands
 from seg_datamodule.cli_errors import MAX_CHARS, TRACEBACK_ENV, close_key, one_line, user_error_line
 from seg_datamodule.errors import UserInputError
 from seg_datamodule.io.images.errors import BadImageError
@@ -95,54 +94,68 @@ def test_a_worker_error_is_unwrapped_to_the_original() -> None:
 # ------------------------------------------------------------------------------ the command line
 
 
-def _cli(args: list[str], cwd: Path, **env: str) -> subprocess.CompletedProcess:
-    environ = dict(os.environ, PYTHONPATH=os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")]), **env)
-    return subprocess.run([sys.executable, "-m", "seg_datamodule", *args], cwd=cwd, env=environ,
-                          capture_output=True, text=True, timeout=300)
+_COCO = ["fit", "--config", str(ROOT / "configs" / "coco.yaml")]
+_BAD_FILE = [*_COCO, "--data.train_ann", "train.json", "--data.train_images", "images", "--data.val_ann", "null",
+             "--data.val_images", "null"]
 
 
-def _lines(proc: subprocess.CompletedProcess) -> list[str]:
+@pytest.fixture(scope="module")
+def mistakes(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, dict[str, Ran]]:
+    """(the working folder, each mistake's run): every command of this section, in two interpreters
+    (one with the full traceback asked for), not one each: a CLI start is ~6 s of imports."""
+    cwd = tmp_path_factory.mktemp("mistakes")
+    (cwd / "mine.yaml").write_text("data:\n  trian_ann: instances_train2017.json\n")
+    (cwd / "train.json").write_text('{"images": [], "annotations": [')
+    (cwd / "images").mkdir()
+    plain = {"missing": [*_COCO, "--data.train_ann", "nope/train.json"],
+             "yaml typo": [*_COCO, "--config", "mine.yaml"],
+             "flag typo": [*_COCO, "--data.val_ann=x", "--data.trian_ann", "x"],
+             "bad file": [*_BAD_FILE, "--data.cache_dir", str(cwd / "cache")]}
+    asked = {"usage": ["fit", "--config", "mine.yaml"],  # exits 2: the next runs
+             "missing, traceback": [*_COCO, "--data.train_ann", "nope/train.json"]}  # raises: last
+    runs = dict(zip(plain, run_commands(list(plain.values()), cwd)))
+    runs.update(zip(asked, run_commands(list(asked.values()), cwd, env=dict(os.environ, **{TRACEBACK_ENV: "1"}))))
+    assert set(runs) == set(plain) | set(asked), sorted(runs)
+    return cwd, runs
+
+
+def _lines(ran: Ran) -> list[str]:
     """What the user sees, less Lightning's "Seed set to 0" (printed before anything is checked)."""
-    return [line for line in (proc.stdout + proc.stderr).splitlines() if line and not line.startswith("Seed set to")]
+    return [line for line in ran.output.splitlines() if line and not line.startswith("Seed set to")]
 
 
 @pytest.mark.slow
-def test_a_missing_annotation_file_is_one_line_before_the_model(tmp_path: Path) -> None:
-    proc = _cli(["fit", "--config", str(ROOT / "configs" / "coco.yaml"), "--data.train_ann", "nope/train.json"],
-                tmp_path)
-    assert proc.returncode == 2, proc.stderr[-3000:]
-    [line] = _lines(proc)  # was a 55-line traceback
+def test_a_missing_annotation_file_is_one_line_before_the_model(mistakes) -> None:
+    cwd, runs = mistakes
+    ran = runs["missing"]
+    assert ran.code == 2, ran.stderr[-3000:]
+    [line] = _lines(ran)  # was a 55-line traceback
     assert line.startswith("seg-datamodule fit: error: InputPathError: train_ann: expected an existing file, got "
-                           f"'nope/train.json' ({tmp_path / 'nope' / 'train.json'}): no such file or folder")
+                           f"'nope/train.json' ({cwd / 'nope' / 'train.json'}): no such file or folder")
     assert TRACEBACK_ENV in line
-    again = _cli(["fit", "--config", str(ROOT / "configs" / "coco.yaml"), "--data.train_ann", "nope/train.json"],
-                 tmp_path, **{TRACEBACK_ENV: "1"})
-    assert again.returncode == 1 and "Traceback (most recent call last)" in again.stderr
+    again = runs["missing, traceback"]
+    assert again.code == 1 and "Traceback (most recent call last)" in again.stderr
     assert again.stderr.rstrip().splitlines()[-1].startswith("seg_datamodule.io.paths.InputPathError: train_ann")
 
 
 @pytest.mark.slow
-def test_a_yaml_typo_is_one_line_with_the_key_meant(tmp_path: Path) -> None:
-    (tmp_path / "mine.yaml").write_text("data:\n  trian_ann: instances_train2017.json\n")
-    proc = _cli(["fit", "--config", str(ROOT / "configs" / "coco.yaml"), "--config", "mine.yaml"], tmp_path)
-    assert proc.returncode == 2
-    [line] = _lines(proc)  # was 97 lines of usage, the one that mattered last
+def test_a_yaml_typo_is_one_line_with_the_key_meant(mistakes) -> None:
+    _, runs = mistakes
+    ran = runs["yaml typo"]
+    assert ran.code == 2
+    [line] = _lines(ran)  # was 97 lines of usage, the one that mattered last
     assert line.startswith("seg-datamodule: error: Subcommand 'fit' does not accept option 'data.trian_ann' "
                            "(did you mean 'data.train_ann'?)")
-    flag = _cli(["fit", "--config", str(ROOT / "configs" / "coco.yaml"), "--data.val_ann=x", "--data.trian_ann", "x"],
-                tmp_path)
-    assert flag.returncode == 2 and len(_lines(flag)) == 1 and "did you mean 'data.train_ann'?" in flag.stderr
-    usage = _cli(["fit", "--config", "mine.yaml"], tmp_path, **{TRACEBACK_ENV: "1"})
-    assert usage.returncode == 2 and "usage: seg-datamodule" in usage.stderr  # the full usage, on request
+    flag = runs["flag typo"]
+    assert flag.code == 2 and len(_lines(flag)) == 1 and "did you mean 'data.train_ann'?" in flag.stderr
+    usage = runs["usage"]
+    assert usage.code == 2 and "usage: seg-datamodule" in usage.stderr  # the full usage, on request
 
 
 @pytest.mark.slow
-def test_a_bad_annotation_file_is_one_line(tmp_path: Path) -> None:
-    (tmp_path / "train.json").write_text('{"images": [], "annotations": [')
-    (tmp_path / "images").mkdir()
-    proc = _cli(["fit", "--config", str(ROOT / "configs" / "coco.yaml"), "--data.train_ann", "train.json",
-                 "--data.train_images", "images", "--data.val_ann", "null", "--data.val_images", "null",
-                 "--data.cache_dir", str(tmp_path / "cache")], tmp_path)
-    assert proc.returncode == 2, proc.stderr[-3000:]
-    [line] = _lines(proc)
+def test_a_bad_annotation_file_is_one_line(mistakes) -> None:
+    _, runs = mistakes
+    ran = runs["bad file"]
+    assert ran.code == 2, ran.stderr[-3000:]
+    [line] = _lines(ran)
     assert line.startswith("seg-datamodule fit: error: BadAnnotationError: ") and "train.json" in line

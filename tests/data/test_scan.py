@@ -284,8 +284,12 @@ def test_a_validation_split_without_label_files_is_named(coco_mini: Path, tmp_pa
     root = tmp_path / "yolo"
     yaml = _yolo(coco_mini, root, limit=4)
     shutil.rmtree(root / "labels")
-    with pytest.raises(LabelsNotFoundError, match=r"\[val\]: none of its 4 images has a label file, so it would score"):
+    with pytest.raises(LabelsNotFoundError, match=r"\[val\]: none of its 4 images has a label file, so `validate` has "
+                                                  r"nothing to score .*--data.val_split SPLIT, one with labels"):
         _dm(tmp_path, dataset=str(yaml), train_split=None).setup("validate")
+    with pytest.raises(LabelsNotFoundError, match=r"\[train\]: none of its 4 images has a label file, so it would "
+                                                  r"train on nothing"):
+        _dm(tmp_path, dataset=str(yaml), val_split=None).setup("fit")
 
 
 def test_scan_index_counts_backgrounds_and_labels_missing(coco_mini: Path, tmp_path: Path) -> None:
