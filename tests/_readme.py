@@ -355,7 +355,8 @@ def steps_from_blocks(blocks: list[Block], root: Path | None = None) -> list[Ste
                 candidates.append(step)
         for step in candidates:
             config = root / step.config if root is not None and step.config else None
-            extra = config_needs(config) if config is not None and config.parent.name == "configs" and config.is_file() else ()
+            shipped = config is not None and config.parent.name == "configs" and config.is_file()
+            extra = config_needs(config) if shipped else ()
             step.needs = tuple(dict.fromkeys((*block.needs, *extra)))
             if _run_key(step) not in seen:
                 seen.add(_run_key(step))

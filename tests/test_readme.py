@@ -223,7 +223,8 @@ def test_ci_runs_exactly_the_readmes_quick_start_commands():
     made = script.quick_start_commands("# x\n## Quick start\n\ntext\n```bash\n# 1. a\npip install \\\n  x\n\n"
                                        "# 2. b\npytest\n```\n```bash\nnot this\n```\n## Next\n")
     assert made == ["pip install x", "pytest"]
-    for broken in ("# x\n", "## Quick start\nno block\n## Next\n```bash\nx\n```\n", "## Quick start\n```bash\n# c\n```\n"):
+    for broken in ("# x\n", "## Quick start\nno block\n## Next\n```bash\nx\n```\n",
+                   "## Quick start\n```bash\n# c\n```\n"):
         with pytest.raises(ValueError, match="README.md"):
             script.quick_start_commands(broken)
     ci = (ROOT / ".ci" / "run").read_text()

@@ -25,7 +25,7 @@ from seg_datamodule import COCOSegDataModule, DetectionBatch
 from seg_datamodule.data.batching.collate import DetectionCollate
 from seg_datamodule.data.batching.device_pixels import apply_pending_pixels
 from seg_datamodule.structures import EncodedImage
-from seg_datamodule.transforms import RandomFlipUD, RandomRotate90
+from seg_datamodule.transforms import RandomFlipUD, RandomRotate90, SampleMixing
 from seg_datamodule.transforms.layouts.mosaic import MosaicAffine
 from seg_datamodule.transforms.pixel.hsv import HSVJitter, apply_pending_hsv
 from seg_datamodule.transforms.recipe import RecipeError
@@ -209,6 +209,14 @@ def test_steps_that_need_the_workers_pixels_are_refused_in_one_line(mixed: tuple
                          ([layout, HSVJitter(HSV)], "the recipe's HSVJitter has on_device False")):
         with pytest.raises(RecipeError, match=words):
             COCOSegDataModule(**keys, recipe=steps, image_size=256)
+    # Every way of asking for copy-paste or MixUp: the flat keys beside a recipe list (their group
+    # step joins the list after it is given), and the list's own group step.
+    for extra in (dict(copy_paste=0.5), dict(mixup=0.2), dict(copy_paste=0.3, mixup=0.1)):
+        with pytest.raises(RecipeError, match="pixels_on_device is True but copy_paste or mixup is set .*group step"):
+            COCOSegDataModule(**keys, **extra, recipe=[layout, RandomFlipUD()], image_size=256)
+    for group in (SampleMixing(copy_paste=0.5), SampleMixing(mixup=0.2)):
+        with pytest.raises(RecipeError, match="the recipe has SampleMixing, which needs the workers' pixels"):
+            COCOSegDataModule(**keys, recipe=[layout, group], image_size=256)
     # What the device runs is accepted: a layout, flips, HSV there (the flat key implies it).
     COCOSegDataModule(**keys, recipe=[layout, RandomFlipUD(), HSVJitter(HSV, on_device=True)], image_size=256)
     assert COCOSegDataModule(**keys, hsv=HSV).augment.hsv.on_device

@@ -146,7 +146,8 @@ def test_a_split_without_labels_is_one_line_naming_the_key_to_score_another(spli
         (dev / "images" / "test-dev" / image.name).symlink_to(image.resolve())
     (dev / "data.yaml").write_text(yaml.read_text().replace(f"path: {yaml.parent}", f"path: {dev}")
                                    .replace("train: images/val", f"train: {images}")
-                                   .replace("val: images/val", "val: images/test-dev" if split == "val" else f"val: {images}")
+                                   .replace("val: images/val",
+                                            "val: images/test-dev" if split == "val" else f"val: {images}")
                                    .replace("test: images/val", "test: images/test-dev"))
     dm = _dm(tmp_path, dataset=str(dev / "data.yaml"))
     stage = "test" if split == "test" else "validate"

@@ -155,6 +155,9 @@ class AugmentOptions:
                 return "hsv runs in the workers (hsv_on_device is False)"
             return None
         group = self.steps.group
+        if group is None and mixing:  # the flat keys' group step joins the list at build_recipe
+            return ("copy_paste or mixup is set (they join the recipe list as its group step and mix the "
+                    "workers' pixels)")
         steps = [*self.steps.canvas_steps, *self.steps.pixel_steps,
                  *([group] if group is not None and getattr(group, "enabled", True) else [])]
         for step in steps:
