@@ -160,3 +160,30 @@ def apply_nominal_batch(trainer: Any, nominal_batch_size: int) -> tuple[float, f
         )
     trainer.accumulate_grad_batches = accumulate
     return float(accumulate * world_size), decay_scale
+
+
+def check_max_grad_norm(max_grad_norm: float | None) -> None:
+    """Raise unless ``max_grad_norm`` is a number > 0 or None."""
+    if max_grad_norm is not None and (isinstance(max_grad_norm, bool) or not isinstance(max_grad_norm, (int, float))
+                                      or not max_grad_norm > 0):
+        raise ValueError(f"max_grad_norm must be a number > 0 or None, got {max_grad_norm!r}")
+
+
+def clip_gradients_by_default(module: Any, optimizer: Any, gradient_clip_val: float | None,
+                              gradient_clip_algorithm: str | None, max_grad_norm: float | None) -> None:
+    """``LightningModule.configure_gradient_clipping`` with a default: the Trainer's
+    ``gradient_clip_val`` where it sets one, else the gradients' total norm clipped to
+    ``max_grad_norm`` (Ultralytics' trainer clips every optimiser step at norm 10, after AMP's
+    unscale, which Lightning also does first). ``None``: only what the Trainer asks.
+
+    Args:
+        module: the LightningModule.
+        optimizer: the optimiser about to step.
+        gradient_clip_val, gradient_clip_algorithm: what the Trainer passes.
+        max_grad_norm: the default norm.
+    """
+    if gradient_clip_val is None and max_grad_norm is not None:
+        module.clip_gradients(optimizer, gradient_clip_val=float(max_grad_norm), gradient_clip_algorithm="norm")
+    else:
+        module.clip_gradients(optimizer, gradient_clip_val=gradient_clip_val,
+                              gradient_clip_algorithm=gradient_clip_algorithm)

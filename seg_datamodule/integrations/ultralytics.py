@@ -1,16 +1,15 @@
-"""Ultralytics YOLO-seg on this project's batches: the batch conversion and ``YOLOSegModule``.
+"""Ultralytics YOLO-seg on this project's batches: ``YOLOSegModule``.
 
-``to_ultralytics_batch`` turns a :class:`~seg_datamodule.structures.DetectionBatch` into the dict
-``ultralytics.utils.loss.v8SegmentationLoss`` reads with ``overlap_mask=False`` (per-instance masks
-at ``mask_ratio = mask_stride``); it needs only torch. ``YOLOSegModule`` builds an Ultralytics
+Its batches reach Ultralytics' loss through ``to_ultralytics_batch``
+(:mod:`~seg_datamodule.integrations.ultralytics_batch`, re-exported here). ``YOLOSegModule`` builds an Ultralytics
 segmentation model from its YAML, trains it with the model's own criterion
 (``SegmentationModel.init_criterion()``: ``v8SegmentationLoss`` for YOLOv8/YOLO11-seg) and
 validates with Ultralytics' own NMS (``ultralytics.utils.nms.non_max_suppression``) and mask
 decoding (``ultralytics.utils.ops.process_mask``), scored by
 :class:`~seg_datamodule.evaluation.COCOMaskMAP`. It trains as Ultralytics' trainer does where
 that matters for accuracy: it starts from a checkpoint's weights, validates and checkpoints an
-EMA of the weights (:class:`~seg_datamodule.integrations.UltralyticsEMA`) and accumulates
-gradients towards a nominal batch of 64 images.
+EMA of the weights (:class:`~seg_datamodule.integrations.UltralyticsEMA`), accumulates
+gradients towards a nominal batch of 64 images and clips their norm at 10 before each step.
 
 Ultralytics is AGPL-3.0 and optional: ``pip install "seg-datamodule[ultralytics]"``. This module
 imports without it; ``YOLOSegModule`` raises an ``ImportError`` naming that extra. Before the
@@ -32,10 +31,13 @@ from seg_datamodule.evaluation import COCOMaskMAP
 from seg_datamodule.integrations._box_only import refuse_box_only
 from seg_datamodule.integrations._coco import log_coco_results, make_coco_metric
 from seg_datamodule.integrations._ema import UltralyticsEMA, check_ema_args
-from seg_datamodule.integrations._optim import apply_nominal_batch, check_optim_args, configure_from_hparams
+from seg_datamodule.integrations._optim import (
+    apply_nominal_batch, check_max_grad_norm, check_optim_args, clip_gradients_by_default, configure_from_hparams,
+)
 from seg_datamodule.integrations._stages import NON_FINITE_CHOICES, EvaluationStages, OnceFilter, check_loss
 from seg_datamodule.integrations._ultralytics_checkpoint import read_yolo_weights
 from seg_datamodule.integrations._weights import Transfer, load_matching
+from seg_datamodule.integrations.ultralytics_batch import semantic_masks, to_ultralytics_batch
 from seg_datamodule.ops.checks import check_choice, check_number
 from seg_datamodule.structures import DetectionBatch
 
@@ -62,69 +64,6 @@ def import_ultralytics() -> Any:
             f"YOLOSegModule needs Ultralytics (AGPL-3.0), which is not installed: {_EXTRA}"
         ) from err
     return ultralytics
-
-
-# ------------------------------------------------------------------------------ pure functions
-
-
-def semantic_masks(masks: Tensor, labels: Tensor, boxes_per_image: Tensor) -> Tensor:
-    """Per-image class maps as Ultralytics' ``Format`` builds ``sem_masks`` with ``overlap_mask=False``.
-
-    Where instances overlap, the smallest one (fewest mask cells) wins; uncovered cells are 0
-    (the loss reads them as "not present", not as class 0).
-
-    Args:
-        masks (Tensor[N, Hp, Wp] bool): instance masks, image after image.
-        labels (Tensor[N] int64): their classes.
-        boxes_per_image (Tensor[B] int64): instances per image.
-
-    Returns:
-        Tensor[B, Hp, Wp] float32: the class index of each cell.
-    """
-    batch = int(boxes_per_image.shape[0])
-    out = torch.zeros((batch, *masks.shape[-2:]), dtype=torch.float32, device=masks.device)
-    for b, (m, c) in enumerate(zip(masks.split(boxes_per_image.tolist()), labels.split(boxes_per_image.tolist()))):
-        if not m.shape[0]:
-            continue
-        weights = m.flatten(1).sum(1)
-        key = torch.where(m, weights[:, None, None], weights.max() + 1)
-        out[b] = c[key.min(0).indices].float() * m.any(0)
-    return out
-
-
-def to_ultralytics_batch(batch: DetectionBatch, semantic: bool = False) -> dict[str, Tensor]:
-    """The dict ``v8SegmentationLoss`` (``overlap_mask=False``) reads, on the batch's device.
-
-    Args:
-        batch: a collated batch (its canvas ``H x W`` is what the boxes are normalised by, so for
-            an Ultralytics model both must be multiples of the model's largest stride).
-        semantic: also build ``sem_masks`` (:func:`semantic_masks`), which only models with a
-            semantic branch read (YOLO26-seg); off by default, it costs a pass over the masks.
-
-    Returns:
-        ``img (Tensor[B, 3, H, W] float32)`` RGB in ``[0, 1]``; ``cls (Tensor[N, 1] float32)``;
-        ``bboxes (Tensor[N, 4] float32)`` xywh normalised by ``W, H``; ``masks (Tensor[N, Hp, Wp]
-        float32)`` 0 / 1 on the ``mask_stride`` grid; ``batch_idx (Tensor[N] float32)`` the image
-        of each instance; and ``sem_masks (Tensor[B, Hp, Wp] float32)`` when ``semantic``.
-    """
-    height, width = batch.images.shape[-2:]
-    device = batch.boxes.device
-    boxes = batch.boxes.float()
-    scale = torch.tensor([width, height, width, height], dtype=torch.float32, device=device)
-    xywh = torch.cat([(boxes[:, :2] + boxes[:, 2:]) / 2, boxes[:, 2:] - boxes[:, :2]], dim=1) / scale
-    image_index = torch.repeat_interleave(
-        torch.arange(len(batch), device=device), batch.boxes_per_image.to(device)
-    )
-    out = {
-        "img": batch.images.float().div_(255.0),  # keeps the batch's (channels-last) memory format
-        "cls": batch.labels.float()[:, None],
-        "bboxes": xywh,
-        "masks": batch.masks.float(),
-        "batch_idx": image_index.float(),
-    }
-    if semantic:
-        out["sem_masks"] = semantic_masks(batch.masks, batch.labels, batch.boxes_per_image)
-    return out
 
 
 # ------------------------------------------------------------------------------ the module
@@ -159,6 +98,9 @@ class YOLOSegModule(EvaluationStages, L.LightningModule):
         lr, momentum, weight_decay (float): its learning rate, momentum / beta1 and weight decay.
         warmup_steps (int): linear learning-rate warmup, optimiser steps.
         cosine_schedule (bool): cosine decay to 0 over the run after the warmup.
+        max_grad_norm (float | None): clip the gradients' total norm at each optimiser step, as
+            Ultralytics' trainer does (at 10); the Trainer's ``gradient_clip_val``, where set,
+            wins. ``None``: no clipping but the Trainer's.
         conf, iou (float): validation NMS confidence and IoU thresholds (Ultralytics' val defaults).
         max_det (int): detections kept per image after NMS.
         nms_time_limit (float | None): Ultralytics' NMS gives up on a batch after ``2 + limit *
@@ -198,6 +140,7 @@ class YOLOSegModule(EvaluationStages, L.LightningModule):
         weight_decay: float = 5e-4,
         warmup_steps: int = 100,
         cosine_schedule: bool = True,
+        max_grad_norm: float | None = 10.0,
         conf: float = 0.001,
         iou: float = 0.7,
         max_det: int = 300,
@@ -222,6 +165,7 @@ class YOLOSegModule(EvaluationStages, L.LightningModule):
         if isinstance(max_det, bool) or not isinstance(max_det, int) or max_det < 1:
             raise ValueError(f"max_det must be a positive int, got {max_det!r}")
         check_optim_args(optimizer, lr, momentum, weight_decay, warmup_steps)
+        check_max_grad_norm(max_grad_norm)
         check_choice("on_nonfinite_loss", on_nonfinite_loss, NON_FINITE_CHOICES)
         if nms_time_limit is not None:
             check_number("nms_time_limit", nms_time_limit, 0.0)
@@ -391,4 +335,10 @@ class YOLOSegModule(EvaluationStages, L.LightningModule):
     def configure_optimizers(self) -> Any:
         """AdamW or SGD (no decay on norms and biases, the rest scaled for the nominal batch), warmup, cosine."""
         return configure_from_hparams(self, self._weight_decay_scale)
+
+    def configure_gradient_clipping(self, optimizer: Any, gradient_clip_val: float | None = None,
+                                    gradient_clip_algorithm: str | None = None) -> None:
+        """Ultralytics' clipping at ``max_grad_norm`` unless the Trainer sets its own."""
+        clip_gradients_by_default(self, optimizer, gradient_clip_val, gradient_clip_algorithm,
+                                  self.hparams.max_grad_norm)
 

@@ -206,3 +206,62 @@ def test_the_keys_turn_both_off_and_are_checked() -> None:
                           ({"nominal_batch_size": 0}, "nominal_batch_size")):
         with pytest.raises(ValueError, match=match):
             YOLOSegModule(num_classes=4, **kwargs)
+
+
+class _Clipped(L.Callback):
+    """The gradients before clipping (Lightning's hook runs before it) and at the optimiser's step."""
+
+    def __init__(self) -> None:
+        self.before: dict[str, torch.Tensor] = {}
+        self.stepped: dict[str, torch.Tensor] = {}
+
+    def on_train_start(self, trainer, pl_module) -> None:
+        names = {id(p): n for n, p in pl_module.model.named_parameters()}
+
+        def at_step(optimizer, args, kwargs) -> None:
+            if not self.stepped:
+                self.stepped = {names[id(p)]: p.grad.clone() for g in optimizer.param_groups for p in g["params"]
+                                if p.grad is not None}
+
+        trainer.optimizers[0].register_step_pre_hook(at_step)
+
+    def on_before_optimizer_step(self, trainer, pl_module, optimizer) -> None:
+        if not self.before:
+            self.before = {n: p.grad.clone() for n, p in pl_module.model.named_parameters() if p.grad is not None}
+
+
+@pytest.mark.slow
+@needs_ultralytics
+def test_gradients_are_clipped_at_ultralytics_norm_unless_the_trainer_says_otherwise(demo_dir, tmp_path) -> None:
+    """Ultralytics' trainer clips the total gradient norm at 10 before every step (issue 61: without
+    it YOLO11n-seg from scratch learned about 8x slower); here the module's default, the Trainer's
+    ``gradient_clip_val`` winning where set."""
+    assert YOLOSegModule(num_classes=4, coco_eval=False).hparams.max_grad_norm == 10.0
+    with pytest.raises(ValueError, match="max_grad_norm must be a number > 0 or None, got 0"):
+        YOLOSegModule(num_classes=4, max_grad_norm=0)
+
+    def run(max_grad_norm: float | None, **trainer_kwargs) -> _Clipped:
+        L.seed_everything(0)
+        module = YOLOSegModule(num_classes=4, optimizer="SGD", warmup_steps=0, ema=False, nominal_batch_size=None,
+                               coco_eval=False, max_grad_norm=max_grad_norm)
+        clipped = _Clipped()
+        _trainer(tmp_path, [clipped], limit_train_batches=1, limit_val_batches=0, **trainer_kwargs).fit(
+            module, datamodule=_datamodule(demo_dir))
+        assert clipped.before and set(clipped.stepped) == set(clipped.before)
+        return clipped
+
+    def norm(grads: dict[str, torch.Tensor]) -> float:
+        return float(torch.linalg.vector_norm(torch.stack([torch.linalg.vector_norm(g) for g in grads.values()])))
+
+    # The reference: torch.nn.utils.clip_grad_norm_ at that norm, the call Ultralytics makes.
+    for max_norm, kwargs, expected in ((0.01, {}, 0.01), (0.01, {"gradient_clip_val": 0.02}, 0.02)):
+        clipped = run(max_norm, **kwargs)
+        assert norm(clipped.before) > 10 * expected  # so the clipping changed them
+        reference = {n: g.clone() for n, g in clipped.before.items()}
+        torch.nn.utils.clip_grad_norm_(list(reference.values()), max_norm=expected)
+        for name, grad in clipped.stepped.items():
+            torch.testing.assert_close(grad, reference[name], rtol=1e-5, atol=1e-9, msg=name)
+        assert norm(clipped.stepped) == pytest.approx(expected, rel=1e-4)
+    unclipped = run(None)  # None: only what the Trainer asks (nothing here)
+    for name, grad in unclipped.stepped.items():
+        assert torch.equal(grad, unclipped.before[name]), name
