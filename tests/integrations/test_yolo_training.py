@@ -209,21 +209,16 @@ def test_the_keys_turn_both_off_and_are_checked() -> None:
 
 
 class _Clipped(L.Callback):
-    """The gradients before clipping (Lightning's hook runs before it) and at the optimiser's step."""
+    """The gradients before clipping (Lightning's hook runs before it) and those the optimiser
+    stepped with (a step leaves them; the next batch's closure zeroes them)."""
 
     def __init__(self) -> None:
         self.before: dict[str, torch.Tensor] = {}
         self.stepped: dict[str, torch.Tensor] = {}
 
-    def on_train_start(self, trainer, pl_module) -> None:
-        names = {id(p): n for n, p in pl_module.model.named_parameters()}
-
-        def at_step(optimizer, args, kwargs) -> None:
-            if not self.stepped:
-                self.stepped = {names[id(p)]: p.grad.clone() for g in optimizer.param_groups for p in g["params"]
-                                if p.grad is not None}
-
-        trainer.optimizers[0].register_step_pre_hook(at_step)
+    def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx) -> None:
+        if not self.stepped:
+            self.stepped = {n: p.grad.clone() for n, p in pl_module.model.named_parameters() if p.grad is not None}
 
     def on_before_optimizer_step(self, trainer, pl_module, optimizer) -> None:
         if not self.before:
@@ -257,10 +252,12 @@ def test_gradients_are_clipped_at_ultralytics_norm_unless_the_trainer_says_other
     for max_norm, kwargs, expected in ((0.01, {}, 0.01), (0.01, {"gradient_clip_val": 0.02}, 0.02)):
         clipped = run(max_norm, **kwargs)
         assert norm(clipped.before) > 10 * expected  # so the clipping changed them
-        reference = {n: g.clone() for n, g in clipped.before.items()}
+        reference = {n: torch.nn.Parameter(torch.zeros_like(g)) for n, g in clipped.before.items()}
+        for name, param in reference.items():
+            param.grad = clipped.before[name].clone()
         torch.nn.utils.clip_grad_norm_(list(reference.values()), max_norm=expected)
         for name, grad in clipped.stepped.items():
-            torch.testing.assert_close(grad, reference[name], rtol=1e-5, atol=1e-9, msg=name)
+            torch.testing.assert_close(grad, reference[name].grad, rtol=1e-5, atol=1e-9, msg=name)
         assert norm(clipped.stepped) == pytest.approx(expected, rel=1e-4)
     unclipped = run(None)  # None: only what the Trainer asks (nothing here)
     for name, grad in unclipped.stepped.items():
