@@ -413,3 +413,13 @@ def test_ddp_ranks_stream_disjoint_shards_and_count_the_dropped_tail(demo_dir: P
         assert not set(shards[0]) & set(shards[1])
         assert len(shards[0]) + len(shards[1]) + counts["image_ddp_tail_per_epoch"] == 47
     assert counts["image_ddp_tail_per_epoch"] == 7  # batches of 4: 5 per rank, 40 of 47 streamed
+
+
+def test_convert_leaves_the_processs_start_method_as_it_was(demo_dir: Path, tmp_path: Path) -> None:
+    """litdata.optimize sets spawn for the whole process; later DataLoaders must not inherit it."""
+    import multiprocessing
+
+    before = multiprocessing.get_start_method(allow_none=True)
+    convert_coco(demo_dir / "annotations" / "instances_val2017.json", demo_dir / "val2017", str(tmp_path / "out"),
+                 IndexOptions(), ChunkOptions(chunk_bytes="128KB", num_workers=1))
+    assert multiprocessing.get_start_method(allow_none=True) == before

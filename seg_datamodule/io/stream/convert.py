@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import functools
 import json
+import multiprocessing
 import os
 import tempfile
 import time
@@ -239,12 +240,18 @@ def convert_index(
     inputs = np.random.default_rng([chunk_options.seed, 0x636F6E76]).permutation(positions).tolist()
     if not remote:
         Path(out).mkdir(parents=True, exist_ok=True)
-    litdata.optimize(
-        functools.partial(_record, index), inputs, output_dir if remote else out,
-        chunk_bytes=chunk_options.chunk_bytes, num_workers=chunk_options.num_workers,
-        mode="overwrite" if chunk_options.overwrite else None, verbose=False, storage_options=storage_options,
-        start_method=chunk_options.start_method,
-    )
+    # litdata.optimize sets the process's start method (spawn unless told) and leaves it set: a
+    # DataLoader made later in the process would then spawn its workers. Put it back.
+    start_method = multiprocessing.get_start_method(allow_none=True)
+    try:
+        litdata.optimize(
+            functools.partial(_record, index), inputs, output_dir if remote else out,
+            chunk_bytes=chunk_options.chunk_bytes, num_workers=chunk_options.num_workers,
+            mode="overwrite" if chunk_options.overwrite else None, verbose=False, storage_options=storage_options,
+            start_method=chunk_options.start_method,
+        )
+    finally:
+        multiprocessing.set_start_method(start_method, force=True)
     # 3. The metadata beside the chunks.
     skip_counts = dict(index.skip_counts)
     for reason, count in read_counts.items():
