@@ -104,6 +104,14 @@ class UltralyticsEMA(WeightAveraging):
         if getattr(self, "_average_model", None) is not None:
             super().on_load_checkpoint(trainer, pl_module, checkpoint)
 
+    def on_train_batch_end(self, trainer: L.Trainer, pl_module: L.LightningModule, outputs: Any, batch: Any,
+                           batch_idx: int) -> None:
+        """Average after a real optimiser step only: a module that accumulates itself
+        (``YOLOSegModule(schedule="ultralytics")``, whose Lightning step is a batch) says
+        ``optimizer_stepped = False`` between two, as Ultralytics' ``ModelEMA`` updates at its steps."""
+        if getattr(pl_module, "optimizer_stepped", True):
+            super().on_train_batch_end(trainer, pl_module, outputs, batch, batch_idx)
+
     @property
     def updates(self) -> int:
         """Optimiser steps averaged so far (Ultralytics' ``ModelEMA.updates``)."""

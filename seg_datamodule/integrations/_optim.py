@@ -12,11 +12,12 @@ from torch import nn
 from seg_datamodule.data.loaders.repeat_factors import scheduled_steps
 
 __all__ = [
-    "OPTIMIZERS", "apply_nominal_batch", "check_optim_args", "configure_from_hparams", "configure_optimizer",
-    "nominal_batch_accumulation",
+    "OPTIMIZERS", "SCHEDULES", "apply_nominal_batch", "check_optim_args", "configure_from_hparams",
+    "configure_optimizer", "make_optimizer", "nominal_batch_accumulation", "own_nominal_batch",
 ]
 
 OPTIMIZERS = ("AdamW", "SGD")
+SCHEDULES = ("ultralytics", "lightning")
 
 
 def check_optim_args(optimizer: str, lr: float, momentum: float, weight_decay: float, warmup_steps: int) -> None:
@@ -68,10 +69,7 @@ def configure_optimizer(
         if param.requires_grad:
             (decay if param.ndim > 1 else no_decay).append(param)
     groups = [{"params": decay, "weight_decay": weight_decay}, {"params": no_decay, "weight_decay": 0.0}]
-    if optimizer == "AdamW":
-        opt: torch.optim.Optimizer = torch.optim.AdamW(groups, lr=lr, betas=(momentum, 0.999))
-    else:
-        opt = torch.optim.SGD(groups, lr=lr, momentum=momentum, nesterov=momentum > 0)
+    opt = make_optimizer(groups, optimizer, lr, momentum)
     total = int(total_steps) if math.isfinite(total_steps) and total_steps >= 1 else None
     cosine = cosine_schedule and total is not None
     if not warmup_steps and not cosine:
@@ -87,6 +85,13 @@ def configure_optimizer(
 
     scheduler = torch.optim.lr_scheduler.LambdaLR(opt, factor)
     return {"optimizer": opt, "lr_scheduler": {"scheduler": scheduler, "interval": "step"}}
+
+
+def make_optimizer(groups: list[dict[str, Any]], optimizer: str, lr: float, momentum: float) -> torch.optim.Optimizer:
+    """``torch.optim.AdamW`` (``momentum`` is beta1) or Nesterov ``SGD`` over param ``groups`` (each with its decay)."""
+    if optimizer == "AdamW":
+        return torch.optim.AdamW(groups, lr=lr, betas=(momentum, 0.999))
+    return torch.optim.SGD(groups, lr=lr, momentum=momentum, nesterov=momentum > 0)
 
 
 def nominal_batch_accumulation(batch_size: int, nominal_batch_size: int) -> tuple[int, float]:
@@ -121,8 +126,9 @@ def configure_from_hparams(module: Any, weight_decay_scale: float = 1.0) -> Any:
     (:func:`~seg_datamodule.data.loaders.repeat_factors.scheduled_steps`; unbounded without a Trainer)."""
     h = module.hparams
     total = scheduled_steps(module._trainer)
+    warmup = 100 if h.warmup_steps is None else h.warmup_steps  # None: YOLOSegModule's unset default
     return configure_optimizer(module.model, h.optimizer, h.lr, h.momentum, h.weight_decay * weight_decay_scale,
-                               h.warmup_steps, total, h.cosine_schedule)
+                               warmup, total, h.cosine_schedule is not False)
 
 
 def apply_nominal_batch(trainer: Any, nominal_batch_size: int) -> tuple[float, float]:
@@ -160,6 +166,39 @@ def apply_nominal_batch(trainer: Any, nominal_batch_size: int) -> tuple[float, f
         )
     trainer.accumulate_grad_batches = accumulate
     return float(accumulate * world_size), decay_scale
+
+
+def own_nominal_batch(trainer: Any, nominal_batch_size: int | None) -> tuple[float, float, int]:
+    """The nominal batch for a module that accumulates itself (``schedule: ultralytics``): Lightning
+    steps at every batch, so its ``accumulate_grad_batches`` must stay 1.
+
+    Args:
+        trainer: the Trainer being set up.
+        nominal_batch_size: Ultralytics' ``nbs``; ``None``: a step per batch.
+
+    Returns:
+        ``(loss_scale, weight_decay_scale, accumulate)``: the devices (Ultralytics sums their gradients,
+        DDP averages them), :func:`nominal_batch_accumulation`'s decay scale and accumulation.
+
+    Raises:
+        ValueError: the Trainer accumulates itself, or (with a nominal batch) there is no DataModule
+            ``batch_size``.
+    """
+    if trainer.accumulate_grad_batches != 1:
+        raise ValueError(
+            f"Trainer(accumulate_grad_batches={trainer.accumulate_grad_batches}) conflicts with the model's "
+            "schedule: ultralytics, which accumulates towards nominal_batch_size itself; set the model's "
+            "nominal_batch_size, or its schedule: lightning to use the Trainer's"
+        )
+    world_size = int(trainer.world_size)
+    if nominal_batch_size is None:
+        return float(world_size), 1.0, 1
+    batch_size = getattr(getattr(trainer, "datamodule", None), "batch_size", None)
+    if not isinstance(batch_size, int):
+        raise ValueError("nominal_batch_size needs the batch size: train with a DataModule that has batch_size, "
+                         "or set the model's nominal_batch_size to None (no accumulation)")
+    accumulate, decay_scale = nominal_batch_accumulation(batch_size * world_size, nominal_batch_size)
+    return float(world_size), decay_scale, accumulate
 
 
 def check_max_grad_norm(max_grad_norm: float | None) -> None:

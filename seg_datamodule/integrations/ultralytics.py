@@ -8,8 +8,10 @@ validates with Ultralytics' own NMS (``ultralytics.utils.nms.non_max_suppression
 decoding (``ultralytics.utils.ops.process_mask``), scored by
 :class:`~seg_datamodule.evaluation.COCOMaskMAP`. It trains as Ultralytics' trainer does where
 that matters for accuracy: it starts from a checkpoint's weights, validates and checkpoints an
-EMA of the weights (:class:`~seg_datamodule.integrations.UltralyticsEMA`), accumulates
-gradients towards a nominal batch of 64 images and clips their norm at 10 before each step.
+EMA of the weights (:class:`~seg_datamodule.integrations.UltralyticsEMA`), steps, warms up and
+decays the learning rate on Ultralytics' own cadence (the accumulation towards a nominal batch of
+64 images ramped up over the warmup, :mod:`~seg_datamodule.integrations._ultralytics_schedule`)
+and clips the gradients' norm at 10 before each step.
 
 Ultralytics is AGPL-3.0 and optional: ``pip install "seg-datamodule[ultralytics]"``. This module
 imports without it; ``YOLOSegModule`` raises an ``ImportError`` naming that extra. Before the
@@ -32,10 +34,12 @@ from seg_datamodule.integrations._box_only import refuse_box_only
 from seg_datamodule.integrations._coco import log_coco_results, make_coco_metric
 from seg_datamodule.integrations._ema import UltralyticsEMA, check_ema_args
 from seg_datamodule.integrations._optim import (
-    apply_nominal_batch, check_max_grad_norm, check_optim_args, clip_gradients_by_default, configure_from_hparams,
+    SCHEDULES, apply_nominal_batch, check_max_grad_norm, check_optim_args, clip_gradients_by_default,
+    configure_from_hparams, make_optimizer, own_nominal_batch,
 )
 from seg_datamodule.integrations._stages import NON_FINITE_CHOICES, EvaluationStages, OnceFilter, check_loss
 from seg_datamodule.integrations._ultralytics_checkpoint import read_yolo_weights
+from seg_datamodule.integrations._ultralytics_schedule import UltralyticsCadence, UltralyticsSchedule, ultralytics_param_groups
 from seg_datamodule.integrations._weights import Transfer, load_matching
 from seg_datamodule.integrations.ultralytics_batch import semantic_masks, to_ultralytics_batch
 from seg_datamodule.ops.checks import check_choice, check_number
@@ -69,7 +73,7 @@ def import_ultralytics() -> Any:
 # ------------------------------------------------------------------------------ the module
 
 
-class YOLOSegModule(EvaluationStages, L.LightningModule):
+class YOLOSegModule(UltralyticsCadence, EvaluationStages, L.LightningModule):
     """An Ultralytics segmentation model trained with its own loss on :class:`DetectionBatch` es.
 
     Args:
@@ -89,15 +93,28 @@ class YOLOSegModule(EvaluationStages, L.LightningModule):
         ema_decay, ema_tau (float): its decay ramp ``ema_decay * (1 - exp(-updates / ema_tau))``.
         nominal_batch_size (int | None): Ultralytics' ``nbs``: accumulate ``max(round(nbs / batch),
             1)`` batches per optimiser step (``batch`` = the DataModule's ``batch_size`` times the
-            devices; it sets ``trainer.accumulate_grad_batches``), sum their gradients as
-            Ultralytics does and scale the weight decay by ``batch * accumulate / nbs``. ``None``:
-            one step per batch (or the Trainer's own ``accumulate_grad_batches``).
+            devices), sum their gradients as Ultralytics does and scale the weight decay by
+            ``batch * accumulate / nbs``. ``None``: one step per batch (or, with ``schedule:
+            lightning``, the Trainer's own ``accumulate_grad_batches``).
         box, cls, dfl (float): Ultralytics' loss gains (``box`` also weighs the mask loss).
-        optimizer (str): ``"AdamW"`` or ``"SGD"`` (see
-            :func:`~seg_datamodule.integrations._optim.configure_optimizer`).
-        lr, momentum, weight_decay (float): its learning rate, momentum / beta1 and weight decay.
-        warmup_steps (int): linear learning-rate warmup, optimiser steps.
-        cosine_schedule (bool): cosine decay to 0 over the run after the warmup.
+        optimizer (str): ``"AdamW"`` or ``"SGD"`` (Nesterov); no weight decay on norms and biases.
+        lr, momentum, weight_decay (float): its learning rate (Ultralytics' ``lr0``), momentum / beta1
+            and weight decay.
+        schedule (str): ``"ultralytics"`` (default): the module steps as Ultralytics' trainer does
+            (:class:`~seg_datamodule.integrations._ultralytics_schedule.UltralyticsSchedule`): over
+            the warmup the accumulation ramps from 1 to the nominal one, the biases' learning rate
+            falls from ``warmup_bias_lr`` and the others' rise from 0, SGD's momentum rises from
+            ``warmup_momentum``; then the learning rate follows ``lr_factor(epoch)``, linear to
+            ``lr * lrf`` (a cosine with ``cos_lr``). Lightning then sees one step per batch
+            (``trainer.global_step`` counts batches; ``optimizer_steps`` counts the real ones),
+            and a checkpoint taken between two steps holds the gradients accumulated so far, so
+            a resumed run steps as the uninterrupted one. ``"lightning"``: a linear warmup over
+            ``warmup_steps`` optimiser steps, then a cosine to 0 (``cosine_schedule``), with
+            Lightning's fixed ``accumulate_grad_batches``.
+        warmup_epochs, warmup_bias_lr, warmup_momentum, lrf (float), cos_lr (bool): Ultralytics' keys
+            of the same names and defaults, for ``schedule: ultralytics``.
+        warmup_steps (int | None): ``schedule: lightning``'s linear warmup, optimiser steps (None: 100).
+        cosine_schedule (bool | None): ``schedule: lightning``'s cosine decay to 0 (None: true).
         max_grad_norm (float | None): clip the gradients' total norm at each optimiser step, as
             Ultralytics' trainer does (at 10); the Trainer's ``gradient_clip_val``, where set,
             wins. ``None``: no clipping but the Trainer's.
@@ -138,8 +155,14 @@ class YOLOSegModule(EvaluationStages, L.LightningModule):
         lr: float = 2e-3,
         momentum: float = 0.9,
         weight_decay: float = 5e-4,
-        warmup_steps: int = 100,
-        cosine_schedule: bool = True,
+        schedule: Literal["ultralytics", "lightning"] = "ultralytics",
+        warmup_epochs: float = 3.0,
+        warmup_bias_lr: float = 0.1,
+        warmup_momentum: float = 0.8,
+        lrf: float = 0.01,
+        cos_lr: bool = False,
+        warmup_steps: int | None = None,
+        cosine_schedule: bool | None = None,
         max_grad_norm: float | None = 10.0,
         conf: float = 0.001,
         iou: float = 0.7,
@@ -164,7 +187,16 @@ class YOLOSegModule(EvaluationStages, L.LightningModule):
                 raise ValueError(f"{name} must be in [0, 1], got {value!r}")
         if isinstance(max_det, bool) or not isinstance(max_det, int) or max_det < 1:
             raise ValueError(f"max_det must be a positive int, got {max_det!r}")
-        check_optim_args(optimizer, lr, momentum, weight_decay, warmup_steps)
+        check_choice("schedule", schedule, SCHEDULES)
+        if schedule == "ultralytics" and (warmup_steps is not None or cosine_schedule is not None):
+            raise ValueError("warmup_steps and cosine_schedule set schedule: lightning; schedule: ultralytics warms "
+                             "up over warmup_epochs and decays to lrf (cos_lr for a cosine)")
+        check_optim_args(optimizer, lr, momentum, weight_decay, 100 if warmup_steps is None else warmup_steps)
+        for name, value, high in (("warmup_epochs", warmup_epochs, None), ("warmup_bias_lr", warmup_bias_lr, None),
+                                  ("warmup_momentum", warmup_momentum, 1.0), ("lrf", lrf, 1.0)):
+            check_number(name, value, 0.0, high)
+        if not isinstance(cos_lr, bool):
+            raise ValueError(f"cos_lr must be a bool, got {cos_lr!r}")
         check_max_grad_norm(max_grad_norm)
         check_choice("on_nonfinite_loss", on_nonfinite_loss, NON_FINITE_CHOICES)
         if nms_time_limit is not None:
@@ -188,6 +220,12 @@ class YOLOSegModule(EvaluationStages, L.LightningModule):
         if weights is not None:
             self.pretrained = load_matching(self.model, *read_yolo_weights(weights))
         self._loss_scale, self._weight_decay_scale = 1.0, 1.0  # set by setup("fit") for nominal_batch_size
+        self._accumulate = 1  # schedule: ultralytics: the nominal accumulation, set by setup("fit")
+        self._schedule: UltralyticsSchedule | None = None
+        self._pending_grads: dict[str, Tensor] | None = None  # a checkpoint's accumulated gradients
+        self._skipped = False  # the batch's loss was not finite and on_nonfinite_loss skips it
+        self.optimizer_stepped = True  # whether the last training batch ended in an optimiser step
+        self.optimizer_steps = 0  # schedule: ultralytics: the optimiser steps of the current fit
         self._criterion: Any = None
         self._criterion_device: torch.device | None = None
         self.coco_metric: COCOMaskMAP | None = None
@@ -245,7 +283,8 @@ class YOLOSegModule(EvaluationStages, L.LightningModule):
         set, so that after Lightning's division by both the gradients are Ultralytics' sums.
         """
         loss, items, _ = self.compute_losses(batch)
-        if not check_loss(self, loss, items, "train"):
+        self._skipped = not check_loss(self, loss, items, "train")
+        if self._skipped:
             return None  # type: ignore[return-value]  # on_nonfinite_loss: skip
         self.log("train/loss", loss, prog_bar=True, batch_size=len(batch))
         for name, value in items.items():
@@ -267,7 +306,11 @@ class YOLOSegModule(EvaluationStages, L.LightningModule):
         """Set the nominal-batch accumulation when fitting; make the COCO metric (``val_ann`` is known by now);
         refuse ``box_only: keep`` (:func:`refuse_box_only`)."""
         refuse_box_only(self, "Ultralytics YOLO-seg (YOLOSegModule)")
-        if stage == "fit" and self.hparams.nominal_batch_size is not None:
+        if stage == "fit" and self.hparams.schedule == "ultralytics":
+            self._loss_scale, self._weight_decay_scale, self._accumulate = own_nominal_batch(
+                self.trainer, self.hparams.nominal_batch_size)
+            self._schedule = None  # sized at the first batch, when the epoch's length is known
+        elif stage == "fit" and self.hparams.nominal_batch_size is not None:
             self._loss_scale, self._weight_decay_scale = apply_nominal_batch(self.trainer,
                                                                              self.hparams.nominal_batch_size)
         max_epochs = self._trainer.max_epochs if self._trainer is not None else None
@@ -333,8 +376,14 @@ class YOLOSegModule(EvaluationStages, L.LightningModule):
         log_coco_results(self, self.coco_metric, self.detections_name)
 
     def configure_optimizers(self) -> Any:
-        """AdamW or SGD (no decay on norms and biases, the rest scaled for the nominal batch), warmup, cosine."""
-        return configure_from_hparams(self, self._weight_decay_scale)
+        """AdamW or SGD, no decay on norms and biases, the rest scaled for the nominal batch. ``schedule:
+        ultralytics``: Ultralytics' three groups, their rates set per batch by :meth:`optimizer_step`;
+        ``lightning``: a warmup then a cosine (:func:`~seg_datamodule.integrations._optim.configure_optimizer`)."""
+        h = self.hparams
+        if h.schedule == "lightning":
+            return configure_from_hparams(self, self._weight_decay_scale)
+        groups = ultralytics_param_groups(self.model, h.weight_decay * self._weight_decay_scale)
+        return make_optimizer(groups, h.optimizer, h.lr, h.momentum)
 
     def configure_gradient_clipping(self, optimizer: Any, gradient_clip_val: float | None = None,
                                     gradient_clip_algorithm: str | None = None) -> None:

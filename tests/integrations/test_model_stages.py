@@ -35,7 +35,7 @@ SMALL_RCNN = dict(backbone="resnet18", warmup_steps=1, box_score_thresh=0.0, mas
     rpn_pre_nms_top_n_train=300, rpn_post_nms_top_n_train=100, rpn_pre_nms_top_n_test=300,
     rpn_post_nms_top_n_test=100, box_batch_size_per_image=64))
 # conf 0: an untrained model's scores are below Ultralytics' 0.001, and a results file needs detections.
-SMALL_YOLO = dict(warmup_steps=1, nominal_batch_size=None, ema=False, conf=0.0, max_det=20)
+SMALL_YOLO = dict(nominal_batch_size=None, ema=False, conf=0.0, max_det=20)
 
 
 @pytest.fixture(scope="module")

@@ -83,7 +83,7 @@ def test_arguments_canvas_and_weights(demo_val_samples, tmp_path) -> None:
 def test_fit_on_the_demo_logs_coco_ap_of_real_detections(demo_dir, tmp_path) -> None:
     dm = COCOSegDataModule(image_size=128, batch_size=8, val_batch_size=8, num_workers=0, demo_dir=str(demo_dir),
                            mosaic=0.0, use_cache=False)
-    module = YOLOSegModule(num_classes=4, warmup_steps=2, max_det=50, nominal_batch_size=None)  # a step per batch
+    module = YOLOSegModule(num_classes=4, max_det=50, nominal_batch_size=None)  # a step per batch
     profiler = StepTimeProfiler(warmup_steps=1, save_plot=False)
     logger = L.pytorch.loggers.CSVLogger(tmp_path, name="yolo")
     trainer = L.Trainer(max_epochs=1, limit_train_batches=4, limit_val_batches=2, accelerator="cpu", logger=logger,

@@ -76,7 +76,7 @@ class _ReferenceEMA(L.Callback):
 @pytest.mark.filterwarnings("ignore:YOLOSegModule. a non-finite val loss")
 @needs_ultralytics
 def test_the_ema_is_ultralytics_model_ema(demo_dir, tmp_path) -> None:
-    module = YOLOSegModule(num_classes=4, optimizer="SGD", lr=0.05, warmup_steps=0, ema=False, nominal_batch_size=8,
+    module = YOLOSegModule(num_classes=4, optimizer="SGD", lr=0.05, schedule="lightning", warmup_steps=0, ema=False, nominal_batch_size=8,
                            coco_eval=False)
     reference = _ReferenceEMA()
     ema = UltralyticsEMA(decay=DECAY, tau=TAU)
@@ -104,7 +104,7 @@ class _Validated(L.Callback):
 def test_the_checkpoint_holds_the_ema_and_resumes_exactly(demo_dir, tmp_path) -> None:
     def run(max_steps: int, ckpt_path=None) -> tuple[YOLOSegModule, _ReferenceEMA, UltralyticsEMA]:
         L.seed_everything(0)
-        module = YOLOSegModule(num_classes=4, optimizer="SGD", lr=0.05, warmup_steps=0, cosine_schedule=False,
+        module = YOLOSegModule(num_classes=4, optimizer="SGD", lr=0.05, schedule="lightning", warmup_steps=0, cosine_schedule=False,
                                ema=False, nominal_batch_size=None, coco_eval=False)  # one schedule for any max_steps
         reference, ema = _ReferenceEMA(), UltralyticsEMA(decay=DECAY, tau=TAU)
         saver = L.pytorch.callbacks.ModelCheckpoint(dirpath=tmp_path / "run4", filename="{step}",
@@ -181,7 +181,7 @@ class _Capture(L.Callback):
 @pytest.mark.slow
 @needs_ultralytics
 def test_accumulated_gradients_are_the_sum_of_the_batches_losses(demo_dir, tmp_path) -> None:
-    module = YOLOSegModule(num_classes=4, optimizer="SGD", weight_decay=5e-4, warmup_steps=0, ema=False,
+    module = YOLOSegModule(num_classes=4, optimizer="SGD", weight_decay=5e-4, schedule="lightning", warmup_steps=0, ema=False,
                            nominal_batch_size=10, coco_eval=False)  # batch 4: accumulate round(2.5) = 2
     capture = _Capture()
     trainer = _trainer(tmp_path, [capture], limit_train_batches=2, limit_val_batches=0)
@@ -237,7 +237,7 @@ def test_gradients_are_clipped_at_ultralytics_norm_unless_the_trainer_says_other
 
     def run(max_grad_norm: float | None, **trainer_kwargs) -> _Clipped:
         L.seed_everything(0)
-        module = YOLOSegModule(num_classes=4, optimizer="SGD", warmup_steps=0, ema=False, nominal_batch_size=None,
+        module = YOLOSegModule(num_classes=4, optimizer="SGD", schedule="lightning", warmup_steps=0, ema=False, nominal_batch_size=None,
                                coco_eval=False, max_grad_norm=max_grad_norm)
         clipped = _Clipped()
         _trainer(tmp_path, [clipped], limit_train_batches=1, limit_val_batches=0, **trainer_kwargs).fit(
