@@ -1,0 +1,354 @@
+"""Training parity: YOLO11n-seg through Ultralytics' trainer and through ``seg-datamodule fit``, one evaluator.
+
+Does a model trained through this project come out as good as one trained by Ultralytics on the
+same data and schedule? Both sides train YOLO11n-seg (``yolo11n-seg.yaml``) on one generated
+dataset (the demo generator at a seed of its own: four shape classes, occlusion, multi-ring
+instances, crowd regions), written once in Ultralytics' layout (``images/``, ``labels/``,
+``data.yaml``; a multi-ring instance merged into one polygon with Ultralytics' own
+``merge_multi_segment``, as its ``convert_coco`` does, crowds left out), which both read:
+
+* **Ultralytics**: ``YOLO("yolo11n-seg.yaml").train(...)`` (8.4), ``save_period=1``;
+* **this project**: ``python -m seg_datamodule fit --config configs/yolo11n_seg_data_yaml.yaml``
+  with an overlay config of the same epochs, batch, canvas, workers, ``close_mosaic``, seed and
+  optimiser, and a checkpoint per epoch.
+
+The optimiser on both sides is the one Ultralytics' ``optimizer=auto`` picks for a run this short
+(AdamW, ``lr0 = round(0.002 * 5 / (4 + nc), 6)``, momentum 0.9, bias warmup from 0), written out
+on both sides. ``--schedule nbs64`` is Ultralytics' default nominal batch of 64 (an optimiser step
+every ``64 / batch`` batches after a ramped warmup); ``--schedule step`` a step per batch
+(``nbs = batch``). ``--start finetuned`` first trains a checkpoint with Ultralytics on other
+generated data (another seed) and starts both sides from it.
+
+**One evaluator** scores every epoch of every run: each checkpoint's EMA weights, stored as
+Ultralytics stores them (half precision), go through Ultralytics' own predictor (``conf 0.001``,
+``iou 0.7``, ``max_det 300``, ``retina_masks``: masks at the image's size) and pycocotools'
+``COCOeval`` against the generator's COCO val JSON (its own polygons and crowds, not the
+converted labels). It prints segm AP / AP50 per epoch, each side's mean and spread over the seeds,
+and the ratio of the means (this project over Ultralytics), and writes every number to
+``<out>/<start>_<schedule>/results.json``. Runs already there are reused (delete a run's folder to redo
+it). ``--variant NAME --ours KEY=VALUE`` changes this project's side only (one change at a time,
+against the same Ultralytics runs): ``--variant old-cadence --ours model.init_args.schedule=lightning
+--ours model.init_args.warmup_steps=10``.
+
+Usage (needs ``pip install "seg-datamodule[ultralytics]"``)::
+
+    python benchmarks/train_parity.py                        # scratch, nominal batch 64, seeds 0 1 2
+    python benchmarks/train_parity.py --schedule step --start finetuned
+    python benchmarks/train_parity.py --train 400 --val 100 --imgsz 320 --epochs 30 --device 0   # longer, GPU
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import yaml
+
+ROOT = Path(__file__).resolve().parents[1]
+CONFIG = ROOT / "configs" / "yolo11n_seg_data_yaml.yaml"
+SIDES = ("ultralytics", "seg_datamodule")
+
+
+# ------------------------------------------------------------------------------ data
+
+
+def make_dataset(root: Path, *, num_train: int, num_val: int, size: tuple[int, int], seed: int) -> Path:
+    """The generated COCO dataset at ``root`` and its Ultralytics copy; returns ``root/data.yaml``."""
+    from seg_datamodule.demo.data import generate_demo_dataset
+    from ultralytics.data.converter import merge_multi_segment
+
+    if (root / "data.yaml").is_file():
+        return root / "data.yaml"
+    paths = generate_demo_dataset(root, num_train=num_train, num_val=num_val, image_size=size, seed=seed)
+    names: list[str] = []
+    for split, ann, images in (("train", paths.train_ann, paths.train_images), ("val", paths.val_ann, paths.val_images)):
+        data = json.loads(Path(ann).read_text())
+        category_ids = sorted(c["id"] for c in data["categories"])
+        label_of = {c: k for k, c in enumerate(category_ids)}
+        names = [next(c["name"] for c in data["categories"] if c["id"] == i) for i in category_ids]
+        lines: dict[int, list[str]] = {im["id"]: [] for im in data["images"]}
+        size_of = {im["id"]: (im["width"], im["height"]) for im in data["images"]}
+        for a in data["annotations"]:
+            if a.get("iscrowd") or not isinstance(a["segmentation"], list):
+                continue  # Ultralytics' convert_coco leaves crowds out
+            rings = [r for r in a["segmentation"] if len(r) >= 6]
+            ring = (np.concatenate(merge_multi_segment(rings), axis=0) if len(rings) > 1
+                    else np.asarray(rings[0], np.float64).reshape(-1, 2))
+            w, h = size_of[a["image_id"]]
+            xy = (ring / [w, h]).reshape(-1).tolist()
+            lines[a["image_id"]].append(" ".join([str(label_of[a["category_id"]]), *(f"{v:.6f}" for v in xy)]))
+        (root / "images" / split).mkdir(parents=True, exist_ok=True)
+        (root / "labels" / split).mkdir(parents=True, exist_ok=True)
+        for im in data["images"]:
+            link = root / "images" / split / im["file_name"]
+            if not link.exists():
+                link.symlink_to((Path(images) / im["file_name"]).resolve())
+            (root / "labels" / split / f"{Path(im['file_name']).stem}.txt").write_text(
+                "".join(f"{line}\n" for line in lines[im["id"]]))
+    text = [f"path: {root.resolve()}", "train: images/train", "val: images/val", "names:"]
+    text += [f"  {k}: {json.dumps(n)}" for k, n in enumerate(names)]
+    (root / "data.yaml").write_text("\n".join(text) + "\n")
+    return root / "data.yaml"
+
+
+# ------------------------------------------------------------------------------ training
+
+
+def auto_optimizer(nc: int) -> dict[str, Any]:
+    """What Ultralytics' ``optimizer=auto`` picks for a run under 10,000 iterations."""
+    return {"optimizer": "AdamW", "lr": round(0.002 * 5 / (4 + nc), 6), "momentum": 0.9, "warmup_bias_lr": 0.0}
+
+
+def _env() -> dict[str, str]:
+    return dict(os.environ, YOLO_OFFLINE="1", YOLO_AUTOINSTALL="0", MPLBACKEND="Agg")
+
+
+def _run(argv: list[str], log: Path) -> float:
+    """Run ``argv`` with its output in ``log``; returns its wall time. Raises on a non-zero exit."""
+    start = time.perf_counter()
+    with log.open("w") as out:
+        rc = subprocess.run(argv, stdout=out, stderr=subprocess.STDOUT, env=_env(), cwd=ROOT).returncode
+    if rc:
+        tail = "".join(log.read_text().splitlines(True)[-30:])
+        raise RuntimeError(f"{argv[:4]} failed ({rc}); the end of {log}:\n{tail}")
+    return time.perf_counter() - start
+
+
+def train_ultralytics(run: Path, data_yaml: Path, seed: int, a: argparse.Namespace, weights: str | None) -> list[Path]:
+    """Ultralytics' trainer; returns its per-epoch checkpoints in epoch order."""
+    opt = auto_optimizer(a.nc)
+    kwargs = dict(
+        data=str(data_yaml), epochs=a.epochs, batch=a.batch, imgsz=a.imgsz, workers=a.workers, seed=seed,
+        device=a.device, nbs=a.batch if a.schedule == "step" else 64, close_mosaic=a.close_mosaic,
+        optimizer=opt["optimizer"], lr0=opt["lr"], momentum=opt["momentum"], warmup_bias_lr=opt["warmup_bias_lr"],
+        val=False, save_period=1, plots=False, amp=a.device != "cpu", project=str(run.resolve()), name="train",
+        exist_ok=True, verbose=False,
+    )
+    script = (f"from ultralytics import YOLO\nYOLO({(weights or 'yolo11n-seg.yaml')!r}).train(**{kwargs!r})\n")
+    seconds = _run([sys.executable, "-c", script], run / "train.log")
+    (run / "seconds").write_text(f"{seconds:.1f}\n")
+    ckpts = sorted((run / "train" / "weights").glob("epoch*.pt"), key=lambda p: int(p.stem[5:]))
+    return ckpts
+
+
+def train_ours(run: Path, data_yaml: Path, seed: int, a: argparse.Namespace, weights: str | None) -> list[Path]:
+    """``seg-datamodule fit`` with the shipped YOLO config and an overlay; returns the per-epoch checkpoints."""
+    opt = auto_optimizer(a.nc)
+    overlay = {
+        "seed_everything": seed,
+        "trainer": {
+            "accelerator": "cpu" if a.device == "cpu" else "gpu", "devices": 1, "max_epochs": a.epochs,
+            "limit_val_batches": 0, "num_sanity_val_steps": 0, "enable_progress_bar": False,
+            "logger": {"class_path": "lightning.pytorch.loggers.CSVLogger",
+                       "init_args": {"save_dir": str(run.resolve()), "name": "logs"}},
+            "callbacks": [{"class_path": "lightning.pytorch.callbacks.ModelCheckpoint",
+                           "init_args": {"dirpath": str((run / "ckpt").resolve()), "filename": "epoch{epoch}",
+                                         "auto_insert_metric_name": False, "every_n_epochs": 1, "save_top_k": -1}}],
+        },
+        "model": {"class_path": "seg_datamodule.integrations.YOLOSegModule", "init_args": {
+            "weights": weights, "coco_eval": False, "optimizer": opt["optimizer"], "lr": opt["lr"],
+            "momentum": opt["momentum"], "warmup_bias_lr": opt["warmup_bias_lr"],
+            "nominal_batch_size": None if a.schedule == "step" else 64}},
+        "data": {"dataset": str(data_yaml.resolve()), "image_size": a.imgsz, "batch_size": a.batch,
+                 "num_workers": a.workers, "close_mosaic": a.close_mosaic, "seed": seed,
+                 "pin_memory": a.device != "cpu"},
+    }
+    for item in a.ours:  # --ours model.init_args.schedule=lightning: one change at a time
+        key, _, value = item.partition("=")
+        *parents, leaf = key.split(".")
+        node = overlay
+        for k in parents:
+            node = node.setdefault(k, {})
+        node[leaf] = yaml.safe_load(value)
+    (run / "overlay.yaml").write_text(json.dumps(overlay, indent=2))  # JSON is YAML
+    argv = [sys.executable, "-m", "seg_datamodule", "fit", "--config", str(CONFIG), "--config", str(run / "overlay.yaml")]
+    seconds = _run(argv, run / "train.log")
+    (run / "seconds").write_text(f"{seconds:.1f}\n")
+    return sorted((run / "ckpt").glob("epoch*.ckpt"), key=lambda p: int(p.stem[5:]))
+
+
+# ------------------------------------------------------------------------------ the evaluator
+
+
+def as_ultralytics_checkpoint(ckpt: Path, names: list[str]) -> Path:
+    """This project's Lightning checkpoint (its ``state_dict`` is the EMA) stored as Ultralytics stores one."""
+    import torch
+
+    from seg_datamodule.integrations import YOLOSegModule
+
+    from ultralytics.utils import LOGGER
+
+    out = ckpt.with_suffix(".pt")
+    if not out.is_file():
+        level = LOGGER.level
+        LOGGER.setLevel("WARNING")  # its "Overriding model.yaml nc=80 with nc=4", once per checkpoint
+        try:
+            module = YOLOSegModule.load_from_checkpoint(ckpt, map_location="cpu", weights=None)
+        finally:
+            LOGGER.setLevel(level)
+        model = module.model.eval()
+        model.names = dict(enumerate(names))
+        torch.save({"model": None, "ema": model.half(), "train_args": {"task": "segment"}}, out)
+    return out
+
+
+def evaluate(weights: Path, val_json: Path, val_images: Path, a: argparse.Namespace) -> dict[str, float]:
+    """Segm and bbox AP / AP50 of ``weights`` (an Ultralytics checkpoint): its predictor, pycocotools' COCOeval."""
+    import contextlib
+    import io
+
+    from pycocotools import mask as mask_utils
+    from pycocotools.coco import COCO
+    from pycocotools.cocoeval import COCOeval
+    from ultralytics import YOLO
+
+    with contextlib.redirect_stdout(io.StringIO()):
+        gt = COCO(str(val_json))
+    category_ids = sorted(gt.getCatIds())
+    images = sorted(gt.dataset["images"], key=lambda im: im["id"])
+    model = YOLO(str(weights), task="segment")
+    dets: list[dict[str, Any]] = []
+    for im in images:
+        r = model.predict(str(val_images / im["file_name"]), imgsz=a.imgsz, conf=0.001, iou=0.7, max_det=300,
+                          retina_masks=True, device=a.device, verbose=False)[0]
+        if r.masks is None or not len(r.boxes):
+            continue
+        masks = r.masks.data.cpu().numpy().astype(np.uint8)
+        for box, score, cls, m in zip(r.boxes.xyxy.tolist(), r.boxes.conf.tolist(), r.boxes.cls.tolist(), masks):
+            rle = mask_utils.encode(np.asfortranarray(m))
+            rle["counts"] = rle["counts"].decode()
+            dets.append({"image_id": im["id"], "category_id": category_ids[int(cls)], "score": float(score),
+                         "bbox": [box[0], box[1], box[2] - box[0], box[3] - box[1]], "segmentation": rle})
+    out = {}
+    for iou_type in ("segm", "bbox"):
+        if not dets:
+            out[f"{iou_type}_AP"] = out[f"{iou_type}_AP50"] = 0.0
+            continue
+        with contextlib.redirect_stdout(io.StringIO()):
+            dt = gt.loadRes([dict(d) for d in dets])
+            ev = COCOeval(gt, dt, iou_type)
+            ev.evaluate(), ev.accumulate(), ev.summarize()
+        out[f"{iou_type}_AP"], out[f"{iou_type}_AP50"] = float(ev.stats[0]), float(ev.stats[1])
+    return out
+
+
+# ------------------------------------------------------------------------------ the benchmark
+
+
+def pretrain(out: Path, a: argparse.Namespace) -> str:
+    """A checkpoint trained by Ultralytics on other generated data (``--pretrain-epochs``, a step per batch)."""
+    done = out / "pretrain" / "train" / "weights" / "last.pt"
+    if done.is_file():
+        return str(done)
+    data = make_dataset(out / "pretrain_data", num_train=a.train, num_val=a.val, size=a.size, seed=a.data_seed + 1)
+    p = argparse.Namespace(**{**vars(a), "epochs": a.pretrain_epochs, "schedule": "step"})
+    (out / "pretrain").mkdir(parents=True, exist_ok=True)
+    print(f"pretraining on other data ({a.pretrain_epochs} epochs, Ultralytics) ...", flush=True)
+    train_ultralytics(out / "pretrain", data, 0, p, None)
+    return str(done)
+
+
+def run_side(side: str, seed: int, out: Path, data_yaml: Path, weights: str | None, a: argparse.Namespace,
+             val_json: Path, val_images: Path, names: list[str]) -> dict[str, Any]:
+    """Train one side at one seed (or reuse it) and score each epoch."""
+    label = side if side == "ultralytics" or not a.variant else f"{side}-{a.variant}"
+    run = out / f"{label}_seed{seed}"
+    result_file = run / "result.json"
+    if result_file.is_file():
+        return json.loads(result_file.read_text())
+    run.mkdir(parents=True, exist_ok=True)
+    print(f"training {side} seed {seed} ...", flush=True)
+    trainer = train_ultralytics if side == "ultralytics" else train_ours
+    ckpts = trainer(run, data_yaml, seed, a, weights)
+    if len(ckpts) != a.epochs:
+        raise RuntimeError(f"{run}: {len(ckpts)} epoch checkpoints, expected {a.epochs}")
+    epochs = []
+    for ckpt in ckpts:
+        pt = as_ultralytics_checkpoint(ckpt, names) if side == "seg_datamodule" else ckpt
+        epochs.append(evaluate(pt, val_json, val_images, a))
+    result = {"side": side, "label": label, "seed": seed, "train_seconds": float((run / "seconds").read_text()), "epochs": epochs}
+    result_file.write_text(json.dumps(result, indent=1))
+    return result
+
+
+def summarise(results: list[dict[str, Any]], epochs: int, label: dict[str, str]) -> list[dict[str, Any]]:
+    """Per epoch: each side's mean and standard deviation of segm AP / AP50 over seeds, and the ratio of means."""
+    rows = []
+    for e in range(epochs):
+        row: dict[str, Any] = {"epoch": e + 1}
+        for key in ("segm_AP", "segm_AP50"):
+            for side in SIDES:
+                values = [r["epochs"][e][key] for r in results if r["side"] == side and r.get("label", side) == label[side]]
+                row[f"{side}/{key}"] = (float(np.mean(values)), float(np.std(values)))
+            theirs = row[f"ultralytics/{key}"][0]
+            row[f"ratio/{key}"] = row[f"seg_datamodule/{key}"][0] / theirs if theirs > 0 else math.nan
+        rows.append(row)
+    return rows
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--out", type=Path, default=ROOT / "runs" / "train_parity")
+    parser.add_argument("--schedule", choices=("nbs64", "step"), default="nbs64",
+                        help="nbs64: Ultralytics' nominal batch 64; step: an optimiser step per batch")
+    parser.add_argument("--start", choices=("scratch", "finetuned"), default="scratch")
+    parser.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2])
+    parser.add_argument("--train", type=int, default=200, help="generated train images")
+    parser.add_argument("--val", type=int, default=50, help="generated val images")
+    parser.add_argument("--size", type=int, nargs=2, default=(240, 360), help="min and max generated image side")
+    parser.add_argument("--data-seed", type=int, default=61)
+    parser.add_argument("--imgsz", type=int, default=256, help="the training canvas (a multiple of 32)")
+    parser.add_argument("--epochs", type=int, default=10)
+    parser.add_argument("--pretrain-epochs", type=int, default=10)
+    parser.add_argument("--batch", type=int, default=16)
+    parser.add_argument("--workers", type=int, default=2)
+    parser.add_argument("--close-mosaic", type=int, default=2)
+    parser.add_argument("--device", default="cpu", help="cpu, or a CUDA index (0)")
+    parser.add_argument("--sides", nargs="+", choices=SIDES, default=list(SIDES))
+    parser.add_argument("--ours", action="append", default=[], metavar="KEY=VALUE",
+                        help="change this project's run: a dotted key of its config (model.init_args.schedule=lightning)")
+    parser.add_argument("--variant", default="", help="the name of the --ours changes (its runs' folder)")
+    a = parser.parse_args(argv)
+    a.size, a.nc = tuple(a.size), 4
+    if bool(a.ours) != bool(a.variant):
+        parser.error("--ours changes need a --variant name (their runs' folder), and a --variant some --ours changes")
+    out = a.out / f"{a.start}_{a.schedule}"
+    out.mkdir(parents=True, exist_ok=True)
+    data_yaml = make_dataset(a.out / "data", num_train=a.train, num_val=a.val, size=a.size, seed=a.data_seed)
+    val_json = a.out / "data" / "annotations" / "instances_val2017.json"
+    val_images = a.out / "data" / "val2017"
+    names = [line.split(": ", 1)[1].strip('"') for line in data_yaml.read_text().splitlines() if line.startswith("  ")]
+    weights = pretrain(a.out, a) if a.start == "finetuned" else None
+    import ultralytics
+
+    results = [run_side(side, seed, out, data_yaml, weights, a, val_json, val_images, names)
+               for seed in a.seeds for side in a.sides]
+    label = {"ultralytics": "ultralytics", "seg_datamodule": f"seg_datamodule-{a.variant}" if a.variant else "seg_datamodule"}
+    rows = summarise(results, a.epochs, label) if set(a.sides) == set(SIDES) else []
+    print(f"\nYOLO11n-seg {a.start}, schedule {a.schedule}: {a.train} train / {a.val} val generated images, "
+          f"canvas {a.imgsz}, batch {a.batch}, {a.epochs} epochs, seeds {a.seeds}, device {a.device}; "
+          f"ultralytics {ultralytics.__version__}" + (f"; this project's variant {a.variant}: {a.ours}" if a.variant else ""))
+    print("epoch  segm AP: ultralytics        seg_datamodule     ratio | AP50: ultralytics    seg_datamodule     ratio")
+    for r in rows:
+        u, s, u50, s50 = (r["ultralytics/segm_AP"], r["seg_datamodule/segm_AP"],
+                          r["ultralytics/segm_AP50"], r["seg_datamodule/segm_AP50"])
+        print(f"{r['epoch']:5d}  {u[0]:.4f} +- {u[1]:.4f}   {s[0]:.4f} +- {s[1]:.4f}   {r['ratio/segm_AP']:5.2f} | "
+              f"{u50[0]:.4f} +- {u50[1]:.4f}   {s50[0]:.4f} +- {s50[1]:.4f}   {r['ratio/segm_AP50']:5.2f}")
+    for side in a.sides:
+        secs = [r["train_seconds"] for r in results if r["side"] == side]
+        side = label[side]
+        print(f"{side}: training wall time {np.mean(secs):.0f} s per run (mean of {len(secs)})")
+    (out / f"results{'-' + a.variant if a.variant else ''}.json").write_text(json.dumps({"args": {k: str(v) for k, v in vars(a).items()},
+                                                  "runs": results, "summary": rows}, indent=1))
+
+
+if __name__ == "__main__":
+    main()
