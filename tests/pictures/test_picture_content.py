@@ -184,6 +184,41 @@ def test_the_recipes_drops_are_drawn_in_red_on_their_own_images(tmp_path: Path) 
                 (np.abs(edge[[0, 2]] - GREEN).max(axis=1) > 40).all(), (title, j, edge)
 
 
+def test_the_indexs_skips_are_drawn_in_thick_red_on_their_own_images(tmp_path: Path) -> None:
+    """A skipped annotation's card: its ring and box from the file in thick red on its own image, the
+    image's kept annotations in green, the index's message as the caption, and how many are shown."""
+    ann = _write_split(tmp_path)
+    data = json.loads(ann.read_text())
+    data["annotations"] += [  # two points on image 11; an unknown category on image 12
+        {"id": 950, "image_id": 11, "category_id": 3, "bbox": [100, 60, 20, 40], "area": 10, "iscrowd": 0,
+         "segmentation": [[100, 60, 120, 60]]},
+        {"id": 951, "image_id": 12, "category_id": 99, "bbox": [100, 8, 20, 20], "area": 400, "iscrowd": 0,
+         "segmentation": [[100, 8, 120, 8, 120, 28, 100, 28]]}]
+    ann.write_text(json.dumps(data))
+    dm = COCOSegDataModule(train_ann=str(ann), train_images=str(tmp_path / "img"), image_size=128, batch_size=2,
+                           num_workers=0, cache_dir=str(tmp_path / "cache"), on_bad_sample="skip")
+    page = inspect_split(dm, "train", tmp_path / "report", samples=1, probe=8)
+    cards = {title: (src, detail) for src, title, detail in _figures(page) if title.split(":")[0]
+             in ("polygon_too_few_points", "annotation_unknown_category_id")}
+    assert set(cards) == {"polygon_too_few_points: annotation id 950", "annotation_unknown_category_id: annotation id 951"}
+    assert "polygon_too_few_points (1 shown)" in page.read_text()
+    assert "annotation id 950 (image id 11, file 1.png): polygon ring 0 has 2 points" in cards[
+        "polygon_too_few_points: annotation id 950"][1]
+    for title, k, red_at, box in (("polygon_too_few_points: annotation id 950", 1, [(110, 60), (120, 80), (100, 95), (110, 100)],
+                                   (100, 60, 20, 40)),
+                                  ("annotation_unknown_category_id: annotation id 951", 2, [(110, 8), (100, 18)],
+                                   (100, 8, 20, 20))):
+        picture = _read(page.parent / cards[title][0])
+        assert picture.shape[:2] == (128, 128), title
+        x, y, w, h = box
+        for px, py in red_at:  # on the ring or the box: red, 3 px wide (the pixel beside it too)
+            for dx, dy in ((0, 0), (1, 0), (0, 1)) if px in (x, x + w) else ((0, 0), (0, 1), (0, -1)):
+                assert np.abs(picture[py + dy, px + dx] - RED).max() < 40, (title, px + dx, py + dy)
+        for sx, sy, side in SQUARES[k]:  # the image's own annotations, in thin green
+            assert np.abs(picture[sy + side // 2, sx] - GREEN).max() < 30, (title, sx, sy)
+        assert np.abs(picture[y + h // 2, x + w // 2] - COLOURS[k]).max() < 12  # inside the box: the image itself
+
+
 def test_annotations_are_outlined_along_their_polygons_in_their_colour(tmp_path: Path) -> None:
     from seg_datamodule.pictures.inspect import _draw_annotations
 
