@@ -9,19 +9,19 @@ epoch's factor (linear to ``lrf``, or a cosine with ``cos_lr``), and SGD's momen
 ``warmup_momentum``. It steps when ``ni - last_opt_step >= accumulate``, ``ni`` counting batches
 over the whole run. :class:`UltralyticsSchedule` answers each of these for any ``ni`` without
 replaying the run, so a resumed run steps where the uninterrupted one did;
-:class:`UltralyticsCadence` drives a ``LightningModule``'s optimiser by it.
+:class:`UltralyticsStepper`, held by a ``LightningModule``, steps its optimiser by it.
 """
 
 from __future__ import annotations
 
 import math
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Callable
 
 import numpy as np
 from torch import Tensor, nn
 
-__all__ = ["GROUPS", "UltralyticsCadence", "UltralyticsSchedule", "ultralytics_param_groups"]
+__all__ = ["GROUPS", "UltralyticsSchedule", "UltralyticsStepper", "ultralytics_param_groups"]
 
 GROUPS = ("weight", "bn", "bias")  # Ultralytics' param_group names, in its optimiser's order
 
@@ -139,34 +139,40 @@ class UltralyticsSchedule:
         return self.momentum
 
 
-class UltralyticsCadence:
-    """A ``LightningModule`` mixin that steps on :class:`UltralyticsSchedule` when ``hparams.schedule`` is ``"ultralytics"``.
+class UltralyticsStepper:
+    """Steps one optimiser where Ultralytics' trainer steps, for the ``LightningModule`` that holds it.
 
-    The module sets, in its ``__init__``: ``_accumulate`` (the nominal accumulation, updated at
-    ``setup("fit")``), ``_schedule = None``, ``_pending_grads = None``, ``_skipped = False`` (its
-    ``training_step`` sets it for a skipped non-finite loss), ``optimizer_stepped = True`` and
-    ``optimizer_steps = 0``; its hyperparameters hold ``schedule``, ``lr``, ``momentum``, ``lrf``,
-    ``cos_lr``, ``warmup_epochs``, ``warmup_bias_lr`` and ``warmup_momentum``; its ``model`` holds
-    the parameters. Lightning sees one step per batch (``trainer.global_step`` counts batches).
+    It sizes an :class:`UltralyticsSchedule` to the Trainer's run, sets each param group's learning
+    rate (and SGD's momentum) per batch, zeroes the gradients only after a step, steps only where
+    the schedule does (running the forward and backward alone otherwise), and carries the
+    gradients of a step in progress through a checkpoint. Lightning then sees one step per batch
+    (``trainer.global_step`` counts batches).
+
+    Args:
+        lr, momentum, lrf, cos_lr, warmup_epochs, warmup_bias_lr, warmup_momentum: the schedule's
+            (:class:`UltralyticsSchedule`).
     """
 
-    hparams: Any
-    trainer: Any
-    model: nn.Module
-    _accumulate: int
-    _schedule: UltralyticsSchedule | None
-    _pending_grads: dict[str, Tensor] | None
-    _skipped: bool
-    optimizer_stepped: bool
-    optimizer_steps: int
+    def __init__(self, *, lr: float, momentum: float, lrf: float, cos_lr: bool, warmup_epochs: float,
+                 warmup_bias_lr: float, warmup_momentum: float) -> None:
+        self.hyper = {"lr": lr, "momentum": momentum, "lrf": lrf, "cos_lr": cos_lr, "warmup_epochs": warmup_epochs,
+                      "warmup_bias_lr": warmup_bias_lr, "warmup_momentum": warmup_momentum}
+        self.accumulate = 1  # the nominal accumulation
+        self.stepped = True  # whether the last batch ended in a real optimiser step
+        self.steps = 0  # real optimiser steps of the current fit
+        self._schedule: UltralyticsSchedule | None = None
+        self._pending: dict[str, Tensor] | None = None  # a checkpoint's accumulated gradients
 
-    def ultralytics_schedule(self) -> UltralyticsSchedule:
-        """The run's :class:`UltralyticsSchedule` (``schedule: ultralytics``), sized to the Trainer's epochs.
+    def set_accumulation(self, accumulate: int) -> None:
+        """The nominal accumulation of this fit (``setup("fit")``); the schedule is sized at the first batch."""
+        self.accumulate, self._schedule = accumulate, None
+
+    def schedule(self, trainer: Any) -> UltralyticsSchedule:
+        """The run's :class:`UltralyticsSchedule`, sized to the Trainer's epochs and epoch length.
 
         Raises:
             ValueError: the train loader has no length, or the run has neither ``max_epochs`` nor ``max_steps``.
         """
-        trainer = self.trainer
         batches = trainer.num_training_batches
         if self._schedule is None or self._schedule.batches_per_epoch != batches:
             if not math.isfinite(batches) or batches < 1:
@@ -178,61 +184,53 @@ class UltralyticsCadence:
             if epochs is None:
                 raise ValueError("schedule: ultralytics decays the learning rate over the run's epochs: set "
                                  "trainer.max_epochs (or max_steps), or the model's schedule: lightning")
-            h = self.hparams
-            self._schedule = UltralyticsSchedule(
-                lr=h.lr, momentum=h.momentum, epochs=int(epochs), batches_per_epoch=int(batches),
-                accumulate=self._accumulate, lrf=h.lrf, cos_lr=h.cos_lr, warmup_epochs=h.warmup_epochs,
-                warmup_bias_lr=h.warmup_bias_lr, warmup_momentum=h.warmup_momentum)
+            self._schedule = UltralyticsSchedule(epochs=int(epochs), batches_per_epoch=int(batches),
+                                                 accumulate=self.accumulate, **self.hyper)
         return self._schedule
 
-    def _batch_index(self, epoch: int, batch_idx: int) -> int:
-        """Ultralytics' ``ni``: the batch's index over the whole run."""
-        return epoch * int(self.ultralytics_schedule().batches_per_epoch) + batch_idx
-
-    def optimizer_zero_grad(self, epoch: int, batch_idx: int, optimizer: Any) -> None:
-        """``schedule: ultralytics``: keep the gradients while a step accumulates them (Lightning asks at every
-        batch, its own accumulation being 1)."""
-        if self.hparams.schedule == "lightning":
-            return super().optimizer_zero_grad(epoch, batch_idx, optimizer)
-        ni = self._batch_index(epoch, batch_idx)
-        if ni == 0 or self.ultralytics_schedule().steps_on(ni - 1):
+    def zero_grad(self, trainer: Any, epoch: int, batch_idx: int, optimizer: Any) -> None:
+        """Zero the gradients at the run's first batch and after a step only (Lightning asks at every batch)."""
+        schedule = self.schedule(trainer)
+        ni = epoch * schedule.batches_per_epoch + batch_idx
+        if ni == 0 or schedule.steps_on(ni - 1):
             optimizer.zero_grad()
 
-    def optimizer_step(self, epoch: int, batch_idx: int, optimizer: Any, optimizer_closure: Any = None) -> None:
-        """``schedule: ultralytics``: set each group's learning rate (and SGD's momentum) for this batch, run the
-        forward and backward, and step only where Ultralytics' trainer steps."""
-        if self.hparams.schedule == "lightning":
-            return super().optimizer_step(epoch, batch_idx, optimizer, optimizer_closure)
-        schedule, ni = self.ultralytics_schedule(), self._batch_index(epoch, batch_idx)
+    def step(self, trainer: Any, epoch: int, batch_idx: int, optimizer: Any, closure: Any,
+             skipped: Callable[[], bool]) -> None:
+        """Set the batch's rates, run ``closure`` (forward and backward) and step where the schedule does.
+
+        Args:
+            skipped: after the closure, whether its loss was skipped (not finite): no step then.
+        """
+        schedule = self.schedule(trainer)
+        ni = epoch * schedule.batches_per_epoch + batch_idx  # Ultralytics' ni: the batch over the whole run
         for group in optimizer.param_groups:
             group["lr"] = schedule.lr_at(ni, epoch, group.get("param_group", "weight"))
             if "momentum" in group:
                 group["momentum"] = schedule.momentum_at(ni)
-        self._skipped = False
         if schedule.steps_on(ni):
-            optimizer.step(closure=optimizer_closure)
-            self.optimizer_stepped = not self._skipped
-            self.optimizer_steps += int(self.optimizer_stepped)
+            optimizer.step(closure=closure)
+            self.stepped = not skipped()
+            self.steps += int(self.stepped)
         else:
-            optimizer_closure()
-            self.optimizer_stepped = False
+            closure()
+            self.stepped = False
 
-    def on_train_start(self) -> None:
-        """Put back the gradients a checkpoint taken between two steps held."""
-        pending, self._pending_grads = self._pending_grads, None
-        if pending:
-            for name, param in self.model.named_parameters():
-                if name in pending:
-                    param.grad = pending[name].to(param.device, param.dtype)
-
-    def on_save_checkpoint(self, checkpoint: dict[str, Any]) -> None:
-        """``schedule: ultralytics``: between two steps, the gradients accumulated so far (``accumulated_gradients``)."""
-        super().on_save_checkpoint(checkpoint)
-        if self.hparams.schedule == "ultralytics" and not self.optimizer_stepped:
-            checkpoint["accumulated_gradients"] = {n: p.grad.detach().clone() for n, p in self.model.named_parameters()
+    def save(self, checkpoint: dict[str, Any], model: nn.Module) -> None:
+        """Between two steps, put the gradients accumulated so far in ``checkpoint["accumulated_gradients"]``."""
+        if not self.stepped:
+            checkpoint["accumulated_gradients"] = {n: p.grad.detach().clone() for n, p in model.named_parameters()
                                                    if p.grad is not None}
 
-    def on_load_checkpoint(self, checkpoint: dict[str, Any]) -> None:
-        """Keep a checkpoint's accumulated gradients for :meth:`on_train_start` (and its epoch, :class:`EvaluationStages`)."""
-        super().on_load_checkpoint(checkpoint)
-        self._pending_grads = checkpoint.get("accumulated_gradients")
+    def load(self, checkpoint: dict[str, Any]) -> None:
+        """Keep a checkpoint's accumulated gradients for :meth:`restore`."""
+        self._pending = checkpoint.get("accumulated_gradients")
+
+    def restore(self, model: nn.Module) -> None:
+        """Put back the gradients a loaded checkpoint held (at the start of training)."""
+        pending, self._pending = self._pending, None
+        if not pending:
+            return
+        for name, param in model.named_parameters():
+            if name in pending:
+                param.grad = pending[name].to(param.device, param.dtype)

@@ -21,7 +21,6 @@ user set them), so nothing checks the network or pip-installs at run time.
 
 from __future__ import annotations
 
-import math
 import os
 from typing import Any, Literal
 
@@ -39,7 +38,8 @@ from seg_datamodule.integrations._optim import (
 )
 from seg_datamodule.integrations._stages import NON_FINITE_CHOICES, EvaluationStages, OnceFilter, check_loss
 from seg_datamodule.integrations._ultralytics_checkpoint import read_yolo_weights
-from seg_datamodule.integrations._ultralytics_schedule import UltralyticsCadence, UltralyticsSchedule, ultralytics_param_groups
+from seg_datamodule.integrations._ultralytics_detections import decode_detections
+from seg_datamodule.integrations._ultralytics_schedule import UltralyticsStepper, ultralytics_param_groups
 from seg_datamodule.integrations._weights import Transfer, load_matching
 from seg_datamodule.integrations.ultralytics_batch import semantic_masks, to_ultralytics_batch
 from seg_datamodule.ops.checks import check_choice, check_number
@@ -73,7 +73,7 @@ def import_ultralytics() -> Any:
 # ------------------------------------------------------------------------------ the module
 
 
-class YOLOSegModule(UltralyticsCadence, EvaluationStages, L.LightningModule):
+class YOLOSegModule(EvaluationStages, L.LightningModule):
     """An Ultralytics segmentation model trained with its own loss on :class:`DetectionBatch` es.
 
     Args:
@@ -101,7 +101,7 @@ class YOLOSegModule(UltralyticsCadence, EvaluationStages, L.LightningModule):
         lr, momentum, weight_decay (float): its learning rate (Ultralytics' ``lr0``), momentum / beta1
             and weight decay.
         schedule (str): ``"ultralytics"`` (default): the module steps as Ultralytics' trainer does
-            (:class:`~seg_datamodule.integrations._ultralytics_schedule.UltralyticsSchedule`): over
+            (:class:`~seg_datamodule.integrations._ultralytics_schedule.UltralyticsStepper`): over
             the warmup the accumulation ramps from 1 to the nominal one, the biases' learning rate
             falls from ``warmup_bias_lr`` and the others' rise from 0, SGD's momentum rises from
             ``warmup_momentum``; then the learning rate follows ``lr_factor(epoch)``, linear to
@@ -220,12 +220,10 @@ class YOLOSegModule(UltralyticsCadence, EvaluationStages, L.LightningModule):
         if weights is not None:
             self.pretrained = load_matching(self.model, *read_yolo_weights(weights))
         self._loss_scale, self._weight_decay_scale = 1.0, 1.0  # set by setup("fit") for nominal_batch_size
-        self._accumulate = 1  # schedule: ultralytics: the nominal accumulation, set by setup("fit")
-        self._schedule: UltralyticsSchedule | None = None
-        self._pending_grads: dict[str, Tensor] | None = None  # a checkpoint's accumulated gradients
+        self.stepper = UltralyticsStepper(lr=lr, momentum=momentum, lrf=lrf, cos_lr=cos_lr, warmup_epochs=warmup_epochs,
+                                          warmup_bias_lr=warmup_bias_lr, warmup_momentum=warmup_momentum,
+                                          ) if schedule == "ultralytics" else None
         self._skipped = False  # the batch's loss was not finite and on_nonfinite_loss skips it
-        self.optimizer_stepped = True  # whether the last training batch ended in an optimiser step
-        self.optimizer_steps = 0  # schedule: ultralytics: the optimiser steps of the current fit
         self._criterion: Any = None
         self._criterion_device: torch.device | None = None
         self.coco_metric: COCOMaskMAP | None = None
@@ -307,9 +305,9 @@ class YOLOSegModule(UltralyticsCadence, EvaluationStages, L.LightningModule):
         refuse ``box_only: keep`` (:func:`refuse_box_only`)."""
         refuse_box_only(self, "Ultralytics YOLO-seg (YOLOSegModule)")
         if stage == "fit" and self.hparams.schedule == "ultralytics":
-            self._loss_scale, self._weight_decay_scale, self._accumulate = own_nominal_batch(
+            self._loss_scale, self._weight_decay_scale, accumulate = own_nominal_batch(
                 self.trainer, self.hparams.nominal_batch_size)
-            self._schedule = None  # sized at the first batch, when the epoch's length is known
+            self.stepper.set_accumulation(accumulate)
         elif stage == "fit" and self.hparams.nominal_batch_size is not None:
             self._loss_scale, self._weight_decay_scale = apply_nominal_batch(self.trainer,
                                                                              self.hparams.nominal_batch_size)
@@ -321,20 +319,8 @@ class YOLOSegModule(UltralyticsCadence, EvaluationStages, L.LightningModule):
         self.setup_stage(stage)
 
     def predict_batch(self, batch: DetectionBatch, outputs: Any = None) -> list[dict[str, Tensor]]:
-        """Detections per image: Ultralytics' NMS and mask decoding, on the canvas.
-
-        Args:
-            batch: a collated batch.
-            outputs: the eval-mode model outputs (computed here when ``None``).
-
-        Returns:
-            One dict per image: ``boxes (Tensor[n, 4] float32)`` xyxy canvas pixels, ``scores (Tensor[n])``,
-            ``labels (Tensor[n] int64)`` and ``masks (Tensor[n, Hm, Wm] bool)``, cropped to the box,
-            on the batch's ``mask_stride`` grid when it is the prototype grid, else on the canvas.
-        """
-        from ultralytics.utils.nms import non_max_suppression
-        from ultralytics.utils.ops import process_mask
-
+        """Detections per image of ``batch`` (``outputs``: its eval-mode model outputs, computed here when
+        ``None``): Ultralytics' NMS and mask decoding, on the canvas, as :func:`decode_detections` returns them."""
         limit = self.hparams.get("nms_time_limit")
         if limit is not None:  # Ultralytics warns per batch it gives up on: once here
             from ultralytics.utils import LOGGER
@@ -343,23 +329,9 @@ class YOLOSegModule(UltralyticsCadence, EvaluationStages, L.LightningModule):
                                                          "nms_time_limit: null sets no limit")
         if outputs is None:
             outputs = self.model(to_ultralytics_batch(batch)["img"])
-        head, proto = outputs[0]  # eval mode: ((B, 4 + C + k, A), protos (B, k, Hp, Wp)), raw dict
-        if isinstance(proto, tuple):  # (protos, semantic logits) of a model with a semantic branch
-            proto = proto[0]
-        detections = non_max_suppression(
-            head.float(), self.hparams.conf, self.hparams.iou, nc=self.num_classes, multi_label=True,
-            max_det=self.hparams.max_det, end2end=bool(getattr(self.model, "end2end", False)),
-            max_time_img=math.inf if limit is None else limit,
-        )
-        canvas = tuple(batch.images.shape[-2:])
-        # 4 for YOLOv8/YOLO11 (the ProtoNet upsamples P3 by 2); masks go to the canvas otherwise.
-        on_canvas = canvas[0] != batch.mask_stride * proto.shape[-2]
-        preds = []
-        for b, det in enumerate(detections):
-            boxes = det[:, :4]
-            masks = process_mask(proto[b].float(), det[:, 6:], boxes, shape=canvas, upsample=on_canvas)
-            preds.append({"boxes": boxes, "scores": det[:, 4], "labels": det[:, 5].long(), "masks": masks.bool()})
-        return preds
+        h = self.hparams
+        return decode_detections(outputs, batch, conf=h.conf, iou=h.iou, num_classes=self.num_classes, max_det=h.max_det,
+                                 end2end=bool(getattr(self.model, "end2end", False)), time_limit=limit)
 
     def validation_step(self, batch: DetectionBatch, batch_idx: int) -> None:
         """Logs ``val/loss`` and its terms; the NMS detections go into the COCO metric."""
@@ -384,6 +356,48 @@ class YOLOSegModule(UltralyticsCadence, EvaluationStages, L.LightningModule):
             return configure_from_hparams(self, self._weight_decay_scale)
         groups = ultralytics_param_groups(self.model, h.weight_decay * self._weight_decay_scale)
         return make_optimizer(groups, h.optimizer, h.lr, h.momentum)
+
+    # ------------------------------------------------------------------------------ Ultralytics' cadence
+
+    @property
+    def optimizer_stepped(self) -> bool:
+        """Whether the last training batch ended in an optimiser step (every batch does with ``schedule: lightning``)."""
+        return self.stepper is None or self.stepper.stepped
+
+    @property
+    def optimizer_steps(self) -> int:
+        """``schedule: ultralytics``: the real optimiser steps of the current fit (``trainer.global_step`` counts batches)."""
+        return 0 if self.stepper is None else self.stepper.steps
+
+    def optimizer_zero_grad(self, epoch: int, batch_idx: int, optimizer: Any) -> None:
+        """``schedule: ultralytics``: keep the gradients while a step accumulates them."""
+        if self.stepper is None:
+            return super().optimizer_zero_grad(epoch, batch_idx, optimizer)
+        self.stepper.zero_grad(self.trainer, epoch, batch_idx, optimizer)
+
+    def optimizer_step(self, epoch: int, batch_idx: int, optimizer: Any, optimizer_closure: Any = None) -> None:
+        """``schedule: ultralytics``: the batch's rates, and a step only where Ultralytics' trainer steps."""
+        if self.stepper is None:
+            return super().optimizer_step(epoch, batch_idx, optimizer, optimizer_closure)
+        self._skipped = False
+        self.stepper.step(self.trainer, epoch, batch_idx, optimizer, optimizer_closure, lambda: self._skipped)
+
+    def on_train_start(self) -> None:
+        """Put back the gradients a checkpoint taken between two steps held."""
+        if self.stepper is not None:
+            self.stepper.restore(self.model)
+
+    def on_save_checkpoint(self, checkpoint: dict[str, Any]) -> None:
+        """``schedule: ultralytics``: between two steps, the gradients accumulated so far (``accumulated_gradients``)."""
+        super().on_save_checkpoint(checkpoint)
+        if self.stepper is not None:
+            self.stepper.save(checkpoint, self.model)
+
+    def on_load_checkpoint(self, checkpoint: dict[str, Any]) -> None:
+        """Keep a checkpoint's accumulated gradients for :meth:`on_train_start` (and its epoch, :class:`EvaluationStages`)."""
+        super().on_load_checkpoint(checkpoint)
+        if self.stepper is not None:
+            self.stepper.load(checkpoint)
 
     def configure_gradient_clipping(self, optimizer: Any, gradient_clip_val: float | None = None,
                                     gradient_clip_algorithm: str | None = None) -> None:
