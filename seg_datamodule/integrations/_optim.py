@@ -131,6 +131,21 @@ def configure_from_hparams(module: Any, weight_decay_scale: float = 1.0) -> Any:
                                warmup, total, h.cosine_schedule is not False)
 
 
+def _trainer_accumulation(trainer: Any, nominal_batch_size: int) -> tuple[int, int, float]:
+    """``(batch, accumulate, weight_decay_scale)`` of the Trainer's run: ``batch`` is the DataModule's
+    ``batch_size`` times the devices, the rest :func:`nominal_batch_accumulation`'s.
+
+    Raises:
+        ValueError: the DataModule has no ``batch_size`` (plain DataLoaders).
+    """
+    batch_size = getattr(getattr(trainer, "datamodule", None), "batch_size", None)
+    if not isinstance(batch_size, int):
+        raise ValueError("nominal_batch_size needs the batch size: train with a DataModule that has batch_size, "
+                         "or set the model's nominal_batch_size to None (no accumulation)")
+    batch = batch_size * int(trainer.world_size)
+    return (batch, *nominal_batch_accumulation(batch, nominal_batch_size))
+
+
 def apply_nominal_batch(trainer: Any, nominal_batch_size: int) -> tuple[float, float]:
     """Set ``trainer.accumulate_grad_batches`` as Ultralytics accumulates towards its nominal batch.
 
@@ -152,20 +167,15 @@ def apply_nominal_batch(trainer: Any, nominal_batch_size: int) -> tuple[float, f
         ValueError: the DataModule has no ``batch_size`` (plain DataLoaders), or the Trainer was
             given another ``accumulate_grad_batches``.
     """
-    batch_size = getattr(getattr(trainer, "datamodule", None), "batch_size", None)
-    if not isinstance(batch_size, int):
-        raise ValueError("nominal_batch_size needs the batch size: train with a DataModule that has batch_size, "
-                         "or set the model's nominal_batch_size to None (no accumulation)")
-    world_size = int(trainer.world_size)
-    accumulate, decay_scale = nominal_batch_accumulation(batch_size * world_size, nominal_batch_size)
+    batch, accumulate, decay_scale = _trainer_accumulation(trainer, nominal_batch_size)
     if trainer.accumulate_grad_batches not in (1, accumulate):
         raise ValueError(
             f"Trainer(accumulate_grad_batches={trainer.accumulate_grad_batches}) conflicts with the model's "
-            f"nominal_batch_size={nominal_batch_size} ({accumulate} batches of {batch_size * world_size}); "
+            f"nominal_batch_size={nominal_batch_size} ({accumulate} batches of {batch}); "
             "set one of them (the model's to None to use the Trainer's)"
         )
     trainer.accumulate_grad_batches = accumulate
-    return float(accumulate * world_size), decay_scale
+    return float(accumulate * int(trainer.world_size)), decay_scale
 
 
 def own_nominal_batch(trainer: Any, nominal_batch_size: int | None) -> tuple[float, float, int]:
@@ -190,15 +200,11 @@ def own_nominal_batch(trainer: Any, nominal_batch_size: int | None) -> tuple[flo
             "schedule: ultralytics, which accumulates towards nominal_batch_size itself; set the model's "
             "nominal_batch_size, or its schedule: lightning to use the Trainer's"
         )
-    world_size = int(trainer.world_size)
+    world_size = float(trainer.world_size)
     if nominal_batch_size is None:
-        return float(world_size), 1.0, 1
-    batch_size = getattr(getattr(trainer, "datamodule", None), "batch_size", None)
-    if not isinstance(batch_size, int):
-        raise ValueError("nominal_batch_size needs the batch size: train with a DataModule that has batch_size, "
-                         "or set the model's nominal_batch_size to None (no accumulation)")
-    accumulate, decay_scale = nominal_batch_accumulation(batch_size * world_size, nominal_batch_size)
-    return float(world_size), decay_scale, accumulate
+        return world_size, 1.0, 1
+    _, accumulate, decay_scale = _trainer_accumulation(trainer, nominal_batch_size)
+    return world_size, decay_scale, accumulate
 
 
 def check_max_grad_norm(max_grad_norm: float | None) -> None:
