@@ -168,3 +168,22 @@ def test_an_evaluation_split_without_annotations_is_refused_for_val_and_passed_f
     dm = _dm(tmp_path, test_ann=str(ann), test_images=str(images))
     dm.setup("test")
     assert (dm.sources.scans["test"].images, dm.sources.scans["test"].instances) == (3, 0)
+
+
+def test_drop_crowd_counts_every_crowd_region_with_those_of_images_left_out_as_bad(tmp_path: Path) -> None:
+    """Image 1's only target is a bad polygon, so it is left out with its crowd region; the others' are dropped:
+    every annotation of the file is counted once, and the refusal counts all six regions."""
+    ann, images = _crowd_coco(tmp_path)
+    data = json.loads(ann.read_text())
+    data["annotations"].append({"id": 99, "image_id": 1, "category_id": 1, "iscrowd": 0, "bbox": [1, 1, 4, 4],
+                                "area": 0.0, "segmentation": [[1.0, 1.0, 5.0, 5.0]]})  # two points
+    ann.write_text(json.dumps(data))
+    dm = _dm(tmp_path, drop_crowd=True, on_bad_sample="skip", val_ann=str(ann), val_images=str(images))
+    with pytest.warns(UserWarning) as warned, pytest.raises(NothingToScoreError) as caught:
+        dm.setup("validate")
+    assert sorted(type(w.message).__name__ for w in warned) == ["CrowdShareWarning", "UserWarning"]
+    assert sum("1 images were left out as bad" in str(w.message) for w in warned) == 1
+    assert "no instance for COCO AP to score (val): all 6 of its annotations are crowd regions" in str(caught.value)
+    index = dm.sources.split_index("val")
+    assert len(index) == 2 and index.skip_counts == {"polygon_too_few_points": 1, "image_all_annotations_skipped": 1}
+    assert index.dropped_counts["crowd_dropped"] == 6 and index.num_crowd == index.num_instances == 0
