@@ -28,12 +28,17 @@ and the ratio of the means (this project over Ultralytics), and writes every num
 ``<out>/<start>_<schedule>/results.json``. Runs already there are reused (delete a run's folder to redo
 it). ``--variant NAME --ours KEY=VALUE`` changes this project's side only (one change at a time,
 against the same Ultralytics runs): ``--variant old-cadence --ours model.init_args.schedule=lightning
---ours model.init_args.warmup_steps=10``.
+--ours model.init_args.warmup_steps=10``. ``--cell NAME`` puts an off-diagonal cell of the
+data-vs-loop 2x2 in place of this project's side (``benchmarks/_parity_cells.py``):
+``ultralytics-loop-our-data`` (Ultralytics' trainer fed this DataModule's batches) or
+``our-loop-ultralytics-data`` (the Lightning loop and ``YOLOSegModule`` fed Ultralytics' loader).
+The last epoch's ratio is printed with its 95 % bootstrap interval over the seeds.
 
 Usage (needs ``pip install "seg-datamodule[ultralytics]"``)::
 
     python benchmarks/train_parity.py                        # scratch, nominal batch 64, seeds 0 1 2
     python benchmarks/train_parity.py --schedule step --start finetuned
+    python benchmarks/train_parity.py --cell ultralytics-loop-our-data --seeds 0 1 2 3 4 5
     python benchmarks/train_parity.py --train 400 --val 100 --imgsz 320 --epochs 30 --device 0   # longer, GPU
 """
 
@@ -122,25 +127,33 @@ def _run(argv: list[str], log: Path) -> float:
     return time.perf_counter() - start
 
 
-def train_ultralytics(run: Path, data_yaml: Path, seed: int, a: argparse.Namespace, weights: str | None) -> list[Path]:
-    """Ultralytics' trainer; returns its per-epoch checkpoints in epoch order."""
+def ultralytics_kwargs(run: Path, data_yaml: Path, seed: int, a: argparse.Namespace) -> dict[str, Any]:
+    """The keyword arguments of Ultralytics' ``YOLO(...).train`` for one run."""
     opt = auto_optimizer(a.nc)
-    kwargs = dict(
+    return dict(
         data=str(data_yaml), epochs=a.epochs, batch=a.batch, imgsz=a.imgsz, workers=a.workers, seed=seed,
         device=a.device, nbs=a.batch if a.schedule == "step" else 64, close_mosaic=a.close_mosaic,
         optimizer=opt["optimizer"], lr0=opt["lr"], momentum=opt["momentum"], warmup_bias_lr=opt["warmup_bias_lr"],
         val=False, save_period=1, plots=False, amp=a.device != "cpu", project=str(run.resolve()), name="train",
         exist_ok=True, verbose=False,
     )
+
+
+def train_ultralytics(run: Path, data_yaml: Path, seed: int, a: argparse.Namespace, weights: str | None) -> list[Path]:
+    """Ultralytics' trainer; returns its per-epoch checkpoints in epoch order."""
+    kwargs = ultralytics_kwargs(run, data_yaml, seed, a)
     script = (f"from ultralytics import YOLO\nYOLO({(weights or 'yolo11n-seg.yaml')!r}).train(**{kwargs!r})\n")
     seconds = _run([sys.executable, "-c", script], run / "train.log")
     (run / "seconds").write_text(f"{seconds:.1f}\n")
-    ckpts = sorted((run / "train" / "weights").glob("epoch*.pt"), key=lambda p: int(p.stem[5:]))
-    return ckpts
+    return _ultralytics_checkpoints(run)
 
 
-def train_ours(run: Path, data_yaml: Path, seed: int, a: argparse.Namespace, weights: str | None) -> list[Path]:
-    """``seg-datamodule fit`` with the shipped YOLO config and an overlay; returns the per-epoch checkpoints."""
+def _ultralytics_checkpoints(run: Path) -> list[Path]:
+    return sorted((run / "train" / "weights").glob("epoch*.pt"), key=lambda p: int(p.stem[5:]))
+
+
+def our_overlay(run: Path, data_yaml: Path, seed: int, a: argparse.Namespace, weights: str | None) -> Path:
+    """Write this project's overlay config for one run (on top of the shipped YOLO config); returns its path."""
     opt = auto_optimizer(a.nc)
     overlay = {
         "seed_everything": seed,
@@ -169,10 +182,32 @@ def train_ours(run: Path, data_yaml: Path, seed: int, a: argparse.Namespace, wei
             node = node.setdefault(k, {})
         node[leaf] = yaml.safe_load(value)
     (run / "overlay.yaml").write_text(json.dumps(overlay, indent=2))  # JSON is YAML
-    argv = [sys.executable, "-m", "seg_datamodule", "fit", "--config", str(CONFIG), "--config", str(run / "overlay.yaml")]
+    return run / "overlay.yaml"
+
+
+def train_ours(run: Path, data_yaml: Path, seed: int, a: argparse.Namespace, weights: str | None) -> list[Path]:
+    """``seg-datamodule fit`` with the shipped YOLO config and an overlay; returns the per-epoch checkpoints."""
+    overlay = our_overlay(run, data_yaml, seed, a, weights)
+    argv = [sys.executable, "-m", "seg_datamodule", "fit", "--config", str(CONFIG), "--config", str(overlay)]
     seconds = _run(argv, run / "train.log")
     (run / "seconds").write_text(f"{seconds:.1f}\n")
+    return _our_checkpoints(run)
+
+
+def _our_checkpoints(run: Path) -> list[Path]:
     return sorted((run / "ckpt").glob("epoch*.ckpt"), key=lambda p: int(p.stem[5:]))
+
+
+def train_cell(run: Path, data_yaml: Path, seed: int, a: argparse.Namespace, weights: str | None) -> list[Path]:
+    """An off-diagonal cell of the 2x2 (``benchmarks/_parity_cells.py``): one trainer on the other's batches."""
+    spec = {"run": str(run.resolve()), "weights": weights,
+            "configs": [str(CONFIG), str(our_overlay(run, data_yaml, seed, a, weights))],
+            "ultralytics": ultralytics_kwargs(run, data_yaml, seed, a)}
+    (run / "spec.json").write_text(json.dumps(spec, indent=1))
+    argv = [sys.executable, str(ROOT / "benchmarks" / "_parity_cells.py"), a.cell, str(run / "spec.json")]
+    seconds = _run(argv, run / "train.log")
+    (run / "seconds").write_text(f"{seconds:.1f}\n")
+    return _ultralytics_checkpoints(run) if a.cell == "ultralytics-loop-our-data" else _our_checkpoints(run)
 
 
 # ------------------------------------------------------------------------------ the evaluator
@@ -266,30 +301,51 @@ def run_side(side: str, seed: int, out: Path, data_yaml: Path, weights: str | No
         return json.loads(result_file.read_text())
     run.mkdir(parents=True, exist_ok=True)
     print(f"training {side} seed {seed} ...", flush=True)
-    trainer = train_ultralytics if side == "ultralytics" else train_ours
+    trainer = train_ultralytics if side == "ultralytics" else train_cell if a.cell else train_ours
     ckpts = trainer(run, data_yaml, seed, a, weights)
     if len(ckpts) != a.epochs:
         raise RuntimeError(f"{run}: {len(ckpts)} epoch checkpoints, expected {a.epochs}")
     epochs = []
     for ckpt in ckpts:
-        pt = as_ultralytics_checkpoint(ckpt, names) if side == "seg_datamodule" else ckpt
+        pt = as_ultralytics_checkpoint(ckpt, names) if ckpt.suffix == ".ckpt" else ckpt
         epochs.append(evaluate(pt, val_json, val_images, a))
     result = {"side": side, "label": label, "seed": seed, "train_seconds": float((run / "seconds").read_text()), "epochs": epochs}
     result_file.write_text(json.dumps(result, indent=1))
     return result
 
 
+def ratio_interval(ours: list[float], theirs: list[float], draws: int = 10_000, seed: int = 0) -> tuple[float, float]:
+    """The 95 % bootstrap interval of ``mean(ours) / mean(theirs)``: each side's seeds resampled with
+    replacement, on its own, ``draws`` times (percentiles 2.5 and 97.5; NaN where ``theirs`` draws 0).
+
+    With AP this early in training a seed's spread is as large as the gap being measured, so a
+    ratio of means of 3 seeds a side is read with its interval.
+    """
+    rng = np.random.default_rng(seed)
+    a, b = np.asarray(ours, np.float64), np.asarray(theirs, np.float64)
+    num = a[rng.integers(0, len(a), (draws, len(a)))].mean(1)
+    den = b[rng.integers(0, len(b), (draws, len(b)))].mean(1)
+    ratios = num[den > 0] / den[den > 0]
+    if not len(ratios):
+        return math.nan, math.nan
+    lo, hi = np.percentile(ratios, [2.5, 97.5])
+    return float(lo), float(hi)
+
+
 def summarise(results: list[dict[str, Any]], epochs: int, label: dict[str, str]) -> list[dict[str, Any]]:
-    """Per epoch: each side's mean and standard deviation of segm AP / AP50 over seeds, and the ratio of means."""
+    """Per epoch: each side's mean and standard deviation of segm AP / AP50 over seeds, the ratio of
+    means and its 95 % bootstrap interval (:func:`ratio_interval`)."""
     rows = []
     for e in range(epochs):
         row: dict[str, Any] = {"epoch": e + 1}
         for key in ("segm_AP", "segm_AP50"):
+            values = {side: [r["epochs"][e][key] for r in results
+                             if r["side"] == side and r.get("label", side) == label[side]] for side in SIDES}
             for side in SIDES:
-                values = [r["epochs"][e][key] for r in results if r["side"] == side and r.get("label", side) == label[side]]
-                row[f"{side}/{key}"] = (float(np.mean(values)), float(np.std(values)))
+                row[f"{side}/{key}"] = (float(np.mean(values[side])), float(np.std(values[side])))
             theirs = row[f"ultralytics/{key}"][0]
             row[f"ratio/{key}"] = row[f"seg_datamodule/{key}"][0] / theirs if theirs > 0 else math.nan
+            row[f"ratio_ci95/{key}"] = ratio_interval(values["seg_datamodule"], values["ultralytics"])
         rows.append(row)
     return rows
 
@@ -316,10 +372,15 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--ours", action="append", default=[], metavar="KEY=VALUE",
                         help="change this project's run: a dotted key of its config (model.init_args.schedule=lightning)")
     parser.add_argument("--variant", default="", help="the name of the --ours changes (its runs' folder)")
+    parser.add_argument("--cell", choices=("ultralytics-loop-our-data", "our-loop-ultralytics-data"),
+                        help="an off-diagonal cell of the data-vs-loop 2x2 in place of this project's side "
+                             "(benchmarks/_parity_cells.py)")
     a = parser.parse_args(argv)
     a.size, a.nc = tuple(a.size), 4
     if bool(a.ours) != bool(a.variant):
         parser.error("--ours changes need a --variant name (their runs' folder), and a --variant some --ours changes")
+    if a.cell:
+        a.variant = a.cell + (f"-{a.variant}" if a.variant else "")
     out = a.out / f"{a.start}_{a.schedule}"
     out.mkdir(parents=True, exist_ok=True)
     data_yaml = make_dataset(a.out / "data", num_train=a.train, num_val=a.val, size=a.size, seed=a.data_seed)
@@ -342,6 +403,10 @@ def main(argv: list[str] | None = None) -> None:
                           r["ultralytics/segm_AP50"], r["seg_datamodule/segm_AP50"])
         print(f"{r['epoch']:5d}  {u[0]:.4f} +- {u[1]:.4f}   {s[0]:.4f} +- {s[1]:.4f}   {r['ratio/segm_AP']:5.2f} | "
               f"{u50[0]:.4f} +- {u50[1]:.4f}   {s50[0]:.4f} +- {s50[1]:.4f}   {r['ratio/segm_AP50']:5.2f}")
+    if rows:
+        lo, hi = rows[-1]["ratio_ci95/segm_AP"]
+        print(f"last epoch: segm AP ratio {rows[-1]['ratio/segm_AP']:.2f}, 95 % bootstrap interval over seeds "
+              f"{lo:.2f}-{hi:.2f}")
     for side in a.sides:
         secs = [r["train_seconds"] for r in results if r["side"] == side]
         side = label[side]

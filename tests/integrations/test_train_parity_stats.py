@@ -1,0 +1,64 @@
+"""The statistics ``benchmarks/train_parity.py`` reports: the ratio of means and its bootstrap interval.
+
+(The benchmark itself trains for minutes with the Ultralytics extra; its summary is pure numpy.)
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import math
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+@pytest.fixture(scope="module")
+def parity():
+    spec = importlib.util.spec_from_file_location("train_parity", ROOT / "benchmarks" / "train_parity.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_interval_of_constant_sides_is_their_ratio(parity) -> None:
+    assert parity.ratio_interval([0.2, 0.2, 0.2], [0.1, 0.1, 0.1]) == pytest.approx((2.0, 2.0))
+
+
+def test_interval_brackets_the_ratio_of_means_and_is_seeded(parity) -> None:
+    ours, theirs = [0.194, 0.179, 0.137, 0.083, 0.153, 0.165], [0.191, 0.143, 0.235, 0.171, 0.246, 0.167]
+    lo, hi = parity.ratio_interval(ours, theirs)
+    ratio = np.mean(ours) / np.mean(theirs)
+    assert lo < ratio < hi
+    # the extremes of any resample: every draw of ours at its min over theirs at its max, and the reverse
+    assert min(ours) / max(theirs) <= lo and hi <= max(ours) / min(theirs)
+    assert parity.ratio_interval(ours, theirs) == (lo, hi)
+    assert parity.ratio_interval(ours, theirs, seed=1) != (lo, hi)
+
+
+def test_interval_narrows_with_more_seeds(parity) -> None:
+    seeds = [0.16, 0.2, 0.24]
+    few = parity.ratio_interval(seeds, seeds)
+    many = parity.ratio_interval(seeds * 20, seeds * 20)  # the same spread, 20 times the seeds
+    assert few[0] < 1.0 < few[1] and many[0] < 1.0 < many[1]
+    assert many[1] - many[0] < (few[1] - few[0]) / 3  # about sqrt(20) narrower
+
+
+def test_a_peer_at_zero_gives_no_interval(parity) -> None:
+    lo, hi = parity.ratio_interval([0.1, 0.2], [0.0, 0.0])
+    assert math.isnan(lo) and math.isnan(hi)
+
+
+def test_summary_rows_carry_the_interval(parity) -> None:
+    def run(side: str, seed: int, ap: float) -> dict:
+        return {"side": side, "label": side, "seed": seed, "epochs": [{"segm_AP": ap, "segm_AP50": 2 * ap}]}
+
+    results = [run("ultralytics", 0, 0.1), run("ultralytics", 1, 0.3), run("seg_datamodule", 0, 0.2),
+               run("seg_datamodule", 1, 0.2)]
+    (row,) = parity.summarise(results, 1, {"ultralytics": "ultralytics", "seg_datamodule": "seg_datamodule"})
+    assert row["ratio/segm_AP"] == pytest.approx(1.0)
+    assert row["ultralytics/segm_AP"] == pytest.approx((0.2, 0.1))
+    lo, hi = row["ratio_ci95/segm_AP"]
+    assert lo == pytest.approx(0.2 / 0.3) and hi == pytest.approx(0.2 / 0.1)  # theirs resampled to all-0.3 / all-0.1
