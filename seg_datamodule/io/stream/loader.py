@@ -35,10 +35,11 @@ from litdata.utilities.dataset_utilities import get_default_cache_dir
 
 from seg_datamodule.compat import require_version, verified_note
 from seg_datamodule.io.stream.endpoint import s3_storage_options
+from seg_datamodule.io.stream.order import tail_count
 from seg_datamodule.io.stream.records import RecordWindow
 from seg_datamodule.io.stream.schema import RECORD_SCHEMA, StreamFormatError
 from seg_datamodule.io.paths import file_lock
-from seg_datamodule.io.stream.source import check_stream_index, split_source
+from seg_datamodule.io.stream.source import check_stream_index, read_stream_index, split_source
 
 __all__ = [
     "RefusedSerializer", "StreamRecords", "cache_lock", "check_litdata", "schema_serializers", "stream_drop_count",
@@ -79,15 +80,13 @@ def window_from_meta(meta: dict[str, Any], name: str = "stream", on_bad_sample: 
 
 
 def stream_drop_count(num_records: int, world_size: int, batch_size: int) -> int:
-    """Records per epoch LitData 0.2.76 leaves out under DDP (``drop_last`` is forced on with ranks > 1).
+    """Records per epoch no rank streams under DDP: the partial last global batch.
 
-    It deals whole batches: every rank gets ``(num_records // batch_size) // world_size`` batches
-    (split over its workers), and the rest of the records is not streamed that epoch. Single
-    process: nothing is dropped (the last worker takes the remainder).
+    Only whole global batches (``batch_size x world_size`` records) are dealt, so every rank takes
+    the same number of steps (:func:`~seg_datamodule.io.stream.order.tail_count`). Single process:
+    nothing is dropped (it takes the partial last batch).
     """
-    if world_size <= 1:
-        return 0
-    return int(num_records - (num_records // batch_size // world_size) * batch_size * world_size)
+    return tail_count(int(num_records), int(batch_size) * int(world_size), int(world_size))
 
 
 class RefusedSerializer(Serializer):
@@ -183,7 +182,8 @@ class StreamRecords(StreamingDataset):
         if given:  # each would let LitData read something other than the checked index and schema
             raise TypeError(f"StreamRecords reads the checked record schema only: {given} cannot be given")
         kwargs["storage_options"] = s3_storage_options(input_dir, kwargs.get("storage_options"))
-        check_stream_index(input_dir, kwargs["storage_options"])
+        index = read_stream_index(input_dir, kwargs["storage_options"])
+        self.chunk_sizes = tuple(int(chunk["chunk_size"]) for chunk in index["chunks"])  # checked ints, LitData's order
         with cache_lock(input_dir, kwargs.get("cache_dir")):
             super().__init__(input_dir, serializers=schema_serializers(), **kwargs)
 
