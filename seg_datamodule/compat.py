@@ -100,8 +100,9 @@ REACHES: dict[str, PrivateReach] = {
         ("2.0.0", "2.0.8")),
     "litdata_state": PrivateReach(
         "litdata", "StreamingDataLoader.restore, _num_samples_yielded_streaming, _latest_worker_idx, "
-        "_StreamingMultiProcessingDataLoaderIter",
-        "StreamTrainLoader's consumed-batch checkpoints and its restore fix", ("0.2.76", "0.2.76")),
+        "_StreamingMultiProcessingDataLoaderIter; StreamingDataset's visit plan (worker_chunks, worker_intervals, "
+        "_elastic_item_lists, litdata.streaming.elastic.worker_plan_to_chunks)",
+        "StreamTrainLoader's global order (OrderedRecords) and its checkpoints", ("0.2.76", "0.2.76")),
 }
 
 _warned: set[str] = set()  # the reaches warned about in this process

@@ -8,16 +8,17 @@
   every LitData serializer but the schema's three is replaced by one that refuses (so even an
   ``index.json`` swapped after the check cannot select ``pickle``). Processes that share a chunk
   cache (DDP ranks on one node) construct it one at a time (:func:`cache_lock`).
-* :func:`check_litdata`: the LitData release whose private loader counters
-  :class:`~seg_datamodule.data.loaders.streaming.StreamTrainLoader` rewrites.
+* :func:`check_litdata`: the LitData release whose private loader and dataset state
+  :class:`~seg_datamodule.data.loaders.streaming.StreamTrainLoader` and
+  :class:`~seg_datamodule.io.stream.ordered.OrderedRecords` set.
 
 The loader that builds training batches from these records lives in
 :mod:`seg_datamodule.data.loaders.streaming` (``io`` imports nothing from ``data``).
 
-Differences from the map-style loader: which images share a batch depends on LitData's
-chunk-wise shuffle, ``seed`` and ``num_workers`` (batches are the same for 0 and 1 workers, not
-for 2 and 4; fixed for a fixed worker count); under DDP LitData drops the tail that does not
-split into whole batches per rank (counted by :func:`stream_drop_count`).
+The training order is not LitData's shuffle: :class:`~seg_datamodule.io.stream.ordered.OrderedRecords`
+(a :class:`StreamRecords`) streams the global order of :mod:`seg_datamodule.io.stream.order`, the
+same for every world size and ``num_workers``; under DDP the partial last global batch is not
+streamed (counted by :func:`stream_drop_count`).
 """
 
 from __future__ import annotations

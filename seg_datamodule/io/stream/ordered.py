@@ -24,7 +24,6 @@ from litdata import StreamingDataset
 from litdata.streaming.elastic import worker_plan_to_chunks
 from litdata.streaming.sampler import ChunkedIndex
 from litdata.utilities.env import _DistributedEnv, _WorkerEnv
-from litdata.utilities.shuffle import _get_shared_chunks
 
 from seg_datamodule.io.stream.loader import StreamRecords
 from seg_datamodule.io.stream.order import (
@@ -126,16 +125,11 @@ class OrderedRecords(StreamRecords):
                                "the checked index.json's chunk sizes; the global order cannot be served")
         self._shuffle_num_chunks = len(intervals)
         self.on_demand_bytes = False
-        # 1. The epoch's order and this node's workers' plans (LitData counts shared chunks per node).
+        # 1. The epoch's order and this worker's plan.
         order = epoch_order(self.seed, int(self.current_epoch) - 1, self.chunk_sizes, self.window)
         size, env = self._global_batch(), self.distributed_env
-        workers = self.worker_env.world_size
-        node = env.world_size // max(1, env.num_nodes)
-        first_rank = env.global_rank // node * node
-        plans = {(rank, w): worker_visits(worker_batches(order, size, env.world_size, rank, workers, w, self.start),
-                                          self.offsets)
-                 for rank in range(first_rank, first_rank + node) for w in range(workers)}
-        mine = plans[(env.global_rank, self.worker_env.rank)]
+        mine = worker_visits(worker_batches(order, size, env.world_size, env.global_rank, self.worker_env.world_size,
+                                            self.worker_env.rank, self.start), self.offsets)
         # 2. LitData's iterator state, as its own elastic path sets it (dataset.py, _setup_elastic_resume).
         self.worker_chunks, self.worker_intervals, self._elastic_item_lists = worker_plan_to_chunks(mine)
         self.stop_length = sum(len(items) for items in self._elastic_item_lists)
@@ -149,13 +143,14 @@ class OrderedRecords(StreamRecords):
         position = np.empty(self.num_records, np.int64)
         position[order] = np.arange(len(order))
         self._positions = {item: int(position[item]) for _, items in mine for item in items}
-        # 3. Reference counts of the chunks other workers of this node read too, taken before any
-        # item is read, as LitData's __iter__ does. (A chunk a worker visits twice is not shared:
-        # one entry per worker.) Counting one reference per visit instead made LitData download
-        # chunks twice even with an unbounded cache (measured), so its own rule is kept.
-        shared = _get_shared_chunks([list(dict.fromkeys(c for c, _ in plan)) for plan in plans.values()])
+        # 3. Reference counts taken before any item is read, as LitData's __iter__ does for the
+        # chunks other workers of the node read too: in the global order every worker reads from
+        # every block, so with more than one reader on the node each of its chunks is shared.
+        # (One reference per visit, released one per visit left, was tried: it did not stop the
+        # re-downloads measured with a cache smaller than the chunk set; LitData's rule is kept.)
+        readers = env.world_size // max(1, env.num_nodes) * self.worker_env.world_size
         chunks = set(self.worker_chunks)
-        self.cache._reader.acquire_shared_locks({c for c in chunks if c in shared})
+        self.cache._reader.acquire_shared_locks(chunks if readers > 1 else set())
         # Every chunk memory-mapped, shared ones too: in the global order every worker reads every
         # block, and LitData 0.2.76 reads a chunk it may not map through a file handle it drops
         # unclosed at each chunk switch (PyTreeLoader._close_open_chunk). A map stays valid when a
