@@ -11,7 +11,8 @@ their batches with the same collate (``StreamBatchCollate``: the same ``SegDatas
 * **peer**: ``StreamRecords(shuffle=True)`` in a plain ``litdata.StreamingDataLoader``: LitData's
   chunk-wise shuffle, each worker reading its own chunks.
 * **ours**: :func:`~seg_datamodule.data.loaders.streaming.stream_train_loader`: the global order,
-  every worker reading from the current window of chunks.
+  every worker reading from the current window of chunks, with LitData's synchronous chunk
+  downloads (``OrderedRecords`` turns its async prefetch off in its workers; the peer keeps it on).
 
 Each repeat runs one epoch of each, alternating, every epoch with an empty cache (so every chunk
 is downloaded): images per second over the epoch, time to the first batch, and chunk GETs from
@@ -22,6 +23,7 @@ machine runs this; on a busy shared machine compare within one run only.
 from __future__ import annotations
 
 import argparse
+import os
 import shutil
 import statistics
 import tempfile
@@ -117,12 +119,15 @@ def main() -> None:
         print(f"{meta['num_records']} images in {n_chunks} chunks, {args.latency_ms:g} ms per chunk GET, "
               f"{args.workers} workers, batch {args.batch_size}, {args.image_size} px")
         results: dict[str, list[dict[str, float]]] = {"peer": [], "ours": []}
+        user_async = "LITDATA_ASYNC_CHUNK_PREFETCH" in os.environ
         for r in range(args.repeats):
             for side in ("peer", "ours"):
                 cache = work / f"cache-{side}-{r}"
                 dataset = _dataset(meta, args.image_size, seed=r)
                 collate = StreamBatchCollate(dataset, DetectionCollate())
                 if side == "peer":
+                    if not user_async:  # LitData's default for the peer (ours turns it off in its workers)
+                        os.environ.pop("LITDATA_ASYNC_CHUNK_PREFETCH", None)
                     records = StreamRecords(url, cache_dir=str(cache), shuffle=True, seed=r, storage_options=options)
                     loader: Any = StreamingDataLoader(records, batch_size=args.batch_size, collate_fn=collate,
                                                       num_workers=args.workers)

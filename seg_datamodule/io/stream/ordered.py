@@ -15,6 +15,7 @@ order, so a LitData that stopped following the plan is an error, not a silent ot
 
 from __future__ import annotations
 
+import os
 from collections import deque
 from time import time
 from typing import Any
@@ -38,6 +39,8 @@ from seg_datamodule.io.stream.order import (
 )
 
 __all__ = ["OrderedRecords"]
+
+_ASYNC_PREFETCH = "LITDATA_ASYNC_CHUNK_PREFETCH"  # litdata.streaming.async_prefetch.async_chunk_prefetch_enabled
 
 # The private LitData names this module sets or calls (checked at construction, as check_litdata does).
 _PLAN_ATTRIBUTES = ("worker_chunks", "worker_intervals", "_elastic_item_lists", "upcoming_indexes", "stop_length",
@@ -116,6 +119,12 @@ class OrderedRecords(StreamRecords):
         return batch_count(self.num_records, self._global_batch(), self.world_size)
 
     def __iter__(self) -> "OrderedRecords":
+        # In the global order every worker of a node asks for the same chunks at about the same
+        # time. LitData 0.2.76's async prefetch (on by default for a remote source) downloads
+        # without the per-chunk file lock its synchronous path takes, so two workers each fetched
+        # one chunk (measured: 8 of 12 chunks twice an epoch); the synchronous path fetched each
+        # once. A user's own setting of the variable wins.
+        os.environ.setdefault(_ASYNC_PREFETCH, "0")
         self.worker_env = _WorkerEnv.detect()
         self.cache = self._create_cache(worker_env=self.worker_env)
         intervals = self.cache.get_chunk_intervals()
