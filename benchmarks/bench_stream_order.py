@@ -15,8 +15,8 @@ their batches with the same collate (``StreamBatchCollate``: the same ``SegDatas
   downloads (``OrderedRecords`` turns its async prefetch off in its workers; the peer keeps it on).
 
 Each repeat runs one epoch of each, alternating, every epoch with an empty cache (so every chunk
-is downloaded): images per second over the epoch, time to the first batch, and chunk GETs from
-the server's log. The ratio is ours / peer, measured in the same run. Numbers come from whatever
+is downloaded): images per second over the epoch and after its first batch, time to the first
+batch, and chunk GETs from the server's log. The ratio is ours / peer, measured in the same run. Numbers come from whatever
 machine runs this; on a busy shared machine compare within one run only.
 """
 
@@ -76,14 +76,17 @@ def _dataset(meta: dict, image_size: int, seed: int) -> SegDataset:
 
 def _epoch(loader: Any, gets: list[str]) -> dict[str, float]:
     before, start = len(gets), time.perf_counter()
-    first, images = None, 0
+    first, images, first_images = None, 0, 0
     for batch in loader:
         images += len(batch.image_ids)
         if first is None:
             first = time.perf_counter() - start
+        if images == len(batch.image_ids):
+            first_images = images
     wall = time.perf_counter() - start
-    return {"images_per_s": images / wall, "first_batch_s": float(first or 0.0), "images": images,
-            "gets": len(gets) - before}
+    steady = (images - first_images) / max(1e-9, wall - float(first or 0.0))
+    return {"images_per_s": images / wall, "steady_per_s": steady, "first_batch_s": float(first or 0.0),
+            "images": images, "gets": len(gets) - before}
 
 
 def main() -> None:
@@ -137,13 +140,18 @@ def main() -> None:
                                                  num_workers=args.workers)
                 row = _epoch(loader, gets)
                 results[side].append(row)
-                print(f"repeat {r} {side}: {row['images_per_s']:.1f} images/s, first batch {row['first_batch_s']:.2f} s, "
+                print(f"repeat {r} {side}: {row['images_per_s']:.1f} images/s ({row['steady_per_s']:.1f} after the first "
+                      f"batch), first batch {row['first_batch_s']:.2f} s, "
                       f"{row['images']} images, {row['gets']} chunk GETs", flush=True)
                 shutil.rmtree(cache, ignore_errors=True)
         server.stop()
         peer = statistics.median(r["images_per_s"] for r in results["peer"])
         ours = statistics.median(r["images_per_s"] for r in results["ours"])
         print(f"median images/s: ours {ours:.1f}, LitData's shuffle {peer:.1f}; ratio ours/peer {ours / peer:.3f}")
+        peer_s = statistics.median(r["steady_per_s"] for r in results["peer"])
+        ours_s = statistics.median(r["steady_per_s"] for r in results["ours"])
+        print(f"median after the first batch: ours {ours_s:.1f}, LitData's shuffle {peer_s:.1f}; "
+              f"ratio ours/peer {ours_s / peer_s:.3f}")
     finally:
         shutil.rmtree(work, ignore_errors=True)
 
