@@ -14,7 +14,8 @@ less detail) instead of silently misbehaving:
   (``profiling/trainer_internals.py``, ``profiling/callback.py``);
 * albumentations' ``set_random_state`` reaching every transform -- per-sample seeding, which
   keeps forked workers off one random stream (``transforms/pixel/albu.py``);
-* LitData's loader counters -- consumed-batch checkpoints (``io/stream/loader.py``). Those decide
+* LitData's loader flags and its dataset's visit plan -- the streamed global order and its checkpoints
+  (``io/stream/loader.py``, ``io/stream/ordered.py``). Those decide
   which samples a resumed run sees, so an unverified LitData is an error, not a warning
   (:func:`require_version`), and the ``stream`` extra pins the one release.
 
