@@ -14,7 +14,8 @@ less detail) instead of silently misbehaving:
   (``profiling/trainer_internals.py``, ``profiling/callback.py``);
 * albumentations' ``set_random_state`` reaching every transform -- per-sample seeding, which
   keeps forked workers off one random stream (``transforms/pixel/albu.py``);
-* LitData's loader counters -- consumed-batch checkpoints (``io/stream/loader.py``). Those decide
+* LitData's loader flags and its dataset's visit plan -- the streamed global order and its checkpoints
+  (``io/stream/loader.py``, ``io/stream/ordered.py``). Those decide
   which samples a resumed run sees, so an unverified LitData is an error, not a warning
   (:func:`require_version`), and the ``stream`` extra pins the one release.
 
@@ -100,8 +101,9 @@ REACHES: dict[str, PrivateReach] = {
         ("2.0.0", "2.0.8")),
     "litdata_state": PrivateReach(
         "litdata", "StreamingDataLoader.restore, _num_samples_yielded_streaming, _latest_worker_idx, "
-        "_StreamingMultiProcessingDataLoaderIter",
-        "StreamTrainLoader's consumed-batch checkpoints and its restore fix", ("0.2.76", "0.2.76")),
+        "_StreamingMultiProcessingDataLoaderIter; StreamingDataset's visit plan (worker_chunks, worker_intervals, "
+        "_elastic_item_lists, litdata.streaming.elastic.worker_plan_to_chunks)",
+        "StreamTrainLoader's global order (OrderedRecords) and its checkpoints", ("0.2.76", "0.2.76")),
 }
 
 _warned: set[str] = set()  # the reaches warned about in this process

@@ -158,10 +158,10 @@ class COCOSegDataModule(LightningDataModule):
         train_stream: train from LitData chunks written by ``seg-datamodule convert``
             (``"s3://bucket/coco-train"``, ``"local:/path"``, or a plain folder read in place)
             instead of ``train_ann`` / ``train_images``; validation stays map-style. Batches are
-            built as in the map-style path (same augmentation, seeds and masks), but which images
-            share a batch follows LitData's chunk-wise shuffle and depends on ``num_workers``;
-            under DDP LitData drops the tail that does not split over the ranks (counted in
-            :attr:`skip_counts`). Workers are not persistent. Needs ``seg-datamodule[stream]``.
+            built as in the map-style path in one global order (:mod:`~seg_datamodule.io.stream.order`):
+            the same global batches for any world size and ``num_workers``, resumable on a world size
+            keeping ``batch_size x world_size``; a partial last global batch under DDP is counted in
+            :attr:`skip_counts`. Workers are not persistent. Needs ``seg-datamodule[stream]``.
             Nothing in the chunk set is executed: its metadata and ``index.json`` must be exactly
             what this version writes (:func:`~seg_datamodule.io.stream.source.check_stream_source`),
             or setup raises ``StreamFormatError`` naming the file and the field.

@@ -28,6 +28,8 @@ class LoopbackS3:
         self.server = self._module.ThreadedMotoServer(ip_address="127.0.0.1", port=0, verbose=False)
         self.server.start()
         self.host, self.port = self.server.get_host_and_port()
+        self.requests: list[tuple[str, str]] = []  # (method, path) of every request served, in order
+        self._log_requests()
         self.endpoint = f"http://{self.host}:{self.port}"
         self.options: dict[str, Any] = {"endpoint_url": self.endpoint, "aws_access_key_id": "testing",
                                         "aws_secret_access_key": "testing", "region_name": "us-east-1"}
@@ -38,6 +40,25 @@ class LoopbackS3:
         no_proxy.open(urllib.request.Request(f"{self.endpoint}/moto-api/reset", method="POST")).close()
         self.client = boto3.client("s3", **self.options)
         self.client.create_bucket(Bucket="bucket")
+
+    def _log_requests(self) -> None:
+        """Record each request's method and path (the server's WSGI app, wrapped where it is served)."""
+        server = self.server._server
+        app = server.app
+
+        def logged(environ: dict, start_response: Any) -> Any:
+            self.requests.append((environ["REQUEST_METHOD"], environ.get("PATH_INFO", "")))
+            return app(environ, start_response)
+
+        server.app = logged
+
+    def gets(self, prefix: str, suffix: str = ".bin") -> dict[str, int]:
+        """GET requests per object under ``bucket/prefix`` whose name ends with ``suffix``."""
+        counts: dict[str, int] = {}
+        for method, path in self.requests:
+            if method == "GET" and path.startswith(f"/bucket/{prefix}/") and path.endswith(suffix):
+                counts[path] = counts.get(path, 0) + 1
+        return counts
 
     def upload(self, folder: Path, prefix: str) -> str:
         """Upload every file of ``folder`` under ``bucket/prefix``; returns the ``s3://`` URL."""
@@ -58,6 +79,7 @@ class LoopbackS3:
             try:
                 self.server = self._module.ThreadedMotoServer(ip_address="127.0.0.1", port=self.port, verbose=False)
                 self.server.start()
+                self._log_requests()
                 return
             except OSError:
                 time.sleep(0.1)

@@ -299,7 +299,7 @@ def test_loader_state_is_taken_after_the_batches_training_consumed(
     out, meta = demo_stream
 
     def loader(progress=None):
-        dataset = make_dataset(window_from_meta(meta), image_size=96, seed=1)  # LitData's shuffle seed too
+        dataset = make_dataset(window_from_meta(meta), image_size=96, seed=1)  # the order's seed too
         return stream_train_loader(StreamOptions(str(out), cache_dir=str(tmp_path / "cache")), dataset,
                                    DetectionCollate(), batch_size=4, num_workers=0, progress=progress)
 
@@ -312,7 +312,7 @@ def test_loader_state_is_taken_after_the_batches_training_consumed(
         next(batches)
     consumed[0] = 3
     state = first.state_dict()
-    assert state["num_samples_yielded"] == 12
+    assert state["order"]["consumed"] == 12 and state["order"]["epoch"] == 0  # global items trained on
     resumed = loader()
     resumed.load_state_dict(state)
     assert [(b.image_ids.tolist(), b.masks.sum().item()) for b in resumed] == straight[3:]

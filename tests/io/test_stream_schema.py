@@ -183,6 +183,7 @@ def test_serializers_outside_the_schema_refuse_even_without_the_check(
     """An index.json swapped between the check and LitData's read still cannot select pickle."""
     out, marker = poisoned
     monkeypatch.setattr(stream_loader, "check_stream_index", lambda *args, **kwargs: 0)
+    monkeypatch.setattr(stream_loader, "read_stream_index", lambda *args, **kwargs: {"chunks": []})
     records = StreamRecords(str(out))
     with pytest.raises(StreamFormatError, match="'pickle' is not a serializer of the record schema"):
         records[0]

@@ -6,11 +6,12 @@
   one decode per image, the same per-sample seeds ``(seed, epoch, index)``) and collates them with
   :class:`~seg_datamodule.data.batching.collate.DetectionCollate`. A streamed batch is therefore
   bit-identical to the map-style batch of the same images in the same order.
-* :class:`StreamTrainLoader`: a ``litdata.StreamingDataLoader`` that Lightning checkpoints, with
-  two fixes: the state it saves is the one after the batches training consumed (Lightning fetches
-  one ahead), and LitData's ``restore`` flag is cleared on the second ``iter()`` after a resume
-  (LitData 0.2.76 clears it only when an epoch is exhausted, which Lightning does not do, so the
-  next epoch replayed the old tail). Its delivered counts are the map-style loader's
+* :class:`StreamTrainLoader`: a ``litdata.StreamingDataLoader`` over
+  :class:`~seg_datamodule.io.stream.ordered.OrderedRecords`, which streams the global order of
+  :mod:`seg_datamodule.io.stream.order` (issue 63): the same global batches for every world size
+  and ``num_workers``. Lightning checkpoints its state, ``(seed, epoch, global items consumed)``
+  taken after the batches training consumed (Lightning fetches one ahead); it resumes at the
+  next global batch on another world size. Its delivered counts are the map-style loader's
   (:class:`~seg_datamodule.data.counts.DeliveredCounts`). An epoch left before its end (an early
   stop) releases its workers at once (:func:`~seg_datamodule.data.loaders.release.release_workers`),
   not after their batch in progress, whose chunk may still be downloading.
@@ -32,7 +33,9 @@ from seg_datamodule.data.config.options import StreamOptions
 from seg_datamodule.data.counts import DeliveredCounts, batch_counts
 from seg_datamodule.data.loaders.release import release_workers
 from seg_datamodule.data.loaders.resume import current_rank
-from seg_datamodule.io.stream.loader import StreamRecords, check_litdata
+from seg_datamodule.io.stream.loader import check_litdata
+from seg_datamodule.io.stream.order import DEFAULT_WINDOW, OrderState, per_rank_batch
+from seg_datamodule.io.stream.ordered import OrderedRecords
 from seg_datamodule.io.stream.records import RecordWindow
 from seg_datamodule.structures import DetectionBatch, SampleBatch
 
@@ -64,12 +67,30 @@ class StreamBatchCollate:
     def samples(self, records: Sequence[dict[str, Any]]) -> SampleBatch:
         """The batch's samples and their counts, before collation."""
         window: RecordWindow = self.dataset.index  # type: ignore[assignment]
+        records = _in_order(records)
         window.bind(records)
         try:
             items = [(int(r.get("epoch", self.dataset.epoch)), int(r["index"])) for r in records]
             return self.dataset.__getitems__(items)
         finally:
             window.bind(())  # drop the pixels' bytes as soon as the batch is built
+
+
+def _in_order(records: Sequence[dict[str, Any]]) -> Sequence[dict[str, Any]]:
+    """A batch's records in their global order (read chunk by chunk), checked to be one run of it.
+
+    Raises:
+        RuntimeError: the positions are not one contiguous run of the order (LitData did not
+            serve the plan it was given).
+    """
+    if not records or "position" not in records[0]:
+        return records
+    records = sorted(records, key=lambda r: int(r["position"]))
+    positions = [int(r["position"]) for r in records]
+    if positions[0] < 0 or positions != list(range(positions[0], positions[0] + len(positions))):
+        raise RuntimeError(f"LitData served a batch outside the global order (positions {positions[:8]}...): the "
+                           "private plan seg_datamodule.io.stream.ordered sets has stopped working with this LitData")
+    return records
 
 
 class _ReleasingIterator(_StreamingMultiProcessingDataLoaderIter):
@@ -81,45 +102,55 @@ class _ReleasingIterator(_StreamingMultiProcessingDataLoaderIter):
 
 
 class StreamTrainLoader(StreamingDataLoader):
-    """``StreamingDataLoader`` with consumed-batch checkpoints, the restore fix and delivered counts.
+    """``StreamingDataLoader`` over the global order, with elastic checkpoints and delivered counts.
+
+    Its state is :class:`~seg_datamodule.io.stream.order.OrderState` ``(seed, epoch, global items
+    consumed)``, taken after the batches training consumed (Lightning fetches one ahead), plus the
+    delivered counts. It resumes at the next global batch on any world size and ``num_workers``
+    that keep the global batch (``batch_size x world_size``); LitData's own loader state and its
+    ``restore`` flag are not used.
 
     Args:
-        dataset (StreamRecords): the records.
+        dataset (OrderedRecords): the records.
         progress: returns how many batches of the current epoch training consumed (the
             DataModule passes the Trainer's count); ``None``: the batches handed out.
         counts: where delivered counts go (a reloaded loader continues its predecessor's).
         **kwargs: as for ``StreamingDataLoader`` (``collate_fn`` a :class:`StreamBatchCollate`).
+
+    Raises:
+        TypeError: ``dataset`` is not an :class:`OrderedRecords`.
     """
 
-    def __init__(self, dataset: StreamRecords, *, progress: Callable[[], int] | None = None,
+    def __init__(self, dataset: OrderedRecords, *, progress: Callable[[], int] | None = None,
                  counts: DeliveredCounts | None = None, **kwargs: Any) -> None:
+        if not isinstance(dataset, OrderedRecords):
+            raise TypeError(f"dataset must be an OrderedRecords, got {type(dataset).__name__}")
         super().__init__(dataset, **kwargs)
         check_litdata(self)
+        dataset.global_batch = int(self.batch_size or 1) * dataset.world_size
         self.progress = progress
-        self._iters_since_restore = 0
-        self._marks: list[tuple[int, int]] = []  # after each batch handed out this epoch
-        self._first_mark: tuple[int, int] = (0, 0)
         self.counts = DeliveredCounts() if counts is None else counts  # the map-style loader's (per rank under DDP)
         self._iteration = 0  # which iter() the counted batches came from (the "epoch" of DeliveredCounts)
+        self._handed = 0  # batches handed out by this iter()
+        self._first = 0  # global batches of the epoch trained on before this iter() (a resumed epoch)
+        self._resume: OrderState | None = None
         self._loaded: tuple[int, int] | None = None
 
     def __iter__(self) -> Iterator[Any]:
-        # LitData 0.2.76 clears `restore` only when an epoch runs to StopIteration; Lightning stops
-        # at len(loader) batches, so after a mid-epoch resume the next epoch replayed the old tail.
-        if self.restore:
-            self._iters_since_restore += 1
-            if self._iters_since_restore > 1:
-                self.restore = False
+        dataset: OrderedRecords = self.dataset  # type: ignore[assignment]
+        if self._resume is not None:
+            self.current_epoch = self._resume.epoch  # LitData's __iter__ adds one (it counts from 1)
+            dataset.start = self._resume.consumed
+            self._resume = None
         else:
-            self._iters_since_restore = 0
-        self._first_mark = (self._num_samples_yielded_streaming if self.restore else 0,
-                            self._latest_worker_idx if self.restore else 0)
-        self._marks = []
-        self._loaded = None
+            dataset.start = 0
+        self.restore = False
+        self._first = -(-dataset.start // int(dataset.global_batch or 1))
+        self._handed = 0
         self._iteration += 1
         for batch in super().__iter__():
-            self.counts.add(self._iteration, len(self._marks), batch_counts(batch))
-            self._marks.append((self._num_samples_yielded_streaming, self._latest_worker_idx))
+            self.counts.add(self._iteration, self._handed, batch_counts(batch))
+            self._handed += 1
             yield batch
 
     def _get_iterator(self) -> Any:
@@ -128,45 +159,64 @@ class StreamTrainLoader(StreamingDataLoader):
         self.check_worker_number_rationality()
         return _ReleasingIterator(self)
 
-    def _unconsumed(self) -> int:
-        """Batches handed out this epoch that training has not taken (fetched ahead)."""
-        if self.progress is None or not self._marks:
-            return 0
-        resumed = 0 if self._first_mark == (0, 0) else self._first_mark[0] // max(1, int(self.batch_size or 1))
-        return max(0, len(self._marks) + resumed - int(self.progress()))
+    def _consumed_batches(self) -> int:
+        """Batches of the current epoch training consumed (this rank's; the same on every rank)."""
+        if self.progress is None:
+            return self._first + self._handed
+        return max(self._first, min(self._first + self._handed, int(self.progress())))
 
     @property
     def delivered_counts(self) -> dict[str, int]:
         """Annotation and decode counts of the batches training consumed."""
-        return self.counts.consumed(self._iteration, len(self._marks) - self._unconsumed())
+        return self.counts.consumed(self._iteration, self._consumed_batches() - self._first)
+
+    def order_state(self) -> OrderState:
+        """Where the run is in the global order, after the batches training consumed."""
+        if self._resume is not None:  # loaded and not streamed yet
+            return self._resume
+        dataset: OrderedRecords = self.dataset  # type: ignore[assignment]
+        size = int(dataset.global_batch or 1)
+        epoch, batches = max(0, int(self.current_epoch) - 1), self._consumed_batches()
+        if self.current_epoch > 0 and batches >= dataset.batches_in_epoch():
+            # The epoch's last batch was trained on: a resume starts the next epoch (Lightning
+            # resumes there with one iter(), not with an empty one for the finished epoch first).
+            epoch, batches = epoch + 1, 0
+        consumed = min(batches * size, dataset.num_records)
+        return OrderState(seed=int(dataset.seed), epoch=epoch, consumed=consumed, global_batch=size,
+                          window=dataset.window, chunks=dataset.digest)
 
     def state_dict(self) -> dict[str, Any]:
-        """LitData's state, taken after the last batch training consumed, plus delivered counts."""
-        ahead = self._unconsumed()
-        saved = (self._num_samples_yielded_streaming, self._latest_worker_idx)
-        if ahead:
-            k = len(self._marks) - ahead
-            mark = self._marks[k - 1] if k > 0 else self._first_mark
-            self._num_samples_yielded_streaming, self._latest_worker_idx = mark
-        try:
-            state = super().state_dict()
-            state["dataset"] = dict(state["dataset"])  # LitData hands out its live dict
-        finally:
-            self._num_samples_yielded_streaming, self._latest_worker_idx = saved
+        """The :class:`OrderState` (as a dict, under ``"order"``) and every rank's delivered counts."""
         # Every rank's counts (rank 0 alone writes the checkpoint), as the map-style loader saves them.
-        state["delivered_counts"] = self.counts.state(self._iteration, len(self._marks) - self._unconsumed())
-        return state
+        return {"order": self.order_state().to_dict(),
+                "delivered_counts": self.counts.state(self._iteration, self._consumed_batches() - self._first)}
 
     def load_state_dict(self, obj: dict[str, Any]) -> None:
-        """Resume from ``obj``; a second load of the same state before iterating is ignored."""
-        key = (int(obj["current_epoch"]), int(obj["num_samples_yielded"]))
-        if self._loaded == key:
+        """Resume from ``obj`` at its next global batch; a second load of the same state is ignored.
+
+        Raises:
+            ValueError: a state without the global order (LitData's own, saved before it), another
+                seed or chunk set, or a global batch this world size cannot keep (naming the batch
+                sizes that keep it).
+        """
+        if "order" not in obj:
+            raise ValueError("this checkpoint's streamed loader state has no global order (it was saved by a "
+                             "version that followed LitData's shuffle); it cannot be resumed in the global order")
+        state = OrderState.from_dict(obj["order"])
+        if (state.epoch, state.consumed) == self._loaded:
             return
-        super().load_state_dict(obj)
-        self._loaded = key
-        self._iters_since_restore = 0
+        dataset: OrderedRecords = self.dataset  # type: ignore[assignment]
+        if state.seed != int(dataset.seed):
+            raise ValueError(f"the checkpoint streamed with seed {state.seed}, this run has seed {dataset.seed}: "
+                             "the global order would differ")
+        if state.chunks and state.chunks != dataset.digest:
+            raise ValueError("the checkpoint streamed another chunk set (its chunk sizes differ from "
+                             f"{dataset.input_dir.url or dataset.input_dir.path}'s)")
+        per_rank_batch(state.global_batch, dataset.world_size, int(self.batch_size or 1))
+        dataset.global_batch, dataset.window = state.global_batch, state.window
+        self._resume = state
+        self._loaded = (state.epoch, state.consumed)
         self.counts.load(obj.get("delivered_counts", {}), current_rank())
-        self._marks = []
 
 
 def stream_train_loader(
@@ -176,12 +226,14 @@ def stream_train_loader(
     *,
     batch_size: int,
     progress: Callable[[], int] | None = None,
+    window: int = DEFAULT_WINDOW,
+    world: tuple[int, int] | None = None,
     **loader_kwargs: Any,
 ) -> StreamTrainLoader:
     """A :class:`StreamTrainLoader` of shuffled records from ``stream.source`` built into batches by ``dataset``.
 
     Build it in ``setup()`` or later: LitData reads the ranks when the dataset is constructed.
-    LitData shuffles the chunks and the items within them with ``dataset.seed``.
+    The order is :func:`~seg_datamodule.io.stream.order.epoch_order` with ``dataset.seed``.
 
     Args:
         stream (StreamOptions): the source (``local:/path``, copied through the cache as a remote
@@ -192,10 +244,13 @@ def stream_train_loader(
         collate (DetectionCollate): the collate of the map-style path.
         batch_size (int): as for the map-style loader.
         progress: batches of the epoch training consumed (see :class:`StreamTrainLoader`).
+        window (int): chunks whose items are shuffled together.
+        world (tuple[int, int] | None): ``(rank, world_size)`` to stream as (simulated ranks);
+            None: the process group's.
         **loader_kwargs: more ``DataLoader`` arguments (``num_workers``, ``pin_memory``,
             ``prefetch_factor``, ``worker_init_fn``, ``persistent_workers``).
     """
-    records = StreamRecords(stream.source, cache_dir=stream.cache_dir, shuffle=True, seed=dataset.seed,
-                            max_cache_size=stream.max_cache_size, storage_options=dict(stream.storage_options))
+    records = OrderedRecords(stream.source, cache_dir=stream.cache_dir, seed=dataset.seed, window=window, world=world,
+                             max_cache_size=stream.max_cache_size, storage_options=dict(stream.storage_options))
     return StreamTrainLoader(records, batch_size=batch_size, collate_fn=StreamBatchCollate(dataset, collate),
                              progress=progress, **loader_kwargs)

@@ -142,6 +142,9 @@ def _status(err: BaseException) -> int | None:
     return (getattr(err, "response", None) or {}).get("ResponseMetadata", {}).get("HTTPStatusCode")
 
 
+_PEER_DOWNLOAD_WAIT_S = 60.0  # the longest another worker's chunk download is waited for (4 x 3 s + 30 s budget)
+
+
 def _checked_s3_downloader() -> type:
     """LitData's ``S3Downloader`` that fails on a missing object instead of waiting for it.
 
@@ -165,6 +168,8 @@ def _checked_s3_downloader() -> type:
                 raise
             if os.path.exists(local_filepath):
                 return
+            if self._wait_for_other_process(local_filepath):
+                return
             # Not there: another process holds the lock (the object exists), or the GET was a 404.
             bucket, _, key = remote_filepath[len("s3://"):].partition("/")
             try:
@@ -173,6 +178,24 @@ def _checked_s3_downloader() -> type:
                 if _status(err) == 404:
                     raise self._missing(remote_filepath) from err
                 raise
+
+        @staticmethod
+        def _wait_for_other_process(local_filepath: str) -> bool:
+            """Whether another process's download of the chunk, under way, published it.
+
+            LitData takes the chunk's lock with timeout 0 and returns without the file when
+            another worker holds it; that worker's readiness signal is in its own process, so
+            this one polled the disk at 1 s steps. In the global order (issue 63) all workers of
+            a node ask for the same chunk at once, so: wait (bounded) for the holder to finish.
+            """
+            from filelock import FileLock, Timeout
+
+            try:
+                with FileLock(local_filepath + ".lock", timeout=_PEER_DOWNLOAD_WAIT_S):
+                    pass
+            except Timeout:
+                return False
+            return os.path.exists(local_filepath)
 
         def _missing(self, remote_filepath: str) -> MissingChunkError:
             return MissingChunkError(

@@ -8,16 +8,17 @@
   every LitData serializer but the schema's three is replaced by one that refuses (so even an
   ``index.json`` swapped after the check cannot select ``pickle``). Processes that share a chunk
   cache (DDP ranks on one node) construct it one at a time (:func:`cache_lock`).
-* :func:`check_litdata`: the LitData release whose private loader counters
-  :class:`~seg_datamodule.data.loaders.streaming.StreamTrainLoader` rewrites.
+* :func:`check_litdata`: the LitData release whose private loader and dataset state
+  :class:`~seg_datamodule.data.loaders.streaming.StreamTrainLoader` and
+  :class:`~seg_datamodule.io.stream.ordered.OrderedRecords` set.
 
 The loader that builds training batches from these records lives in
 :mod:`seg_datamodule.data.loaders.streaming` (``io`` imports nothing from ``data``).
 
-Differences from the map-style loader: which images share a batch depends on LitData's
-chunk-wise shuffle, ``seed`` and ``num_workers`` (batches are the same for 0 and 1 workers, not
-for 2 and 4; fixed for a fixed worker count); under DDP LitData drops the tail that does not
-split into whole batches per rank (counted by :func:`stream_drop_count`).
+The training order is not LitData's shuffle: :class:`~seg_datamodule.io.stream.ordered.OrderedRecords`
+(a :class:`StreamRecords`) streams the global order of :mod:`seg_datamodule.io.stream.order`, the
+same for every world size and ``num_workers``; under DDP the partial last global batch is not
+streamed (counted by :func:`stream_drop_count`).
 """
 
 from __future__ import annotations
@@ -35,10 +36,11 @@ from litdata.utilities.dataset_utilities import get_default_cache_dir
 
 from seg_datamodule.compat import require_version, verified_note
 from seg_datamodule.io.stream.endpoint import s3_storage_options
+from seg_datamodule.io.stream.order import tail_count
 from seg_datamodule.io.stream.records import RecordWindow
 from seg_datamodule.io.stream.schema import RECORD_SCHEMA, StreamFormatError
 from seg_datamodule.io.paths import file_lock
-from seg_datamodule.io.stream.source import check_stream_index, split_source
+from seg_datamodule.io.stream.source import check_stream_index, read_stream_index, split_source
 
 __all__ = [
     "RefusedSerializer", "StreamRecords", "cache_lock", "check_litdata", "schema_serializers", "stream_drop_count",
@@ -79,15 +81,13 @@ def window_from_meta(meta: dict[str, Any], name: str = "stream", on_bad_sample: 
 
 
 def stream_drop_count(num_records: int, world_size: int, batch_size: int) -> int:
-    """Records per epoch LitData 0.2.76 leaves out under DDP (``drop_last`` is forced on with ranks > 1).
+    """Records per epoch no rank streams under DDP: the partial last global batch.
 
-    It deals whole batches: every rank gets ``(num_records // batch_size) // world_size`` batches
-    (split over its workers), and the rest of the records is not streamed that epoch. Single
-    process: nothing is dropped (the last worker takes the remainder).
+    Only whole global batches (``batch_size x world_size`` records) are dealt, so every rank takes
+    the same number of steps (:func:`~seg_datamodule.io.stream.order.tail_count`). Single process:
+    nothing is dropped (it takes the partial last batch).
     """
-    if world_size <= 1:
-        return 0
-    return int(num_records - (num_records // batch_size // world_size) * batch_size * world_size)
+    return tail_count(int(num_records), int(batch_size) * int(world_size), int(world_size))
 
 
 class RefusedSerializer(Serializer):
@@ -183,7 +183,8 @@ class StreamRecords(StreamingDataset):
         if given:  # each would let LitData read something other than the checked index and schema
             raise TypeError(f"StreamRecords reads the checked record schema only: {given} cannot be given")
         kwargs["storage_options"] = s3_storage_options(input_dir, kwargs.get("storage_options"))
-        check_stream_index(input_dir, kwargs["storage_options"])
+        index = read_stream_index(input_dir, kwargs["storage_options"])
+        self.chunk_sizes = tuple(int(chunk["chunk_size"]) for chunk in index["chunks"])  # checked ints, LitData's order
         with cache_lock(input_dir, kwargs.get("cache_dir")):
             super().__init__(input_dir, serializers=schema_serializers(), **kwargs)
 

@@ -26,7 +26,7 @@ from seg_datamodule.io.stream.schema import (
 )
 
 __all__ = [
-    "check_stream_index", "check_stream_source", "read_source_json", "read_stream_meta", "remote_error", "split_source",
+    "check_stream_index", "check_stream_source", "read_source_json", "read_stream_index", "read_stream_meta", "remote_error", "split_source",
 ]
 
 _REMOTE = ("s3://", "gs://", "r2://", "azure://", "hf://")
@@ -151,8 +151,26 @@ def _check_local_chunks(folder: str, index: dict[str, Any], where: str) -> None:
                 path=where, field=f"chunks[{k}].filename")
 
 
+def read_stream_index(source: str, storage_options: dict[str, Any] | None = None) -> dict[str, Any]:
+    """A source's ``index.json``, read and checked (see :func:`~seg_datamodule.io.stream.schema.check_index`).
+
+    Returns:
+        dict: the checked index (its ``chunks`` give each chunk's ``chunk_size``, in LitData's order).
+
+    Raises:
+        FileNotFoundError: no ``index.json`` (LitData would build one from whatever else is there).
+        StreamFormatError: naming the file and the field.
+    """
+    index, where = read_source_json(source, INDEX_FILE, storage_options)
+    check_index(index, where)
+    path, remote = split_source(source)
+    if not remote:
+        _check_local_chunks(path, index, where)
+    return index
+
+
 def check_stream_index(source: str, storage_options: dict[str, Any] | None = None) -> int:
-    """Read and check a source's ``index.json`` (see :func:`~seg_datamodule.io.stream.schema.check_index`).
+    """Read and check a source's ``index.json`` (:func:`read_stream_index`).
 
     Returns:
         int: the number of records its chunks hold.
@@ -161,12 +179,7 @@ def check_stream_index(source: str, storage_options: dict[str, Any] | None = Non
         FileNotFoundError: no ``index.json`` (LitData would build one from whatever else is there).
         StreamFormatError: naming the file and the field.
     """
-    index, where = read_source_json(source, INDEX_FILE, storage_options)
-    total = check_index(index, where)
-    path, remote = split_source(source)
-    if not remote:
-        _check_local_chunks(path, index, where)
-    return total
+    return sum(int(chunk["chunk_size"]) for chunk in read_stream_index(source, storage_options)["chunks"])
 
 
 def check_stream_source(source: str, storage_options: dict[str, Any] | None = None) -> dict[str, Any]:

@@ -1,0 +1,160 @@
+"""The streamed global order (issue 63) against LitData's own shuffle, over the same chunks from a loopback S3.
+
+``python benchmarks/bench_stream_order.py [--latency-ms 50] [--workers 2] [--batch-size 8] [--repeats 2]``
+
+Both sides stream the same chunk set from a real S3 API on 127.0.0.1 (moto's ``ThreadedMotoServer``
+over plain ``http://``, needs ``moto[server]``) whose every chunk GET first sleeps ``--latency-ms``
+(a remote store's latency, added in the server, so both sides pay it per request), and build
+their batches with the same collate (``StreamBatchCollate``: the same ``SegDataset`` and
+``DetectionCollate``): the only difference is the order.
+
+* **peer**: ``StreamRecords(shuffle=True)`` in a plain ``litdata.StreamingDataLoader``: LitData's
+  chunk-wise shuffle, each worker reading its own chunks.
+* **ours**: :func:`~seg_datamodule.data.loaders.streaming.stream_train_loader`: the global order,
+  every worker reading from the current window of chunks, with LitData's synchronous chunk
+  downloads (``OrderedRecords`` turns its async prefetch off in its workers; the peer keeps it on).
+
+Each repeat runs one epoch of each, alternating, every epoch with an empty cache (so every chunk
+is downloaded): images per second over the epoch and after its first batch, time to the first
+batch, and chunk GETs from the server's log. The ratio is ours / peer, measured in the same run. Numbers come from whatever
+machine runs this; on a busy shared machine compare within one run only.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import shutil
+import statistics
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+from litdata import StreamingDataLoader
+
+from seg_datamodule.data.batching.collate import DetectionCollate
+from seg_datamodule.data.config.options import AugmentOptions, StreamOptions
+from seg_datamodule.data.loaders.streaming import StreamBatchCollate, stream_train_loader
+from seg_datamodule.data.samples.dataset import SegDataset
+from seg_datamodule.io.stream import ChunkOptions, convert_coco, window_from_meta
+from seg_datamodule.io.stream.loader import StreamRecords
+from seg_datamodule.transforms.layouts.mosaic import MosaicAffine
+
+
+def _server(latency_s: float) -> tuple[Any, str, dict[str, Any], list[str]]:
+    """A moto S3 server on the loopback whose chunk GETs sleep ``latency_s``; returns it, its
+    endpoint, the boto3 options and the log of chunk GETs."""
+    import boto3
+    from moto.server import ThreadedMotoServer
+
+    server = ThreadedMotoServer(ip_address="127.0.0.1", port=0, verbose=False)
+    server.start()
+    host, port = server.get_host_and_port()
+    endpoint = f"http://{host}:{port}"
+    options = {"endpoint_url": endpoint, "aws_access_key_id": "testing", "aws_secret_access_key": "testing",
+               "region_name": "us-east-1"}
+    gets: list[str] = []
+    app = server._server.app
+
+    def slow(environ: dict, start_response: Any) -> Any:
+        path = environ.get("PATH_INFO", "")
+        if environ["REQUEST_METHOD"] == "GET" and path.endswith(".bin"):
+            gets.append(path)
+            time.sleep(latency_s)
+        return app(environ, start_response)
+
+    server._server.app = slow
+    boto3.client("s3", **options).create_bucket(Bucket="bucket")
+    return server, endpoint, options, gets
+
+
+def _dataset(meta: dict, image_size: int, seed: int) -> SegDataset:
+    return SegDataset(window_from_meta(meta), AugmentOptions(MosaicAffine(image_size=image_size)), train=True,
+                      seed=seed)
+
+
+def _epoch(loader: Any, gets: list[str]) -> dict[str, float]:
+    before, start = len(gets), time.perf_counter()
+    first, images, first_images = None, 0, 0
+    for batch in loader:
+        images += len(batch.image_ids)
+        if first is None:
+            first = time.perf_counter() - start
+        if images == len(batch.image_ids):
+            first_images = images
+    wall = time.perf_counter() - start
+    steady = (images - first_images) / max(1e-9, wall - float(first or 0.0))
+    return {"images_per_s": images / wall, "steady_per_s": steady, "first_batch_s": float(first or 0.0),
+            "images": images, "gets": len(gets) - before}
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--ann", type=Path, default=None, help="COCO annotations (default: the demo data)")
+    parser.add_argument("--images", type=Path, default=None)
+    parser.add_argument("--latency-ms", type=float, default=50.0)
+    parser.add_argument("--workers", type=int, default=2)
+    parser.add_argument("--batch-size", type=int, default=8)
+    parser.add_argument("--image-size", type=int, default=256)
+    parser.add_argument("--chunk-bytes", default="256KB")
+    parser.add_argument("--repeats", type=int, default=2)
+    args = parser.parse_args()
+    work = Path(tempfile.mkdtemp(prefix="bench-order-"))
+    try:
+        if args.ann is None:
+            from seg_datamodule.demo.data import ensure_demo_dataset
+
+            root = work / "demo"
+            ensure_demo_dataset(root)
+            args.ann, args.images = root / "annotations" / "instances_train2017.json", root / "train2017"
+        chunks = work / "chunks"
+        meta = convert_coco(args.ann, args.images, str(chunks),
+                            chunk_options=ChunkOptions(chunk_bytes=args.chunk_bytes, start_method="fork"))
+        server, endpoint, options, gets = _server(args.latency_ms / 1000.0)
+        import boto3
+
+        client = boto3.client("s3", **options)
+        for file in sorted(chunks.iterdir()):
+            client.upload_file(str(file), "bucket", f"set/{file.name}")
+        url = "s3://bucket/set"
+        n_chunks = len([p for p in chunks.iterdir() if p.suffix == ".bin"])
+        print(f"{meta['num_records']} images in {n_chunks} chunks, {args.latency_ms:g} ms per chunk GET, "
+              f"{args.workers} workers, batch {args.batch_size}, {args.image_size} px")
+        results: dict[str, list[dict[str, float]]] = {"peer": [], "ours": []}
+        user_async = "LITDATA_ASYNC_CHUNK_PREFETCH" in os.environ
+        for r in range(args.repeats):
+            for side in ("peer", "ours"):
+                cache = work / f"cache-{side}-{r}"
+                dataset = _dataset(meta, args.image_size, seed=r)
+                collate = StreamBatchCollate(dataset, DetectionCollate())
+                if side == "peer":
+                    if not user_async:  # LitData's default for the peer (ours turns it off in its workers)
+                        os.environ.pop("LITDATA_ASYNC_CHUNK_PREFETCH", None)
+                    records = StreamRecords(url, cache_dir=str(cache), shuffle=True, seed=r, storage_options=options)
+                    loader: Any = StreamingDataLoader(records, batch_size=args.batch_size, collate_fn=collate,
+                                                      num_workers=args.workers)
+                else:
+                    loader = stream_train_loader(StreamOptions(url, cache_dir=str(cache), storage_options=options),
+                                                 dataset, DetectionCollate(), batch_size=args.batch_size,
+                                                 num_workers=args.workers)
+                row = _epoch(loader, gets)
+                results[side].append(row)
+                print(f"repeat {r} {side}: {row['images_per_s']:.1f} images/s ({row['steady_per_s']:.1f} after the first "
+                      f"batch), first batch {row['first_batch_s']:.2f} s, "
+                      f"{row['images']} images, {row['gets']} chunk GETs", flush=True)
+                shutil.rmtree(cache, ignore_errors=True)
+        server.stop()
+        peer = statistics.median(r["images_per_s"] for r in results["peer"])
+        ours = statistics.median(r["images_per_s"] for r in results["ours"])
+        print(f"median images/s: ours {ours:.1f}, LitData's shuffle {peer:.1f}; ratio ours/peer {ours / peer:.3f}")
+        peer_s = statistics.median(r["steady_per_s"] for r in results["peer"])
+        ours_s = statistics.median(r["steady_per_s"] for r in results["ours"])
+        print(f"median after the first batch: ours {ours_s:.1f}, LitData's shuffle {peer_s:.1f}; "
+              f"ratio ours/peer {ours_s / peer_s:.3f}")
+    finally:
+        shutil.rmtree(work, ignore_errors=True)
+
+
+if __name__ == "__main__":
+    main()

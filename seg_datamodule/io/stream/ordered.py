@@ -1,0 +1,175 @@
+"""LitData serving the project's global order: :class:`OrderedRecords` (issue 63).
+
+LitData stays the engine: chunks, downloads ahead, the local cache and its reference counts, S3,
+and the checks of what it reads (:class:`~seg_datamodule.io.stream.loader.StreamRecords`). Only
+the order is ours: in each worker, :meth:`OrderedRecords.__iter__` computes the worker's batches
+(:mod:`seg_datamodule.io.stream.order`) and hands them to LitData as a plan of chunk visits, the
+same form LitData 0.2.76's own elastic resume feeds its iterator (``worker_chunks`` with one item
+list per visit, ``litdata.streaming.elastic.worker_plan_to_chunks``). LitData then downloads the
+visits' chunks ahead, in plan order, and reads the items by index from them.
+
+Each record carries ``"position"``, its place in the epoch's order; the collate puts a batch back
+in that order (a batch is read chunk by chunk) and checks that it is one contiguous run of the
+order, so a LitData that stopped following the plan is an error, not a silent other order.
+"""
+
+from __future__ import annotations
+
+import os
+from collections import deque
+from time import time
+from typing import Any
+
+import numpy as np
+from litdata import StreamingDataset
+from litdata.streaming.elastic import worker_plan_to_chunks
+from litdata.streaming.sampler import ChunkedIndex
+from litdata.utilities.env import _DistributedEnv, _WorkerEnv
+
+from seg_datamodule.io.stream.loader import StreamRecords
+from seg_datamodule.io.stream.order import (
+    DEFAULT_WINDOW,
+    batch_count,
+    chunk_offsets,
+    chunks_digest,
+    epoch_order,
+    per_rank_batch,
+    worker_batches,
+    worker_visits,
+)
+
+__all__ = ["OrderedRecords"]
+
+_ASYNC_PREFETCH = "LITDATA_ASYNC_CHUNK_PREFETCH"  # litdata.streaming.async_prefetch.async_chunk_prefetch_enabled
+
+# The private LitData names this module sets or calls (checked at construction, as check_litdata does).
+_PLAN_ATTRIBUTES = ("worker_chunks", "worker_intervals", "_elastic_item_lists", "upcoming_indexes", "stop_length",
+                    "worker_next_chunk_index", "global_index", "num_chunks", "consumed_sample_count_in_curr_chunk",
+                    "has_triggered_download")
+
+
+class OrderedRecords(StreamRecords):
+    """:class:`StreamRecords` streamed in the global order of :func:`~seg_datamodule.io.stream.order.epoch_order`.
+
+    The loader sets :attr:`global_batch` (``batch_size x world_size``) and, for a resumed epoch,
+    :attr:`start` (global items of the epoch already trained on); LitData's ``current_epoch`` (1-based)
+    is the epoch. Ranks come from ``torch.distributed`` as LitData reads them, or ``world``.
+
+    Args:
+        input_dir: the source (see :class:`StreamRecords`).
+        window (int): chunks per shuffle block.
+        world (tuple[int, int] | None): ``(rank, world_size)`` to stream as (a simulated rank in
+            tests and benchmarks); None: LitData's detection.
+        **kwargs: as for :class:`StreamRecords` (``shuffle`` is refused: the order is the project's).
+
+    Raises:
+        TypeError: ``shuffle`` given.
+        RuntimeError: this LitData lacks a private name the plan is set through.
+    """
+
+    def __init__(self, input_dir: str, *, window: int = DEFAULT_WINDOW, world: tuple[int, int] | None = None,
+                 **kwargs: Any) -> None:
+        if "shuffle" in kwargs:
+            raise TypeError("OrderedRecords follows the global order: shuffle cannot be given")
+        super().__init__(input_dir, shuffle=False, **kwargs)
+        # LitData's __next__ must still read the plan from these names (its elastic path's).
+        missing = [name for name in _PLAN_ATTRIBUTES if name not in StreamingDataset.__next__.__code__.co_names]
+        if missing:
+            raise RuntimeError(f"litdata.StreamingDataset has no {missing}: the streamed global order is set through "
+                               "them (verified on litdata 0.2.76)")
+        if world is not None:
+            rank, size = world
+            if not 0 <= rank < size:
+                raise ValueError(f"world must be (rank, world_size) with 0 <= rank < world_size, got {world}")
+            self.distributed_env = _DistributedEnv(size, rank, 1)
+        self.window = int(window)
+        self.offsets = chunk_offsets(self.chunk_sizes)
+        self.global_batch: int | None = None
+        self.start = 0
+        self._positions: dict[int, int] = {}
+
+    @property
+    def world_size(self) -> int:
+        return int(self.distributed_env.world_size)
+
+    @property
+    def num_records(self) -> int:
+        return int(self.offsets[-1])
+
+    @property
+    def digest(self) -> str:
+        return chunks_digest(self.chunk_sizes)
+
+    def _global_batch(self) -> int:
+        if self.global_batch is None:
+            self.global_batch = int(self.batch_size or 1) * self.world_size
+        per_rank_batch(self.global_batch, self.world_size)
+        return self.global_batch
+
+    def get_len(self, num_workers: int, batch_size: int) -> int:
+        """Items this rank streams in a whole epoch (a resumed epoch streams its rest of them)."""
+        self.set_num_workers(num_workers)
+        self.set_batch_size(batch_size)
+        size = self._global_batch()
+        n, world = self.num_records, self.world_size
+        return (n // size) * (size // world) + (n % size if world == 1 else 0)
+
+    def batches_in_epoch(self) -> int:
+        """This rank's batches in a whole epoch (the same on every rank)."""
+        return batch_count(self.num_records, self._global_batch(), self.world_size)
+
+    def __iter__(self) -> "OrderedRecords":
+        # In the global order every worker of a node asks for the same chunks at about the same
+        # time. LitData 0.2.76's async prefetch (on by default for a remote source) downloads
+        # without the per-chunk file lock its synchronous path takes, so two workers each fetched
+        # one chunk (measured: 8 of 12 chunks twice an epoch); the synchronous path fetched each
+        # once. A user's own setting of the variable wins.
+        os.environ.setdefault(_ASYNC_PREFETCH, "0")
+        self.worker_env = _WorkerEnv.detect()
+        self.cache = self._create_cache(worker_env=self.worker_env)
+        intervals = self.cache.get_chunk_intervals()
+        if [int(iv[0]) for iv in intervals] + [self.num_records] != self.offsets.tolist() or any(
+                iv[1] != iv[0] or iv[2] != iv[3] for iv in intervals):
+            raise RuntimeError(f"{self.input_dir.url or self.input_dir.path}: LitData's chunk intervals differ from "
+                               "the checked index.json's chunk sizes; the global order cannot be served")
+        self._shuffle_num_chunks = len(intervals)
+        self.on_demand_bytes = False
+        # 1. The epoch's order and this worker's plan.
+        order = epoch_order(self.seed, int(self.current_epoch) - 1, self.chunk_sizes, self.window)
+        size, env = self._global_batch(), self.distributed_env
+        mine = worker_visits(worker_batches(order, size, env.world_size, env.global_rank, self.worker_env.world_size,
+                                            self.worker_env.rank, self.start), self.offsets)
+        # 2. LitData's iterator state, as its own elastic path sets it (dataset.py, _setup_elastic_resume).
+        self.worker_chunks, self.worker_intervals, self._elastic_item_lists = worker_plan_to_chunks(mine)
+        self.stop_length = sum(len(items) for items in self._elastic_item_lists)
+        self.num_chunks = len(self.worker_chunks)
+        self.upcoming_indexes = deque()
+        self.worker_next_chunk_index = 0
+        self.global_index = 0
+        self.consumed_sample_count_in_curr_chunk = 0
+        self.has_triggered_download = False
+        self.last_time = time()
+        position = np.empty(self.num_records, np.int64)
+        position[order] = np.arange(len(order))
+        self._positions = {item: int(position[item]) for _, items in mine for item in items}
+        # 3. Reference counts taken before any item is read, as LitData's __iter__ does for the
+        # chunks other workers of the node read too: in the global order every worker reads from
+        # every block, so with more than one reader on the node each of its chunks is shared.
+        # (One reference per visit, released one per visit left, was tried: it did not stop the
+        # re-downloads measured with a cache smaller than the chunk set; LitData's rule is kept.)
+        readers = env.world_size // max(1, env.num_nodes) * self.worker_env.world_size
+        chunks = set(self.worker_chunks)
+        self.cache._reader.acquire_shared_locks(chunks if readers > 1 else set())
+        # Every chunk memory-mapped, shared ones too: in the global order every worker reads every
+        # block, and LitData 0.2.76 reads a chunk it may not map through a file handle it drops
+        # unclosed at each chunk switch (PyTreeLoader._close_open_chunk). A map stays valid when a
+        # co-worker deletes or re-downloads the file (POSIX keeps the mapped inode; LitData
+        # publishes downloads by rename).
+        self.cache._reader.enable_mmap_for_chunks(chunks)
+        return self
+
+    def __getitem__(self, index: Any) -> Any:
+        item = super().__getitem__(index)
+        if isinstance(index, ChunkedIndex) and isinstance(item, dict):
+            item["position"] = self._positions.get(int(index.index), -1)
+        return item

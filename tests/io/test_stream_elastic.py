@@ -1,0 +1,175 @@
+"""Streamed global batches from a real S3 API (moto on 127.0.0.1): every world size and worker count (issue 63).
+
+Simulated ranks: one loader per rank (``world=(rank, W)``), all sharing one chunk cache as the
+ranks of one node do, iterated in lockstep; a step's global batch is the ranks' batches
+concatenated in rank order, hashed (image ids and pixels). The reference is the same sequence at
+``W = 1`` with no workers; downloads are counted from the server's request log.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch
+
+pytest.importorskip("litdata")
+
+from _datasets import make_dataset  # noqa: E402
+from _recorder import read_steps  # noqa: E402
+from _s3_server import LoopbackS3  # noqa: E402
+
+from seg_datamodule.data.batching.collate import DetectionCollate  # noqa: E402
+from seg_datamodule.data.config.options import StreamOptions  # noqa: E402
+from seg_datamodule.data.loaders.streaming import stream_train_loader  # noqa: E402
+from seg_datamodule.io.stream import ChunkOptions, convert_coco, window_from_meta  # noqa: E402
+
+pytestmark = [pytest.mark.filterwarnings("ignore:.*max_cache_size.*"),
+              pytest.mark.filterwarnings("ignore:.*worker processes in total.*:UserWarning"),  # 4 workers on 2 cores
+              pytest.mark.filterwarnings("ignore::pytest.PytestUnraisableExceptionWarning")]
+
+GLOBAL_BATCH = 8  # 48 demo images: 6 global batches an epoch
+
+
+@pytest.fixture(scope="module")
+def chunks(demo_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, dict]:
+    out = tmp_path_factory.mktemp("elastic") / "chunks"
+    meta = convert_coco(demo_dir / "annotations" / "instances_train2017.json", demo_dir / "train2017", str(out),
+                        chunk_options=ChunkOptions(start_method="fork", chunk_bytes="200KB"))
+    return out, meta
+
+
+def _loaders(url: str, meta: dict, cache: Path, world: int, workers: int, options: dict,
+             max_cache_size: str | None = None, global_batch: int = GLOBAL_BATCH) -> list[Any]:
+    stream = StreamOptions(url, cache_dir=str(cache), max_cache_size=max_cache_size, storage_options=options)
+    # Mosaic partners come from the rank's batch (as map-style under DDP), so pixels are compared
+    # across world sizes without mosaic; the images and their order are the same either way.
+    return [stream_train_loader(stream, make_dataset(window_from_meta(meta), image_size=48, seed=3, mosaic=0.0),
+                                DetectionCollate(), batch_size=global_batch // world, num_workers=workers,
+                                world=(rank, world))
+            for rank in range(world)]
+
+
+def _epoch(loaders: list[Any], stop_after: int | None = None) -> list[str]:
+    """One epoch of the ranks in lockstep: the hash of each step's global batch."""
+    hashes = []
+    for step, batches in enumerate(zip(*loaders, strict=True)):
+        digest = hashlib.sha256()  # the ranks' batches concatenated in rank order
+        digest.update(torch.cat([batch.image_ids for batch in batches]).numpy().tobytes())
+        digest.update(torch.cat([batch.images for batch in batches]).numpy().tobytes())
+        hashes.append(digest.hexdigest()[:16])
+        if stop_after is not None and step + 1 == stop_after:
+            break
+    return hashes
+
+
+def test_the_same_global_batches_for_every_world_size_and_worker_count(
+    s3: LoopbackS3, chunks: tuple[Path, dict], tmp_path: Path
+) -> None:
+    url = s3.upload(chunks[0], "cross")
+    meta = chunks[1]
+    sequences = {}
+    for world in (1, 2, 4):
+        for workers in (0, 1, 2, 4):
+            loaders = _loaders(url, meta, tmp_path / f"c{world}-{workers}", world, workers, s3.options)
+            sequences[(world, workers)] = [_epoch(loaders), _epoch(loaders)]  # two epochs
+    reference = sequences[(1, 0)]
+    assert len(reference[0]) == meta["num_records"] // GLOBAL_BATCH == 6
+    assert reference[0] != reference[1]  # a new order each epoch
+    different = {key: seq for key, seq in sequences.items() if seq != reference}
+    assert not different, sorted(different)
+
+
+def test_a_resume_taken_at_two_ranks_continues_exactly_on_one_and_four(
+    s3: LoopbackS3, chunks: tuple[Path, dict], tmp_path: Path
+) -> None:
+    url = s3.upload(chunks[0], "resume")
+    meta = chunks[1]
+    straight = _loaders(url, meta, tmp_path / "straight", 1, 0, s3.options)
+    want = _epoch(straight) + _epoch(straight)
+    first = _loaders(url, meta, tmp_path / "first", 2, 2, s3.options)
+    assert _epoch(first, stop_after=2) == want[:2]
+    states = [loader.state_dict() for loader in first]
+    assert states[0]["order"] == states[1]["order"]
+    assert states[0]["order"]["consumed"] == 2 * GLOBAL_BATCH and states[0]["order"]["epoch"] == 0
+    for world, workers in ((1, 1), (4, 2)):
+        resumed = _loaders(url, meta, tmp_path / f"resumed{world}", world, workers, s3.options)
+        for loader in resumed:
+            loader.load_state_dict(states[0])
+        assert _epoch(resumed) + _epoch(resumed) == want[2:], (world, workers)
+    # a global batch the new world size cannot keep: one line naming what can
+    bad = _loaders(url, meta, tmp_path / "bad", 1, 0, s3.options, global_batch=4)[0]  # batch_size 4 on one rank
+    with pytest.raises(ValueError, match=r"global batch of 8 .* with batch_size 4 on 1 ranks; .*: 8 on 1, 4 on 2, "
+                                         r"2 on 4, 1 on 8$"):
+        bad.load_state_dict(states[0])
+
+
+@pytest.mark.parametrize("max_cache_size", [None, "1MB"])
+def test_chunk_downloads_per_epoch_per_node(
+    s3: LoopbackS3, chunks: tuple[Path, dict], tmp_path: Path, max_cache_size: str | None
+) -> None:
+    """Two ranks of one node (one cache), two workers each, two epochs, GETs counted from the
+    server's log. None: LitData's default cache (it holds the whole set): each chunk once in the
+    first epoch, never again (with LitData's async prefetch, which OrderedRecords turns off, two
+    workers fetched one chunk at once: 8 and 10 of 12 chunks twice in two runs). 1MB (about 5 of
+    the 12 chunks): LitData deletes a chunk whenever a worker leaves it with no other worker
+    holding it, and in the global order a worker comes back to a chunk for its next batch of the
+    same block, so some chunks are downloaded twice an epoch (an open gap of issue 63: measured,
+    bounded here at 3)."""
+    prefix = f"once{max_cache_size or ''}"
+    url = s3.upload(chunks[0], prefix)
+    loaders = _loaders(url, chunks[1], tmp_path / "cache", 2, 2, s3.options, max_cache_size)
+    num_chunks = len([p for p in chunks[0].iterdir() if p.suffix == ".bin"])
+    per_epoch = []
+    for _ in range(2):
+        before = s3.gets(prefix)
+        _epoch(loaders)
+        after = s3.gets(prefix)
+        per_epoch.append({key: after[key] - before.get(key, 0) for key in after})
+    print(f"max_cache_size {max_cache_size}: GETs per chunk per epoch {[sorted(e.values()) for e in per_epoch]}")
+    assert len(per_epoch[0]) == num_chunks  # every chunk was read
+    if max_cache_size is None:
+        assert max(per_epoch[0].values()) == 1
+        assert sum(per_epoch[1].values()) == 0  # the cache kept them all
+    else:
+        assert max(max(e.values()) for e in per_epoch) <= 3
+
+
+HERE = Path(__file__).resolve().parent
+
+
+def _run(out: Path, stream: str, *args: str) -> subprocess.CompletedProcess:
+    """``_stream_run.py`` (two epochs of the demo model, a checkpoint every step) in its own process."""
+    env = dict(os.environ, PYTHONPATH=str(HERE.parents[1]))
+    return subprocess.run([sys.executable, str(HERE / "_stream_run.py"), str(out), stream, *args], env=env,
+                          capture_output=True, text=True, timeout=900)
+
+
+@pytest.mark.slow
+@pytest.mark.extended  # three real runs, one of them DDP on two CPU processes
+def test_sigkill_at_two_ranks_then_resume_on_one_gives_the_uninterrupted_global_batches(
+    chunks: tuple[Path, dict], tmp_path: Path
+) -> None:
+    """Killed (SIGKILL) at step 3 of 2 ranks x batch 4, resumed from its last checkpoint on 1 rank x
+    batch 8: every step to the end of the next epoch trains on the images, in the order, of a
+    straight 1 x 8 run (pixels differ across world sizes: mosaic partners come from the rank's batch)."""
+    source = str(chunks[0])
+    straight = _run(tmp_path / "straight" / "run", source, "--batch-size", "8")
+    assert straight.returncode == 0, straight.stderr[-3000:]
+    killed = _run(tmp_path / "killed" / "run", source, "--batch-size", "4", "--devices", "2", "--kill-at", "3")
+    assert killed.returncode == -9, killed.stderr[-3000:]
+    resumed = _run(tmp_path / "killed" / "resumed", source, "--batch-size", "8", "--ckpt",
+                   str(tmp_path / "killed" / "ckpt" / "last.ckpt"))
+    assert resumed.returncode == 0, resumed.stderr[-3000:]
+    want, got = read_steps(tmp_path / "straight" / "run"), read_steps(tmp_path / "killed" / "resumed")
+    before = [read_steps(tmp_path / "killed" / "run", rank) for rank in (0, 1)]
+    assert min(got) == 3 and max(got) == max(want) == 11
+    for step in range(3):  # the killed run's global batches were the straight run's too
+        assert before[0][step]["image_ids"] + before[1][step]["image_ids"] == want[step]["image_ids"], step
+    for step in got:
+        assert (got[step]["epoch"], got[step]["image_ids"]) == (want[step]["epoch"], want[step]["image_ids"]), step

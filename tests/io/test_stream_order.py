@@ -1,0 +1,206 @@
+"""The streamed global order (``seg_datamodule.io.stream.order``, issue 63), without LitData.
+
+The reference for "what a DataLoader hands out" is a plain model of torch's round-robin over its
+workers (:func:`_rank_stream`), written here independently of the module's own dealing.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from seg_datamodule.io.stream.order import (
+    OrderState,
+    batch_count,
+    chunk_offsets,
+    epoch_order,
+    per_rank_batch,
+    tail_count,
+    worker_batches,
+    worker_visits,
+)
+
+
+def _rank_stream(order: np.ndarray, global_batch: int, world: int, rank: int, workers: int,
+                 consumed: int = 0) -> list[list[int]]:
+    """What a torch DataLoader over ``workers`` workers hands out: one batch of each live worker in turn."""
+    queues = [list(worker_batches(order, global_batch, world, rank, workers, w, consumed))
+              for w in range(max(1, workers))]
+    out: list[list[int]] = []
+    while any(queues):
+        for q in queues:
+            if q:
+                out.append(q.pop(0).tolist())
+    return out
+
+
+def _global_batches(order: np.ndarray, global_batch: int, world: int, workers: int,
+                    consumed: int = 0) -> list[list[int]]:
+    """The ranks' batches of each step concatenated in rank order."""
+    ranks = [_rank_stream(order, global_batch, world, r, workers, consumed) for r in range(world)]
+    assert len({len(r) for r in ranks}) == 1, "ranks must take the same number of steps"
+    return [sum((r[k] for r in ranks), []) for k in range(len(ranks[0]))]
+
+
+# ------------------------------------------------------------------------ hand-computed cases
+
+
+def test_empty_dataset_has_an_empty_order_and_no_batches() -> None:
+    assert epoch_order(0, 0, []).tolist() == []
+    assert epoch_order(0, 0, [0, 0]).tolist() == []
+    assert worker_batches(np.zeros(0, np.int64), 4, 2, 1, 2, 1) == []
+    assert batch_count(0, 4, 1) == 0
+
+
+def test_hand_computed_deal_of_ten_items() -> None:
+    order = np.arange(10)
+    # one process: 4, 4 and the partial last 2
+    assert [b.tolist() for b in worker_batches(order, 4, 1, 0)] == [[0, 1, 2, 3], [4, 5, 6, 7], [8, 9]]
+    # two workers: worker 0 batches 0 and 2, worker 1 batch 1
+    assert [b.tolist() for b in worker_batches(order, 4, 1, 0, 2, 0)] == [[0, 1, 2, 3], [8, 9]]
+    assert [b.tolist() for b in worker_batches(order, 4, 1, 0, 2, 1)] == [[4, 5, 6, 7]]
+    # two ranks of 2: full global batches only; rank 1 takes the second half of each
+    assert [b.tolist() for b in worker_batches(order, 4, 2, 1)] == [[2, 3], [6, 7]]
+    assert [b.tolist() for b in worker_batches(order, 4, 2, 1, 2, 1)] == [[6, 7]]
+    # resumed after one global batch, on four ranks of 1
+    assert [b.tolist() for b in worker_batches(order, 4, 4, 3, 0, 0, consumed=4)] == [[7]]
+    assert tail_count(10, 4, 2) == 2 and tail_count(10, 4, 1) == 0
+    assert batch_count(10, 4, 1) == 3 and batch_count(10, 4, 2) == 2
+
+
+def test_hand_computed_order_keeps_blocks_of_window_chunks() -> None:
+    """Chunks of 1 item and a window of 1: the order is a permutation of the chunks, each alone."""
+    order = epoch_order(7, 0, [1, 1, 1, 1])
+    assert sorted(order.tolist()) == [0, 1, 2, 3]
+    # chunks [0, 1] (items 0-1) and [2, 3, 4] (items 2-4) with window 1: each chunk's items together
+    order = epoch_order(3, 1, [2, 3], window=1).tolist()
+    first = set(order[:2]) if set(order[:2]) <= {0, 1} else set(order[:3])
+    assert first in ({0, 1}, {2, 3, 4})
+
+
+def test_order_depends_on_seed_and_epoch_only() -> None:
+    sizes = [5, 7, 3, 8, 6]
+    a = epoch_order(11, 2, sizes)
+    assert np.array_equal(a, epoch_order(11, 2, list(sizes)))
+    assert not np.array_equal(a, epoch_order(11, 3, sizes))
+    assert not np.array_equal(a, epoch_order(12, 2, sizes))
+
+
+def test_visits_read_each_chunk_of_a_batch_once() -> None:
+    offsets = chunk_offsets([2, 3])
+    visits = worker_visits([np.array([0, 2, 1, 3]), np.array([4])], offsets)
+    assert visits == [(0, [0, 1]), (1, [2, 3, 4])]
+
+
+def test_a_global_batch_that_does_not_split_is_one_line_naming_what_works() -> None:
+    with pytest.raises(ValueError, match=r"cannot be kept with it over 3 ranks; batch_size on ranks that keep it: "
+                                         r"16 on 1, 8 on 2, 4 on 4, 2 on 8, 1 on 16$"):
+        per_rank_batch(16, 3)
+    with pytest.raises(ValueError, match=r"with batch_size 8 on 4 ranks; .*: 16 on 1, 8 on 2, 4 on 4") as err:
+        per_rank_batch(16, 4, batch_size=8)
+    assert "\n" not in str(err.value)
+    assert per_rank_batch(16, 4, batch_size=4) == 4
+    with pytest.raises(ValueError, match="consumed must be a multiple of the global batch 4"):
+        worker_batches(np.arange(10), 4, 1, 0, consumed=3)
+    with pytest.raises(ValueError, match=r"rank must be in \[0, 2\)"):
+        worker_batches(np.arange(10), 4, 2, 2)
+    with pytest.raises(TypeError, match="epoch must be an int"):
+        epoch_order(0, 1.0, [1])
+
+
+def test_state_round_trips_and_names_what_is_missing() -> None:
+    state = OrderState(seed=3, epoch=1, consumed=8, global_batch=4, window=2, chunks="ab")
+    assert OrderState.from_dict(state.to_dict()) == state
+    with pytest.raises(ValueError, match=r"lacks \['consumed'\]"):
+        OrderState.from_dict({"seed": 1, "epoch": 0, "global_batch": 4})
+
+
+# ------------------------------------------------------------------------ properties
+
+_sizes = st.lists(st.integers(0, 7), min_size=0, max_size=9)
+
+
+@settings(max_examples=120, deadline=None)
+@given(sizes=_sizes, seed=st.integers(0, 2**40), epoch=st.integers(0, 5), window=st.integers(1, 4))
+def test_each_epoch_is_a_permutation_with_chunks_inside_one_window(sizes: list[int], seed: int, epoch: int,
+                                                                  window: int) -> None:
+    order = epoch_order(seed, epoch, sizes, window)
+    n = sum(sizes)
+    assert sorted(order.tolist()) == list(range(n))
+    # Window bound: at any point of the order, the chunks begun and not yet finished number at most
+    # `window` (a chunk's items lie inside one block of `window` chunks).
+    chunk = np.searchsorted(chunk_offsets(sizes), order, side="right") - 1
+    first = {int(c): i for i, c in reversed(list(enumerate(chunk)))}
+    last = {int(c): i for i, c in enumerate(chunk)}
+    for i in range(n):
+        assert sum(first[c] <= i <= last[c] for c in first) <= window
+
+
+@settings(max_examples=80, deadline=None)
+@given(sizes=_sizes, seed=st.integers(0, 2**40), epoch=st.integers(0, 3), per_rank=st.integers(1, 3),
+       window=st.integers(1, 3))
+def test_same_global_batches_for_every_world_size_and_worker_count(sizes: list[int], seed: int, epoch: int,
+                                                                  per_rank: int, window: int) -> None:
+    global_batch = 4 * per_rank
+    order = epoch_order(seed, epoch, sizes, window)
+    reference = [order[k * global_batch:(k + 1) * global_batch].tolist() for k in range(len(order) // global_batch)]
+    for world in (1, 2, 4):
+        for workers in (0, 1, 2, 4):
+            got = _global_batches(order, global_batch, world, workers)
+            full = [b for b in got if len(b) == global_batch]
+            assert full == reference, (world, workers)
+            if world == 1 and len(order) % global_batch:  # one process also takes the partial last batch
+                assert got[-1] == order[len(reference) * global_batch:].tolist()
+            else:
+                assert len(got) == len(reference)
+            # Window bound per worker: in the order a worker yields its items, the chunks begun
+            # and not finished number at most `window` at any point.
+            offsets = chunk_offsets(sizes)
+            for rank in range(world):
+                for w in range(max(1, workers)):
+                    items = [i for b in worker_batches(order, global_batch, world, rank, workers, w) for i in b]
+                    chunk = (np.searchsorted(offsets, items, side="right") - 1).tolist()
+                    first = {c: i for i, c in reversed(list(enumerate(chunk)))}
+                    last = {c: i for i, c in enumerate(chunk)}
+                    for i in range(len(chunk)):
+                        assert sum(first[c] <= i <= last[c] for c in first) <= window
+
+
+@settings(max_examples=60, deadline=None)
+@given(sizes=_sizes, seed=st.integers(0, 2**40), per_rank=st.integers(1, 2), data=st.data())
+def test_a_resume_on_another_world_size_continues_the_same_sequence(sizes: list[int], seed: int, per_rank: int,
+                                                                   data: st.DataObject) -> None:
+    global_batch = 4 * per_rank
+    order = epoch_order(seed, 1, sizes, 2)
+    saved_world = data.draw(st.sampled_from([1, 2, 4]))
+    straight = _global_batches(order, global_batch, saved_world, 2)
+    k = data.draw(st.integers(0, len(straight)))
+    consumed = min(k * global_batch, len(order))
+    full = [order[j * global_batch:(j + 1) * global_batch].tolist() for j in range(len(order) // global_batch)]
+    partial = order[len(full) * global_batch:].tolist()
+    for world in (1, 2, 4):
+        for workers in (0, 1, 3):
+            resumed = _global_batches(order, global_batch, world, workers, consumed)
+            expected = full[k:] + ([partial] if world == 1 and partial and consumed < len(order) else [])
+            assert resumed == expected, (saved_world, k, world, workers)
+
+
+@settings(max_examples=60, deadline=None)
+@given(sizes=_sizes, seed=st.integers(0, 2**40), workers=st.integers(0, 4))
+def test_visits_are_the_worker_items_grouped_by_chunk_per_batch(sizes: list[int], seed: int, workers: int) -> None:
+    order = epoch_order(seed, 0, sizes, 3)
+    offsets = chunk_offsets(sizes)
+    for w in range(max(1, workers)):
+        batches = worker_batches(order, 4, 1, 0, workers, w)
+        visits = worker_visits(batches, offsets)
+        flat = [i for _, items in visits for i in items]
+        assert sorted(flat) == sorted(i for b in batches for i in b.tolist())
+        for chunk, items in visits:
+            assert all(offsets[chunk] <= i < offsets[chunk + 1] for i in items)
+        # each batch's items are read in one piece, batch after batch
+        pos = 0
+        for b in batches:
+            assert sorted(flat[pos:pos + len(b)]) == sorted(b.tolist())
+            pos += len(b)
