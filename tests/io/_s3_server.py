@@ -15,7 +15,16 @@ from typing import Any
 
 import pytest
 
-__all__ = ["LoopbackS3"]
+__all__ = ["LoopbackS3", "demo_chunk_set"]
+
+
+def demo_chunk_set(demo_dir: Path, out: Path, chunk_bytes: str) -> tuple[Path, dict[str, Any]]:
+    """The demo train split converted to LitData chunks of ``chunk_bytes`` in ``out``: ``(out, its meta)``."""
+    from seg_datamodule.io.stream import ChunkOptions, convert_coco
+
+    meta = convert_coco(demo_dir / "annotations" / "instances_train2017.json", demo_dir / "train2017", str(out),
+                        chunk_options=ChunkOptions(start_method="fork", chunk_bytes=chunk_bytes))
+    return out, meta
 
 
 class LoopbackS3:

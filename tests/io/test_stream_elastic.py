@@ -22,12 +22,12 @@ pytest.importorskip("litdata")
 
 from _datasets import make_dataset  # noqa: E402
 from _recorder import read_steps  # noqa: E402
-from _s3_server import LoopbackS3  # noqa: E402
+from _s3_server import LoopbackS3, demo_chunk_set  # noqa: E402
 
 from seg_datamodule.data.batching.collate import DetectionCollate  # noqa: E402
 from seg_datamodule.data.config.options import StreamOptions  # noqa: E402
 from seg_datamodule.data.loaders.streaming import stream_train_loader  # noqa: E402
-from seg_datamodule.io.stream import ChunkOptions, convert_coco, window_from_meta  # noqa: E402
+from seg_datamodule.io.stream import window_from_meta  # noqa: E402
 
 pytestmark = [pytest.mark.filterwarnings("ignore:.*max_cache_size.*"),
               pytest.mark.filterwarnings("ignore:.*worker processes in total.*:UserWarning"),  # 4 workers on 2 cores
@@ -38,10 +38,7 @@ GLOBAL_BATCH = 8  # 48 demo images: 6 global batches an epoch
 
 @pytest.fixture(scope="module")
 def chunks(demo_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, dict]:
-    out = tmp_path_factory.mktemp("elastic") / "chunks"
-    meta = convert_coco(demo_dir / "annotations" / "instances_train2017.json", demo_dir / "train2017", str(out),
-                        chunk_options=ChunkOptions(start_method="fork", chunk_bytes="200KB"))
-    return out, meta
+    return demo_chunk_set(demo_dir, tmp_path_factory.mktemp("elastic") / "chunks", "200KB")
 
 
 def _loaders(url: str, meta: dict, cache: Path, world: int, workers: int, options: dict,

@@ -23,18 +23,13 @@ pytest.importorskip("litdata")
 
 from _datasets import make_dataset  # noqa: E402
 from _recorder import read_counts, read_steps  # noqa: E402
-from _s3_server import LoopbackS3  # noqa: E402
+from _s3_server import LoopbackS3, demo_chunk_set  # noqa: E402
 
 from seg_datamodule.data.batching.collate import DetectionCollate  # noqa: E402
 from seg_datamodule.data.config.options import StreamOptions  # noqa: E402
 from seg_datamodule.data.loaders.streaming import stream_train_loader  # noqa: E402
 from seg_datamodule.errors import UserInputError  # noqa: E402
-from seg_datamodule.io.stream import (  # noqa: E402
-    ChunkOptions,
-    check_stream_source,
-    convert_coco,
-    window_from_meta,
-)
+from seg_datamodule.io.stream import check_stream_source, window_from_meta  # noqa: E402
 from seg_datamodule.io.stream.cli import convert_main  # noqa: E402
 from seg_datamodule.io.stream.endpoint import MissingChunkError, endpoint_of, s3_storage_options  # noqa: E402
 from seg_datamodule.io.stream.loader import StreamRecords  # noqa: E402
@@ -63,10 +58,7 @@ def _download(s3: LoopbackS3, prefix: str, folder: Path) -> Path:
 
 @pytest.fixture(scope="module")
 def demo_chunks(demo_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, dict]:
-    out = tmp_path_factory.mktemp("s3demo") / "chunks"
-    meta = convert_coco(demo_dir / "annotations" / "instances_train2017.json", demo_dir / "train2017", str(out),
-                        chunk_options=ChunkOptions(start_method="fork", chunk_bytes="64KB"))
-    return out, meta
+    return demo_chunk_set(demo_dir, tmp_path_factory.mktemp("s3demo") / "chunks", "64KB")
 
 
 def test_plain_http_switch_warns_when_litdata_lost_the_private_name(monkeypatch: pytest.MonkeyPatch) -> None:
