@@ -69,6 +69,7 @@ class COCOSegDataModule(LightningDataModule):
         test_split: the one ``trainer.test`` scores (``null``: none).
         image_size: output canvas side ``s`` (square ``s x s``).
         mask_stride: stride of the mask grid (4 for YOLACT's ProtoNet).
+        mask_fill: ``centre``, the exact cell-centre test, or ``ultralytics`` (:mod:`~seg_datamodule.ops.pixel_fill`).
         batch_size: training images per batch (per rank).
         val_batch_size: validation, test and predict images per batch; ``None`` uses ``batch_size``.
         num_workers: DataLoader worker processes (masks are rasterised there); ``"auto"``
@@ -81,10 +82,8 @@ class COCOSegDataModule(LightningDataModule):
         scale: random scale range ``(low, high)``.
         shear: random shear range in degrees.
         flip_lr: probability of a horizontal flip (pixels and polygons together).
-        min_area_ratio: drop an instance whose clipped area is below this fraction of its area
-            before clipping (counted as ``clipped``).
-        min_box_size: drop an instance whose clipped box is under this many pixels wide or high
-            (counted as ``small_box``).
+        min_area_ratio: drop an instance keeping under this fraction of its area when clipped (``clipped``).
+        min_box_size: drop an instance whose clipped box is under this many pixels a side (``small_box``).
         transforms: per-sample albumentations pipeline for training (YAML ``class_path`` /
             ``init_args`` of an ``albumentations.Compose``), or a path that ``A.load`` reads.
         hsv: YOLO's HSV gain jitter for training, ``(hgain, sgain, vgain)`` (Ultralytics'
@@ -235,6 +234,7 @@ class COCOSegDataModule(LightningDataModule):
         test_split: str | None = "test",
         image_size: int = 640,
         mask_stride: int = 4,
+        mask_fill: Literal["centre", "ultralytics"] = "centre",
         batch_size: int = 16,
         val_batch_size: int | None = None,
         num_workers: int | Literal["auto"] = "auto",

@@ -14,6 +14,7 @@ import numpy as np
 
 from seg_datamodule.ops.geometry import select_instances
 from seg_datamodule.ops.ragged import offsets_from_lengths, ragged_index
+from seg_datamodule.ops.pixel_fill import rasterize_flat_pixel_fill
 from seg_datamodule.ops.raster import rasterize_flat
 
 __all__ = ["group_occluders", "rasterize_visible"]
@@ -27,6 +28,7 @@ def rasterize_visible(
     canvas_size: tuple[int, int],
     stride: int = 4,
     out: np.ndarray | None = None,
+    fill: str = "centre",
 ) -> np.ndarray:
     """Rasterise N instances, each minus the union of its occluders, onto the stride grid.
 
@@ -37,6 +39,8 @@ def rasterize_visible(
         canvas_size (tuple[int, int]): ``(H, W)``.
         stride (int): grid stride.
         out (ndarray[N, Hp, Wp] bool | None): zero-filled output (see ``rasterize_flat``).
+        fill (str): ``"centre"``, the exact cell-centre test; ``"ultralytics"``, Ultralytics'
+            fill-then-resize rule (:mod:`~seg_datamodule.ops.pixel_fill`) for both sets.
 
     Returns:
         ndarray[N, Hp, Wp] bool: the visible cells of each instance (``out`` when given).
@@ -45,7 +49,8 @@ def rasterize_visible(
         ValueError: ``occluders`` holds a different number of instances, or what
             ``rasterize_flat`` raises for either set.
     """
-    masks = rasterize_flat(*polygons, canvas_size, stride, out=out)
+    rasterize = rasterize_flat_pixel_fill if fill == "ultralytics" else rasterize_flat
+    masks = rasterize(*polygons, canvas_size, stride, out=out)
     if occluders is None:
         return masks
     n = len(polygons[2]) - 1
@@ -55,7 +60,7 @@ def rasterize_visible(
     if not has.any():
         return masks
     # Only the occluded instances: their occluders' masks, then clear what those cover.
-    covered = rasterize_flat(*select_instances(*occluders, has), canvas_size, stride)
+    covered = rasterize(*select_instances(*occluders, has), canvas_size, stride)
     idx = np.flatnonzero(has)
     masks[idx] &= ~covered
     return masks

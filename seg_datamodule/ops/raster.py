@@ -44,11 +44,63 @@ import numpy as np
 from seg_datamodule.ops.checks import check_canvas_size, check_int
 from seg_datamodule.ops.ragged import first_non_finite_instance, flatten_rings, segment_ids
 
-__all__ = ["grid_size", "rasterize_flat", "rasterize_polygons"]
+__all__ = ["checked_flat", "grid_size", "rasterize_flat", "rasterize_polygons"]
 
 # Rings go in chunks of about this many vertices, which keeps most scratch arrays (8 bytes an
 # entry) near glibc's default 128 KiB mmap threshold, so they reuse warm heap memory.
 _CHUNK_VERTICES = 8192
+
+
+def checked_flat(
+    vertices: np.ndarray,
+    ring_offsets: np.ndarray,
+    instance_offsets: np.ndarray,
+    canvas_size: tuple[int, int],
+    stride: int,
+    out: np.ndarray | None,
+) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+    """:func:`rasterize_flat`'s arguments checked and normalised, and its output (zeroed when made).
+
+    Returns:
+        ``(vertices float64 [V, 2], ring_offsets int64, instance_offsets int64, out bool [N, Hp, Wp])``.
+
+    Raises:
+        TypeError, ValueError: as :func:`rasterize_flat`.
+    """
+    _check_stride_and_canvas(canvas_size, stride)
+    hp, wp = grid_size(canvas_size, stride)
+    vertices = np.ascontiguousarray(vertices, dtype=np.float64).reshape(-1, 2)
+    ring_offsets = np.asarray(ring_offsets, dtype=np.int64)
+    instance_offsets = np.asarray(instance_offsets, dtype=np.int64)
+    num_rings = len(ring_offsets) - 1
+    num_instances = len(instance_offsets) - 1
+    if num_rings < 0 or num_instances < 0:
+        raise ValueError("ring_offsets and instance_offsets need at least one entry (0)")
+    if ring_offsets[0] != 0 or ring_offsets[-1] != len(vertices):
+        raise ValueError(f"ring_offsets must run from 0 to V={len(vertices)}, got {ring_offsets[[0, -1]]}")
+    if instance_offsets[0] != 0 or instance_offsets[-1] != num_rings:
+        raise ValueError(f"instance_offsets must run from 0 to R={num_rings}")
+    if out is None:
+        # np.zeros maps fresh zero pages lazily: untouched cells cost nothing.
+        out = np.zeros((num_instances, hp, wp), dtype=bool)
+    elif out.shape != (num_instances, hp, wp) or out.dtype != np.bool_ or not out.flags.c_contiguous:
+        raise ValueError(
+            f"out must be C-contiguous bool {(num_instances, hp, wp)}, got {out.dtype} {out.shape}"
+            f"{'' if out.flags.c_contiguous else ' (not contiguous)'}"
+        )
+    ring_lengths = np.diff(ring_offsets)
+    if (ring_lengths < 3).any():
+        ring = int(np.flatnonzero(ring_lengths < 3)[0])
+        instance = int(np.searchsorted(instance_offsets, ring, side="right")) - 1
+        raise ValueError(
+            f"instance {instance}: ring {ring} has {ring_lengths[ring]} vertices, a ring needs at least 3"
+        )
+    if (np.diff(instance_offsets) < 0).any():
+        raise ValueError("instance_offsets must be non-decreasing")
+    if not np.isfinite(vertices).all():
+        instance = first_non_finite_instance(vertices, ring_offsets, instance_offsets)
+        raise ValueError(f"instance {instance}: NaN or infinite polygon coordinates")
+    return vertices, ring_offsets, instance_offsets, out
 
 
 def grid_size(canvas_size: tuple[int, int], stride: int) -> tuple[int, int]:
@@ -119,42 +171,12 @@ def rasterize_flat(
         ValueError: bad stride or canvas size, inconsistent offsets, a ring with fewer than 3
             vertices, or NaN / infinite coordinates (naming the instance index).
     """
-    _check_stride_and_canvas(canvas_size, stride)
-    hp, wp = grid_size(canvas_size, stride)
-    vertices = np.ascontiguousarray(vertices, dtype=np.float64).reshape(-1, 2)
-    ring_offsets = np.asarray(ring_offsets, dtype=np.int64)
-    instance_offsets = np.asarray(instance_offsets, dtype=np.int64)
+    vertices, ring_offsets, instance_offsets, out = checked_flat(
+        vertices, ring_offsets, instance_offsets, canvas_size, stride, out)
+    hp, wp = out.shape[1:]
     num_rings = len(ring_offsets) - 1
-    num_instances = len(instance_offsets) - 1
-    if num_rings < 0 or num_instances < 0:
-        raise ValueError("ring_offsets and instance_offsets need at least one entry (0)")
-    if ring_offsets[0] != 0 or ring_offsets[-1] != len(vertices):
-        raise ValueError(f"ring_offsets must run from 0 to V={len(vertices)}, got {ring_offsets[[0, -1]]}")
-    if instance_offsets[0] != 0 or instance_offsets[-1] != num_rings:
-        raise ValueError(f"instance_offsets must run from 0 to R={num_rings}")
-    if out is None:
-        # np.zeros maps fresh zero pages lazily: untouched cells cost nothing.
-        out = np.zeros((num_instances, hp, wp), dtype=bool)
-    elif out.shape != (num_instances, hp, wp) or out.dtype != np.bool_ or not out.flags.c_contiguous:
-        raise ValueError(
-            f"out must be C-contiguous bool {(num_instances, hp, wp)}, got {out.dtype} {out.shape}"
-            f"{'' if out.flags.c_contiguous else ' (not contiguous)'}"
-        )
     if num_rings == 0 or hp == 0 or wp == 0:
         return out
-    ring_lengths = np.diff(ring_offsets)
-    if (ring_lengths < 3).any():
-        ring = int(np.flatnonzero(ring_lengths < 3)[0])
-        instance = int(np.searchsorted(instance_offsets, ring, side="right")) - 1
-        raise ValueError(
-            f"instance {instance}: ring {ring} has {ring_lengths[ring]} vertices, a ring needs at least 3"
-        )
-    if (np.diff(instance_offsets) < 0).any():
-        raise ValueError("instance_offsets must be non-decreasing")
-    if not np.isfinite(vertices).all():
-        instance = first_non_finite_instance(vertices, ring_offsets, instance_offsets)
-        raise ValueError(f"instance {instance}: NaN or infinite polygon coordinates")
-
     # Rings are independent (an instance is the OR of its rings), so they are rasterised in
     # chunks of about _CHUNK_VERTICES vertices: every scratch array then stays under the
     # allocator's mmap threshold and reuses warm heap memory, where one pass over a whole batch

@@ -98,7 +98,7 @@ class DataModuleOptions:
         batch_size, val_batch_size = keys["batch_size"], keys["val_batch_size"]
         loader = LoaderOptions(batch_size, batch_size if val_batch_size is None else val_batch_size,
                                keys["num_workers"], keys["mask_stride"], keys["pin_memory"],
-                               keys["persistent_workers"], keys["prefetch_factor"])
+                               keys["persistent_workers"], keys["prefetch_factor"], keys["mask_fill"])
         augment = _augment_options(keys)
         train_stream = keys["train_stream"]
         stream = None if train_stream is None else StreamOptions(

@@ -235,8 +235,10 @@ class LoaderOptions:
     pin_memory: bool = True
     persistent_workers: bool = True
     prefetch_factor: int | None = 2
+    mask_fill: Literal["centre", "ultralytics"] = "centre"
 
     def __post_init__(self) -> None:
+        check_choice("mask_fill", self.mask_fill, ("centre", "ultralytics"))
         for name, minimum in (("batch_size", 1), ("val_batch_size", 1), ("mask_stride", 1)):
             check_int(name, getattr(self, name), minimum)
         if self.num_workers != "auto":

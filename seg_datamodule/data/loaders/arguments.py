@@ -123,7 +123,8 @@ def loader_kwargs(plan: LoaderPlan, canvas_size: tuple[int, int], on_cuda: bool)
     workers = options.num_workers
     return dict(
         num_workers=workers,
-        collate_fn=DetectionCollate(mask_stride=options.mask_stride, buffer_slots=shm_slots(plan, canvas_size)),
+        collate_fn=DetectionCollate(mask_stride=options.mask_stride, buffer_slots=shm_slots(plan, canvas_size),
+                                    mask_fill=options.mask_fill),
         pin_memory=options.pin_memory and on_cuda,
         worker_init_fn=worker_init_fn if workers > 0 else None,
         persistent_workers=options.persistent_workers and workers > 0,
