@@ -58,7 +58,9 @@ class OurBatches:
         datamodule.setup("fit")
         self.loader = datamodule.train_dataloader()
         self.batch_size = self.loader.batch_size or datamodule.batch_size
-        self.sampler = range(len(self.loader) * self.batch_size)  # read only for its length
+        # Ultralytics' trainer reads only len(loader.sampler) (its warmup and logging); the order
+        # is the DataModule's own sampler's.
+        self.sampler = range(len(self.loader) * self.batch_size)
         self.dataset = self.loader.dataset
         self.drop_last, self.num_workers, self.epoch = False, self.loader.num_workers, 0
 
@@ -81,6 +83,12 @@ class OurBatches:
 
 
 def ultralytics_loop_our_data(spec: dict[str, Any]) -> None:
+    """Ultralytics' ``SegmentationTrainer`` with its train loader replaced by this DataModule's.
+
+    Args:
+        spec: the run (``configs``: the project's config files, the DataModule read from them;
+            ``ultralytics``: ``model.train`` keyword arguments; ``weights``: a start or None).
+    """
     from ultralytics import YOLO
     from ultralytics.models.yolo.segment import SegmentationTrainer
 
@@ -120,6 +128,11 @@ def _ultralytics_loader(spec: dict[str, Any]) -> tuple[Any, Any, Any]:
 
 
 def our_loop_ultralytics_data(spec: dict[str, Any]) -> None:
+    """The Lightning loop and ``YOLOSegModule`` (from ``spec["configs"]``) fed Ultralytics' own train loader.
+
+    Args:
+        spec: the run, as :func:`ultralytics_loop_our_data` reads it.
+    """
     import lightning as L
     import torch
 

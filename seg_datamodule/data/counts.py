@@ -201,13 +201,30 @@ class DeliveredCounts:
         """Every rank's :meth:`consumed` counts, in rank order (a collective under DDP)."""
         return gather_per_rank(self.consumed(epoch, batches))
 
-    def load(self, per_rank: list[dict[str, int]] | dict[str, int], rank: int) -> None:
-        """Continue from a saved :meth:`state` (a single dict: a state of one process)."""
+    def load(self, per_rank: list[dict[str, int]] | dict[str, int], rank: int,
+             world_size: int | None = None) -> None:
+        """Continue from a saved :meth:`state` (a single dict: a state of one process).
+
+        Args:
+            per_rank: the saved counts of each rank of the saving run.
+            rank (int): this process's rank.
+            world_size (int | None): this run's ranks; where it differs from the saving run's (an
+                elastic resume of a stream), rank ``r`` takes the counts of the saved ranks
+                ``i`` with ``i % world_size == r``, so the ranks' counts still sum to the run's.
+                None: the saving run's.
+
+        Raises:
+            ValueError: ``rank`` is not one of ``world_size`` ranks, or (``world_size`` None) not
+                one of the saved ranks.
+        """
         if isinstance(per_rank, dict):
             per_rank = [per_rank]
-        if len(per_rank) > 1 and not 0 <= rank < len(per_rank):
-            raise ValueError(f"the checkpoint holds counts of {len(per_rank)} ranks, this is rank {rank}")
-        self.total = collections.Counter(per_rank[rank] if len(per_rank) > 1 else per_rank[0])
+        world = len(per_rank) if world_size is None else world_size
+        if not 0 <= rank < world:
+            raise ValueError(f"the checkpoint holds counts of {len(per_rank)} ranks, this is rank {rank} of {world}")
+        self.total = collections.Counter()
+        for counts in per_rank[rank::world]:
+            self.total.update(counts)
         self._recent.clear()
 
 

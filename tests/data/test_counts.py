@@ -14,7 +14,7 @@ import lightning as L
 import pytest
 
 from seg_datamodule import COCOSegDataModule
-from seg_datamodule.data.counts import ConsumedCounts, format_report
+from seg_datamodule.data.counts import ConsumedCounts, DeliveredCounts, format_report
 from seg_datamodule.data.samples.dataset import COUNT_KEYS
 from seg_datamodule.models import YolactLite
 
@@ -151,3 +151,19 @@ def test_format_report_by_hand() -> None:
         "clipped below min_area_ratio 1); lost 1 image (image_missing 1) and 4 annotations (bad_image 3, degenerate 1)",
         "val: 4 annotations delivered as targets; nothing lost",
     ]
+
+
+def test_delivered_counts_resumed_on_another_world_size_keep_the_runs_total() -> None:
+    saved = [{"kept": 5, "clipped": 1}, {"kept": 7}]  # two ranks' consumed counts
+    one = DeliveredCounts()
+    one.load(saved, rank=0, world_size=1)  # both ranks' counts on the one rank left
+    assert dict(one.total) == {"kept": 12, "clipped": 1}
+    four = [DeliveredCounts() for _ in range(4)]
+    for rank, counts in enumerate(four):
+        counts.load(saved, rank=rank, world_size=4)
+    assert [dict(c.total) for c in four] == [{"kept": 5, "clipped": 1}, {"kept": 7}, {}, {}]
+    same = DeliveredCounts()
+    same.load(saved, rank=1)  # the saving run's world size: this rank's own
+    assert dict(same.total) == {"kept": 7}
+    with pytest.raises(ValueError, match="holds counts of 2 ranks, this is rank 2 of 2"):
+        DeliveredCounts().load(saved, rank=2)

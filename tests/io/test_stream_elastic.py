@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import hashlib
 import os
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -21,7 +22,7 @@ import torch
 pytest.importorskip("litdata")
 
 from _datasets import make_dataset  # noqa: E402
-from _recorder import read_steps  # noqa: E402
+from _recorder import read_counts, read_steps  # noqa: E402
 from _s3_server import LoopbackS3, demo_chunk_set  # noqa: E402
 
 from seg_datamodule.data.batching.collate import DetectionCollate  # noqa: E402
@@ -148,20 +149,22 @@ def _run(out: Path, stream: str, *args: str) -> subprocess.CompletedProcess:
 
 
 @pytest.mark.slow
-@pytest.mark.extended  # three real runs, one of them DDP on two CPU processes
-def test_sigkill_at_two_ranks_then_resume_on_one_gives_the_uninterrupted_global_batches(
+@pytest.mark.extended  # four real runs: DDP on two CPU processes, then on four
+def test_sigkill_at_two_ranks_then_resume_on_one_and_on_four_gives_the_uninterrupted_global_batches(
     chunks: tuple[Path, dict], tmp_path: Path
 ) -> None:
     """Killed (SIGKILL) at step 3 of 2 ranks x batch 4, resumed from its last checkpoint on 1 rank x
-    batch 8: every step to the end of the next epoch trains on the images, in the order, of a
-    straight 1 x 8 run (pixels differ across world sizes: mosaic partners come from the rank's batch)."""
+    batch 8 and on 4 ranks x batch 2: every step to the end of the next epoch trains on the images,
+    in the order, of a straight 1 x 8 run (pixels differ across world sizes: mosaic partners come
+    from the rank's batch)."""
     source = str(chunks[0])
     straight = _run(tmp_path / "straight" / "run", source, "--batch-size", "8")
     assert straight.returncode == 0, straight.stderr[-3000:]
     killed = _run(tmp_path / "killed" / "run", source, "--batch-size", "4", "--devices", "2", "--kill-at", "3")
     assert killed.returncode == -9, killed.stderr[-3000:]
-    resumed = _run(tmp_path / "killed" / "resumed", source, "--batch-size", "8", "--ckpt",
-                   str(tmp_path / "killed" / "ckpt" / "last.ckpt"))
+    # A copy: the resumed runs write their own checkpoints where the killed run wrote its.
+    at_kill = shutil.copy(tmp_path / "killed" / "ckpt" / "last.ckpt", tmp_path / "at_kill.ckpt")
+    resumed = _run(tmp_path / "killed" / "resumed", source, "--batch-size", "8", "--ckpt", str(at_kill))
     assert resumed.returncode == 0, resumed.stderr[-3000:]
     want, got = read_steps(tmp_path / "straight" / "run"), read_steps(tmp_path / "killed" / "resumed")
     before = [read_steps(tmp_path / "killed" / "run", rank) for rank in (0, 1)]
@@ -170,3 +173,17 @@ def test_sigkill_at_two_ranks_then_resume_on_one_gives_the_uninterrupted_global_
         assert before[0][step]["image_ids"] + before[1][step]["image_ids"] == want[step]["image_ids"], step
     for step in got:
         assert (got[step]["epoch"], got[step]["image_ids"]) == (want[step]["epoch"], want[step]["image_ids"]), step
+    four = _run(tmp_path / "killed" / "resumed4", source, "--batch-size", "2", "--devices", "4", "--ckpt", str(at_kill))
+    assert four.returncode == 0, four.stderr[-3000:]
+    ranks = [read_steps(tmp_path / "killed" / "resumed4", rank) for rank in range(4)]
+    assert all(sorted(r) == sorted(got) for r in ranks)
+    for step in got:  # the four ranks' batches of a step, in rank order, are the straight run's batch
+        assert [r[step]["epoch"] for r in ranks] == [want[step]["epoch"]] * 4, step
+        assert sum((r[step]["image_ids"] for r in ranks), []) == want[step]["image_ids"], step
+    # Where every annotation went, counted across a resume on another world size: each trained image
+    # is in 4 mosaics of its rank's batch, so the ranks' outcomes sum to the straight run's total
+    # (a rank's counts of the killed run are dealt to the resumed ranks, none dropped).
+    total = sum(read_counts(tmp_path / "straight" / "run")["train"].values())
+    assert total > 0
+    assert sum(read_counts(tmp_path / "killed" / "resumed")["train"].values()) == total
+    assert sum(sum(read_counts(tmp_path / "killed" / "resumed4", r)["train"].values()) for r in range(4)) == total

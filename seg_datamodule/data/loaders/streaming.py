@@ -216,7 +216,7 @@ class StreamTrainLoader(StreamingDataLoader):
         dataset.global_batch, dataset.window = state.global_batch, state.window
         self._resume = state
         self._loaded = (state.epoch, state.consumed)
-        self.counts.load(obj.get("delivered_counts", {}), current_rank())
+        self.counts.load(obj.get("delivered_counts", {}), current_rank(), dataset.world_size)
 
 
 def stream_train_loader(
