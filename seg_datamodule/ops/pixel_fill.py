@@ -40,21 +40,12 @@ def rasterize_flat_pixel_fill(
 ) -> np.ndarray:
     """Rasterise instances given as flat polygon arrays with Ultralytics' fill-then-resize rule.
 
-    Args:
-        vertices (ndarray[V, 2] float64): x, y in canvas pixels.
-        ring_offsets (ndarray[R + 1] int64): ring r is ``vertices[ring_offsets[r]:ring_offsets[r + 1]]``.
-        instance_offsets (ndarray[N + 1] int64): instance n is rings
-            ``instance_offsets[n]:instance_offsets[n + 1]`` (may be empty: an all-False mask).
-        canvas_size (tuple[int, int]): ``(H, W)`` of the canvas in pixels.
-        stride (int): grid stride.
-        out (ndarray[N, Hp, Wp] bool | None): zero-filled output; allocated when None. Only each
-            instance's window is written.
+    Takes what :func:`~seg_datamodule.ops.raster.rasterize_flat` takes (the flat vertices, ring
+    and instance offsets, ``(H, W)``, the stride, an optional zero-filled ``out``) and raises what
+    it raises; only each instance's window of ``out`` is written.
 
     Returns:
         ndarray[N, Hp, Wp] bool: the instance masks (``out`` when given).
-
-    Raises:
-        TypeError, ValueError: as :func:`~seg_datamodule.ops.raster.rasterize_flat`.
     """
     vertices, ring_offsets, instance_offsets, out = checked_flat(
         vertices, ring_offsets, instance_offsets, canvas_size, stride, out)
