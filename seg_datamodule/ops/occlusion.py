@@ -10,6 +10,8 @@ test (:func:`~seg_datamodule.ops.raster.rasterize_flat`), so the result is bit-i
 
 from __future__ import annotations
 
+from typing import Literal
+
 import numpy as np
 
 from seg_datamodule.ops.geometry import select_instances
@@ -28,7 +30,7 @@ def rasterize_visible(
     canvas_size: tuple[int, int],
     stride: int = 4,
     out: np.ndarray | None = None,
-    fill: str = "centre",
+    fill: Literal["centre", "ultralytics"] = "centre",
 ) -> np.ndarray:
     """Rasterise N instances, each minus the union of its occluders, onto the stride grid.
 

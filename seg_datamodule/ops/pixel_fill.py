@@ -6,8 +6,8 @@ pixels filled) and shrinking the filled canvas to the prototype grid with ``cv2.
 (bilinear). A cell is then set when its two centre pixel rows and columns are about half filled,
 which grows every mask by about half a pixel all round against the exact cell-centre test
 (:mod:`seg_datamodule.ops.raster`): +14 % of the area of a 32 px object at stride 4, +30 % at
-16 px. YOLO-seg's loss and predictor are tuned to those targets (``docs/benchmarks/train-parity.md``
-measures what the rule is worth), so the YOLO configs use it.
+16 px. Ultralytics trains YOLO-seg on those targets; in ``docs/benchmarks/train-parity.md`` they
+trained YOLO11n-seg to less mask AP than the exact cells did, so the rule is opt-in.
 
 Semantics (the tests hold a full-canvas reference to it): the canvas ``(H, W)`` is padded to
 ``(Hp * stride, Wp * stride)`` (``Hp = ceil(H / stride)``; Ultralytics' canvases are multiples of

@@ -11,7 +11,7 @@ batch. The rasteriser writes only the inside cells, into a zeroed mask stack.
 from __future__ import annotations
 
 import math
-from typing import Sequence
+from typing import Literal, Sequence
 
 import cv2
 import numpy as np
@@ -134,7 +134,7 @@ class DetectionCollate:
         shared_memory: bool | None = None,
         channels_last: bool = True,
         buffer_slots: int = DEFAULT_BUFFER_SLOTS,
-        mask_fill: str = "centre",
+        mask_fill: Literal["centre", "ultralytics"] = "centre",
     ) -> None:
         self.mask_stride = check_int("mask_stride", mask_stride, 1)
         self.shared_memory = check_optional_bool("shared_memory", shared_memory)
