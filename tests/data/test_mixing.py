@@ -121,7 +121,8 @@ def test_every_mask_cell_shows_its_own_instance_and_a_planted_bug_is_caught(
                                            for n in range(s.num_instances))
     # A collate that forgets the occluders leaves covered cells claiming the pasted colours.
     monkeypatch.setattr(collate_module, "rasterize_visible",
-                        lambda polygons, occluders, canvas, stride, out=None: rasterize_flat(*polygons, canvas, stride, out=out))
+                        lambda polygons, occluders, canvas, stride, out=None, fill="centre":
+                        rasterize_flat(*polygons, canvas, stride, out=out))
     assert sum(_wrong_cells(collate(samples))[0] for samples in batches) > 0
 
 
