@@ -26,7 +26,8 @@ Ultralytics stores them (half precision), go through Ultralytics' own predictor 
 converted labels). It prints segm AP / AP50 per epoch, each side's mean and spread over the seeds,
 and the ratio of the means (this project over Ultralytics), and writes every number to
 ``<out>/<start>_<schedule>/results.json``. Runs already there are reused (delete a run's folder to redo
-it). ``--variant NAME --ours KEY=VALUE`` changes this project's side only (one change at a time,
+it); a run or data folder made with other settings (epochs, data, canvas, batch, ...) is refused,
+not reused. ``--variant NAME --ours KEY=VALUE`` changes this project's side only (one change at a time,
 against the same Ultralytics runs): ``--variant old-cadence --ours model.init_args.schedule=lightning
 --ours model.init_args.warmup_steps=10``. ``--cell NAME`` puts an off-diagonal cell of the
 data-vs-loop 2x2 in place of this project's side (``benchmarks/_parity_cells.py``):
@@ -60,6 +61,7 @@ import yaml
 ROOT = Path(__file__).resolve().parents[1]
 CONFIG = ROOT / "configs" / "yolo11n_seg_data_yaml.yaml"
 SIDES = ("ultralytics", "seg_datamodule")
+SETTINGS = "settings.json"  # each run's and the data's settings: a folder made with others is not reused
 
 
 # ------------------------------------------------------------------------------ data
@@ -70,7 +72,9 @@ def make_dataset(root: Path, *, num_train: int, num_val: int, size: tuple[int, i
     from seg_datamodule.demo.data import generate_demo_dataset
     from ultralytics.data.converter import merge_multi_segment
 
+    settings = {"num_train": num_train, "num_val": num_val, "size": list(size), "seed": seed}
     if (root / "data.yaml").is_file():
+        check_settings(root, settings)
         return root / "data.yaml"
     paths = generate_demo_dataset(root, num_train=num_train, num_val=num_val, image_size=size, seed=seed)
     names: list[str] = []
@@ -101,7 +105,33 @@ def make_dataset(root: Path, *, num_train: int, num_val: int, size: tuple[int, i
     text = [f"path: {root.resolve()}", "train: images/train", "val: images/val", "names:"]
     text += [f"  {k}: {json.dumps(n)}" for k, n in enumerate(names)]
     (root / "data.yaml").write_text("\n".join(text) + "\n")
+    (root / SETTINGS).write_text(json.dumps(settings, indent=1))
     return root / "data.yaml"
+
+
+def run_settings(side: str, a: argparse.Namespace) -> dict[str, Any]:
+    """What one run's numbers depend on besides its seed (its folder already names the start, schedule and variant)."""
+    keys = ("train", "val", "size", "data_seed", "imgsz", "epochs", "batch", "workers", "close_mosaic", "device")
+    settings = {k: list(v) if isinstance(v, tuple) else v for k, v in vars(a).items() if k in keys}
+    if a.start == "finetuned":
+        settings["pretrain_epochs"] = a.pretrain_epochs
+    if side != "ultralytics":
+        settings.update(ours=list(a.ours), cell=a.cell)
+    return settings
+
+
+def check_settings(folder: Path, settings: dict[str, Any]) -> None:
+    """Refuse to reuse ``folder`` when it was made with other settings (or by a version that did not record them).
+
+    Raises:
+        SystemExit: naming the folder and the settings that differ.
+    """
+    saved_file = folder / SETTINGS
+    saved = json.loads(saved_file.read_text()) if saved_file.is_file() else None
+    if saved != settings:
+        differ = ("no record of its settings" if saved is None else ", ".join(
+            f"{k} {saved.get(k)!r} there, {v!r} now" for k, v in settings.items() if saved.get(k) != v))
+        raise SystemExit(f"{folder} holds a run made with other settings ({differ}): delete it, or pass another --out")
 
 
 # ------------------------------------------------------------------------------ training
@@ -297,9 +327,12 @@ def run_side(side: str, seed: int, out: Path, data_yaml: Path, weights: str | No
     label = side if side == "ultralytics" or not a.variant else f"{side}-{a.variant}"
     run = out / f"{label}_seed{seed}"
     result_file = run / "result.json"
+    settings = run_settings(side, a)
     if result_file.is_file():
+        check_settings(run, settings)
         return json.loads(result_file.read_text())
     run.mkdir(parents=True, exist_ok=True)
+    (run / SETTINGS).write_text(json.dumps(settings, indent=1))
     print(f"training {side} seed {seed} ...", flush=True)
     trainer = train_ultralytics if side == "ultralytics" else train_cell if a.cell else train_ours
     ckpts = trainer(run, data_yaml, seed, a, weights)

@@ -62,3 +62,39 @@ def test_summary_rows_carry_the_interval(parity) -> None:
     assert row["ultralytics/segm_AP"] == pytest.approx((0.2, 0.1))
     lo, hi = row["ratio_ci95/segm_AP"]
     assert lo == pytest.approx(0.2 / 0.3) and hi == pytest.approx(0.2 / 0.1)  # theirs resampled to all-0.3 / all-0.1
+
+
+def _args(parity, *extra: str):
+    """The benchmark's parsed arguments, as its ``main`` sees them (no training: parse only)."""
+    import argparse
+
+    ns = argparse.Namespace(out=Path("."), schedule="nbs64", start="scratch", seeds=[0], train=200, val=50,
+                            size=(240, 360), data_seed=61, imgsz=256, epochs=10, pretrain_epochs=10, batch=16,
+                            workers=2, close_mosaic=2, device="cpu", sides=list(parity.SIDES), ours=[], variant="",
+                            cell=None)
+    for item in extra:
+        key, _, value = item.partition("=")
+        setattr(ns, key, type(getattr(ns, key))(value) if key != "ours" else [value])
+    return ns
+
+
+def test_a_run_is_reused_only_with_its_own_settings(parity, tmp_path) -> None:
+    run = tmp_path / "seg_datamodule_seed0"
+    run.mkdir()
+    settings = parity.run_settings("seg_datamodule", _args(parity))
+    (run / parity.SETTINGS).write_text(__import__("json").dumps(settings))
+    parity.check_settings(run, parity.run_settings("seg_datamodule", _args(parity)))  # same: reused
+    with pytest.raises(SystemExit) as err:
+        parity.check_settings(run, parity.run_settings("seg_datamodule", _args(parity, "epochs=20")))
+    assert str(err.value) == (f"{run} holds a run made with other settings (epochs 10 there, 20 now): "
+                              "delete it, or pass another --out")
+    with pytest.raises(SystemExit, match=r"ours \[\] there, \['data.mask_fill=ultralytics'\] now"):
+        parity.check_settings(run, parity.run_settings("seg_datamodule", _args(parity, "ours=data.mask_fill=ultralytics")))
+    # Ultralytics' side does not depend on this project's changes: the same run serves every variant.
+    assert parity.run_settings("ultralytics", _args(parity, "ours=data.mask_fill=ultralytics")) == \
+        parity.run_settings("ultralytics", _args(parity))
+
+
+def test_a_run_without_a_record_of_its_settings_is_refused(parity, tmp_path) -> None:
+    with pytest.raises(SystemExit, match="no record of its settings"):
+        parity.check_settings(tmp_path, parity.run_settings("ultralytics", _args(parity)))
