@@ -102,7 +102,9 @@ REACHES: dict[str, PrivateReach] = {
     "litdata_state": PrivateReach(
         "litdata", "StreamingDataLoader.restore, _num_samples_yielded_streaming, _latest_worker_idx, "
         "_StreamingMultiProcessingDataLoaderIter; StreamingDataset's visit plan (worker_chunks, worker_intervals, "
-        "_elastic_item_lists, litdata.streaming.elastic.worker_plan_to_chunks)",
+        "_elastic_item_lists, litdata.streaming.elastic.worker_plan_to_chunks); the chunks' reference counts "
+        "(BinaryReader.acquire_shared_locks, _shared_chunk_indexes, ChunksConfig._chunk_lock_filepath and its "
+        "'.cnt' file under a '.cnt.lock' FileLock; ChunkedIndex.chunk_indexes)",
         "StreamTrainLoader's global order (OrderedRecords) and its checkpoints", ("0.2.76", "0.2.76")),
 }
 

@@ -9,10 +9,12 @@ concatenated in rank order, hashed (image ids and pixels). The reference is the 
 from __future__ import annotations
 
 import hashlib
+import itertools
 import os
 import shutil
 import subprocess
 import sys
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
@@ -54,9 +56,16 @@ def _loaders(url: str, meta: dict, cache: Path, world: int, workers: int, option
 
 
 def _epoch(loaders: list[Any], stop_after: int | None = None) -> list[str]:
-    """One epoch of the ranks in lockstep: the hash of each step's global batch."""
+    """One epoch of the ranks in lockstep: the hash of each step's global batch.
+
+    The ranks of a DDP run start an epoch together, each in its own process, so their first
+    batches are asked for at once (``zip`` alone would start a rank's workers only when the rank
+    before it had its first batch: a skew no DDP run has)."""
+    iterators = [iter(loader) for loader in loaders]
+    with ThreadPoolExecutor(len(iterators)) as pool:
+        first = list(pool.map(next, iterators))
     hashes = []
-    for step, batches in enumerate(zip(*loaders, strict=True)):
+    for step, batches in enumerate(itertools.chain([first], zip(*iterators, strict=True))):
         digest = hashlib.sha256()  # the ranks' batches concatenated in rank order
         digest.update(torch.cat([batch.image_ids for batch in batches]).numpy().tobytes())
         digest.update(torch.cat([batch.images for batch in batches]).numpy().tobytes())
@@ -107,21 +116,26 @@ def test_a_resume_taken_at_two_ranks_continues_exactly_on_one_and_four(
         bad.load_state_dict(states[0])
 
 
-@pytest.mark.parametrize("max_cache_size", [None, "1MB"])
+@pytest.mark.parametrize(("max_cache_size", "world", "workers", "global_batch"),
+                         [(None, 2, 2, GLOBAL_BATCH), ("1MB", 2, 2, GLOBAL_BATCH), ("1MB", 2, 2, 4), ("1MB", 1, 1, 2)])
 def test_chunk_downloads_per_epoch_per_node(
-    s3: LoopbackS3, chunks: tuple[Path, dict], tmp_path: Path, max_cache_size: str | None
+    s3: LoopbackS3, chunks: tuple[Path, dict], tmp_path: Path, max_cache_size: str | None, world: int, workers: int,
+    global_batch: int
 ) -> None:
-    """Two ranks of one node (one cache), two workers each, two epochs, GETs counted from the
-    server's log. None: LitData's default cache (it holds the whole set): each chunk once in the
-    first epoch, never again (with LitData's async prefetch, which OrderedRecords turns off, two
-    workers fetched one chunk at once: 8 and 10 of 12 chunks twice in two runs). 1MB (about 5 of
-    the 12 chunks): LitData deletes a chunk whenever a worker leaves it with no other worker
-    holding it, and in the global order a worker comes back to a chunk for its next batch of the
-    same block, so some chunks are downloaded twice an epoch (an open gap of issue 63: measured,
-    bounded here at 3)."""
-    prefix = f"once{max_cache_size or ''}"
+    """Ranks of one node (one cache), two epochs, GETs counted from the server's log: each chunk
+    once an epoch. None: LitData's default cache (it holds the whole set): once in the first
+    epoch, never again (with LitData's async prefetch, which OrderedRecords turns off, two workers
+    fetched one chunk at once). 1MB (about 5 of the 12 chunks): a chunk goes when the node's last
+    visit to it ends and comes back the next epoch. With a global batch of 4 or 2 a worker's
+    batch is one or two images and it comes back to a chunk several times an epoch: LitData's one
+    reference per chunk, dropped at every visit's end, let a chunk be deleted between two visits
+    (fetched again, or a FileNotFoundError in LitData's wait), and its prefetch thread, handed one
+    entry per visit, fetched chunks again after their last visit (2 to 3 GETs for 3 to 5 of the
+    12 chunks before both were mended; at 2 x 2 workers and a global batch of 4, up to 7 extra GETs
+    an epoch then, 0 to 3 now)."""
+    prefix = f"once{max_cache_size or ''}-{world}-{workers}-{global_batch}"
     url = s3.upload(chunks[0], prefix)
-    loaders = _loaders(url, chunks[1], tmp_path / "cache", 2, 2, s3.options, max_cache_size)
+    loaders = _loaders(url, chunks[1], tmp_path / "cache", world, workers, s3.options, max_cache_size, global_batch)
     num_chunks = len([p for p in chunks[0].iterdir() if p.suffix == ".bin"])
     per_epoch = []
     for _ in range(2):
@@ -129,13 +143,41 @@ def test_chunk_downloads_per_epoch_per_node(
         _epoch(loaders)
         after = s3.gets(prefix)
         per_epoch.append({key: after[key] - before.get(key, 0) for key in after})
-    print(f"max_cache_size {max_cache_size}: GETs per chunk per epoch {[sorted(e.values()) for e in per_epoch]}")
+    print(f"max_cache_size {max_cache_size}, {world} x {workers}, global batch {global_batch}: GETs per chunk per epoch "
+          f"{[sorted(e.values()) for e in per_epoch]}")
     assert len(per_epoch[0]) == num_chunks  # every chunk was read
+    if max_cache_size is not None and world * workers > 1:
+        # A reader finishes a block of these tiny chunks in about 0.1 s, so on a busy machine
+        # readers that start that far apart still cost a download (no barrier is taken): bounded
+        # here, exact with one reader (below) and with the cache that holds the set.
+        assert all(max(e.values()) <= 2 and sum(e.values()) - num_chunks <= 4 for e in per_epoch)
+        return
+    assert max(per_epoch[0].values()) == 1
     if max_cache_size is None:
-        assert max(per_epoch[0].values()) == 1
         assert sum(per_epoch[1].values()) == 0  # the cache kept them all
     else:
-        assert max(max(e.values()) for e in per_epoch) <= 3
+        assert max(per_epoch[1].values()) == 1 and len(per_epoch[1]) == num_chunks
+
+
+def test_change_references_keeps_litdatas_count_file(tmp_path: Path) -> None:
+    """The count LitData reads (``<chunk>.cnt``, an integer) moves by the delta at once; at 0 the
+    file goes, as LitData's own decrement removes it; no downloader (a local set): nothing kept."""
+    from types import SimpleNamespace
+
+    from litdata.streaming.config import ChunksConfig
+
+    from seg_datamodule.io.stream.ordered import change_references
+
+    chunk_file = tmp_path / "chunk-0-3.bin"
+    config = SimpleNamespace(_downloader=object(), _chunk_lock_filepath=lambda c: str(tmp_path / f"chunk-0-{c}.bin"))
+    count = Path(str(chunk_file) + ".cnt")
+    assert change_references(config, 3, 4) == 4 and count.read_text() == "4"
+    # LitData's own decrement reads and writes the same file
+    assert ChunksConfig.decrement_local_lock(config, 3) == 3 and count.read_text() == "3"
+    assert change_references(config, 3, -2) == 1 and count.read_text() == "1"
+    assert change_references(config, 3, -5) == 0 and not count.exists()
+    local = SimpleNamespace(_downloader=None, _chunk_lock_filepath=config._chunk_lock_filepath)
+    assert change_references(local, 3, 2) == 0 and not count.exists()
 
 
 HERE = Path(__file__).resolve().parent

@@ -15,12 +15,14 @@ order, so a LitData that stopped following the plan is an error, not a silent ot
 
 from __future__ import annotations
 
+import contextlib
 import os
-from collections import deque
+from collections import Counter, deque
 from time import time
 from typing import Any
 
 import numpy as np
+from filelock import FileLock, Timeout
 from litdata import StreamingDataset
 from litdata.streaming.elastic import worker_plan_to_chunks
 from litdata.streaming.sampler import ChunkedIndex
@@ -38,7 +40,7 @@ from seg_datamodule.io.stream.order import (
     worker_visits,
 )
 
-__all__ = ["OrderedRecords"]
+__all__ = ["OrderedRecords", "change_references"]
 
 _ASYNC_PREFETCH = "LITDATA_ASYNC_CHUNK_PREFETCH"  # litdata.streaming.async_prefetch.async_chunk_prefetch_enabled
 
@@ -46,6 +48,54 @@ _ASYNC_PREFETCH = "LITDATA_ASYNC_CHUNK_PREFETCH"  # litdata.streaming.async_pref
 _PLAN_ATTRIBUTES = ("worker_chunks", "worker_intervals", "_elastic_item_lists", "upcoming_indexes", "stop_length",
                     "worker_next_chunk_index", "global_index", "num_chunks", "consumed_sample_count_in_curr_chunk",
                     "has_triggered_download")
+
+
+_LOCK_TIMEOUT_S = 30.0  # waiting on a co-worker's count update; LitData's own waits 1-3 s, then drops it
+
+
+def change_references(config: Any, chunk: int, delta: int) -> int:
+    """Add ``delta`` references to a chunk's count in LitData's node-wide cache; the new count.
+
+    LitData 0.2.76 keeps a chunk's reference count in ``<chunk file>.cnt`` beside the chunk, under
+    the file lock ``<chunk file>.cnt.lock`` (``Downloader._increment_local_lock``,
+    ``ChunksConfig.decrement_local_lock``), and deletes a chunk only while its count is 0. This is
+    the same update by ``delta`` at once (a worker's visits to a chunk can number in the
+    thousands); a count that reaches 0 loses its file, as LitData's decrement does.
+
+    Args:
+        config: the reader's ``litdata.streaming.config.ChunksConfig``.
+        chunk (int): the chunk's index.
+        delta (int): references to add (negative: to drop); 0 does nothing.
+
+    Returns:
+        int: the count after the change (0 for a delta of 0, or where LitData keeps no counts: no
+            download, no cache).
+
+    Raises:
+        RuntimeError: the count stayed locked for 30 s (a reference lost silently would let a
+            co-worker delete the chunk under this one).
+    """
+    if delta == 0 or getattr(config, "_downloader", None) is None:
+        return 0
+    count_path = config._chunk_lock_filepath(chunk) + ".cnt"
+    try:
+        with FileLock(count_path + ".lock", timeout=_LOCK_TIMEOUT_S):
+            try:
+                with open(count_path) as f:
+                    count = int(f.read().strip() or 0)
+            except (FileNotFoundError, ValueError):
+                count = 0
+            count = max(0, count + delta)
+            if count:
+                with open(count_path, "w") as f:
+                    f.write(str(count))
+            else:
+                with contextlib.suppress(FileNotFoundError):
+                    os.remove(count_path)
+    except Timeout:
+        raise RuntimeError(f"{count_path}: the chunk's reference count stayed locked for {_LOCK_TIMEOUT_S:.0f} s") \
+            from None
+    return count
 
 
 class OrderedRecords(StreamRecords):
@@ -87,6 +137,8 @@ class OrderedRecords(StreamRecords):
         self.global_batch: int | None = None
         self.start = 0
         self._positions: dict[int, int] = {}
+        self._visits_left: Counter[int] = Counter()  # this epoch's visits not yet ended, by chunk
+        self._reading: int | None = None  # the chunk of the visit being read
 
     @property
     def world_size(self) -> int:
@@ -125,6 +177,7 @@ class OrderedRecords(StreamRecords):
         # one chunk (measured: 8 of 12 chunks twice an epoch); the synchronous path fetched each
         # once. A user's own setting of the variable wins.
         os.environ.setdefault(_ASYNC_PREFETCH, "0")
+        self._release_references()  # before the reader that holds them is replaced
         self.worker_env = _WorkerEnv.detect()
         self.cache = self._create_cache(worker_env=self.worker_env)
         intervals = self.cache.get_chunk_intervals()
@@ -152,14 +205,24 @@ class OrderedRecords(StreamRecords):
         position = np.empty(self.num_records, np.int64)
         position[order] = np.arange(len(order))
         self._positions = {item: int(position[item]) for _, items in mine for item in items}
-        # 3. Reference counts taken before any item is read, as LitData's __iter__ does for the
-        # chunks other workers of the node read too: in the global order every worker reads from
-        # every block, so with more than one reader on the node each of its chunks is shared.
-        # (One reference per visit, released one per visit left, was tried: it did not stop the
-        # re-downloads measured with a cache smaller than the chunk set; LitData's rule is kept.)
-        readers = env.world_size // max(1, env.num_nodes) * self.worker_env.world_size
-        chunks = set(self.worker_chunks)
-        self.cache._reader.acquire_shared_locks(chunks if readers > 1 else set())
+        # 3. One reference per visit, taken before any item is read. LitData 0.2.76 takes one per
+        # chunk (``acquire_shared_locks``) but drops one at the end of every visit (``BinaryReader.read``),
+        # and in the global order a worker visits a chunk once per batch of its block: one reference
+        # for several visits let a co-worker delete a chunk this worker was still to read, or was
+        # waiting on (a FileNotFoundError in LitData's wait, seen in CI), and re-downloaded it.
+        # Counted per visit, a chunk goes when the node's last visit to it ends: once per epoch.
+        reader = self.cache._reader
+        visits = Counter(chunk for chunk, _ in mine)
+        # Counted here, all of them: LitData's acquire_shared_locks would add one each but drops an
+        # increment silently when the count's lock is busy for 1 s. Its "shared" sets must still
+        # name the chunks, so that a download adds no reference of its own.
+        reader.acquire_shared_locks(set())
+        reader._shared_chunk_indexes = reader.config._shared_chunk_indexes = set(visits)
+        config = reader.config
+        for chunk, count in visits.items():
+            change_references(config, chunk, count)
+        self._visits_left, self._reading = visits, None
+        chunks = set(visits)
         # Every chunk memory-mapped, shared ones too: in the global order every worker reads every
         # block, and LitData 0.2.76 reads a chunk it may not map through a file handle it drops
         # unclosed at each chunk switch (PyTreeLoader._close_open_chunk). A map stays valid when a
@@ -169,7 +232,31 @@ class OrderedRecords(StreamRecords):
         return self
 
     def __getitem__(self, index: Any) -> Any:
+        if isinstance(index, ChunkedIndex) and index.chunk_indexes:
+            # The first read hands LitData's prefetch thread the plan's chunks, one entry per
+            # visit; walking them behind the reader, it fetched chunks again whose last visit had
+            # passed and which were deleted. Each chunk once, in the order of its first visit.
+            index.chunk_indexes = list(dict.fromkeys(int(c) for c in index.chunk_indexes))
         item = super().__getitem__(index)
-        if isinstance(index, ChunkedIndex) and isinstance(item, dict):
-            item["position"] = self._positions.get(int(index.index), -1)
+        if isinstance(index, ChunkedIndex):
+            # Mirror LitData's releases (BinaryReader.read): the visit left at a chunk switch, and
+            # the last visit at the plan's last index.
+            chunk = int(index.chunk_index)
+            if chunk != self._reading:
+                if self._reading is not None:
+                    self._visits_left[self._reading] -= 1
+                self._reading = chunk
+            if index.is_last_index:
+                self._visits_left[chunk] -= 1
+            if isinstance(item, dict):
+                item["position"] = self._positions.get(int(index.index), -1)
         return item
+
+    def _release_references(self) -> None:
+        """Drop the references of the visits an abandoned epoch did not make (a loader in this process)."""
+        cache = getattr(self, "cache", None)
+        if not self._visits_left or cache is None:
+            return
+        for chunk, left in self._visits_left.items():
+            change_references(cache._reader.config, chunk, -left)
+        self._visits_left = Counter()
