@@ -51,6 +51,7 @@ Usage (needs ``pip install "seg-datamodule[ultralytics]"``)::
 from __future__ import annotations
 
 import argparse
+import hashlib
 import json
 import math
 import os
@@ -121,7 +122,8 @@ def run_settings(side: str, a: argparse.Namespace) -> dict[str, Any]:
     if a.start == "finetuned":
         settings["pretrain_epochs"] = a.pretrain_epochs
     if side != "ultralytics":
-        settings.update(ours=list(a.ours), cell=a.cell)
+        # the shipped config's content too: a run made before it changed is not this config's
+        settings.update(ours=list(a.ours), cell=a.cell, config=hashlib.sha256(CONFIG.read_bytes()).hexdigest()[:16])
     return settings
 
 
@@ -388,7 +390,9 @@ def summarise(results: list[dict[str, Any]], epochs: int, label: dict[str, str])
     return rows
 
 
-def main(argv: list[str] | None = None) -> None:
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    """The benchmark's settings from its command line (``size`` a tuple, ``nc`` the classes, a
+    ``--cell`` folded into ``variant``); exits with argparse's message on a bad combination."""
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--out", type=Path, default=ROOT / "runs" / "train_parity")
     parser.add_argument("--schedule", choices=("nbs64", "step"), default="nbs64",
@@ -419,6 +423,11 @@ def main(argv: list[str] | None = None) -> None:
         parser.error("--ours changes need a --variant name (their runs' folder), and a --variant some --ours changes")
     if a.cell:
         a.variant = a.cell + (f"-{a.variant}" if a.variant else "")
+    return a
+
+
+def main(argv: list[str] | None = None) -> None:
+    a = parse_args(argv)
     out = a.out / f"{a.start}_{a.schedule}"
     out.mkdir(parents=True, exist_ok=True)
     data_yaml = make_dataset(a.out / "data", num_train=a.train, num_val=a.val, size=a.size, seed=a.data_seed)

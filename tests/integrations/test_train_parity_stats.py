@@ -6,6 +6,7 @@
 from __future__ import annotations
 
 import importlib.util
+import json
 import math
 from pathlib import Path
 
@@ -65,36 +66,49 @@ def test_summary_rows_carry_the_interval(parity) -> None:
 
 
 def _args(parity, *extra: str):
-    """The benchmark's parsed arguments, as its ``main`` sees them (no training: parse only)."""
-    import argparse
-
-    ns = argparse.Namespace(out=Path("."), schedule="nbs64", start="scratch", seeds=[0], train=200, val=50,
-                            size=(240, 360), data_seed=61, imgsz=256, epochs=10, pretrain_epochs=10, batch=16,
-                            workers=2, close_mosaic=2, device="cpu", sides=list(parity.SIDES), ours=[], variant="",
-                            cell=None)
-    for item in extra:
-        key, _, value = item.partition("=")
-        setattr(ns, key, type(getattr(ns, key))(value) if key != "ours" else [value])
-    return ns
+    """The benchmark's own parsed arguments (its defaults), with ``--key value`` changes."""
+    return parity.parse_args([word for item in extra for word in item.split(" ")])
 
 
 def test_a_run_is_reused_only_with_its_own_settings(parity, tmp_path) -> None:
     run = tmp_path / "seg_datamodule_seed0"
     run.mkdir()
     settings = parity.run_settings("seg_datamodule", _args(parity))
-    (run / parity.SETTINGS).write_text(__import__("json").dumps(settings))
+    (run / parity.SETTINGS).write_text(json.dumps(settings))
     parity.check_settings(run, parity.run_settings("seg_datamodule", _args(parity)))  # same: reused
     with pytest.raises(SystemExit) as err:
-        parity.check_settings(run, parity.run_settings("seg_datamodule", _args(parity, "epochs=20")))
-    assert str(err.value) == (f"{run} holds a run made with other settings (epochs 10 there, 20 now): "
+        parity.check_settings(run, parity.run_settings("seg_datamodule", _args(parity, "--epochs 10")))
+    assert str(err.value) == (f"{run} holds a run made with other settings (epochs 20 there, 10 now): "
                               "delete it, or pass another --out")
     with pytest.raises(SystemExit, match=r"ours \[\] there, \['data.mask_fill=ultralytics'\] now"):
-        parity.check_settings(run, parity.run_settings("seg_datamodule", _args(parity, "ours=data.mask_fill=ultralytics")))
+        parity.check_settings(run, parity.run_settings("seg_datamodule", _args(parity, "--ours data.mask_fill=ultralytics", "--variant fill")))
+    # a run made before the shipped config changed is not that config's run
+    changed = dict(settings, config="0" * 16)
+    (run / parity.SETTINGS).write_text(json.dumps(changed))
+    with pytest.raises(SystemExit, match=r"config '0{16}' there, '[0-9a-f]{16}' now"):
+        parity.check_settings(run, parity.run_settings("seg_datamodule", _args(parity)))
     # Ultralytics' side does not depend on this project's changes: the same run serves every variant.
-    assert parity.run_settings("ultralytics", _args(parity, "ours=data.mask_fill=ultralytics")) == \
+    assert parity.run_settings("ultralytics", _args(parity, "--ours data.mask_fill=ultralytics", "--variant fill")) == \
         parity.run_settings("ultralytics", _args(parity))
 
 
 def test_a_run_without_a_record_of_its_settings_is_refused(parity, tmp_path) -> None:
     with pytest.raises(SystemExit, match="no record of its settings"):
         parity.check_settings(tmp_path, parity.run_settings("ultralytics", _args(parity)))
+
+
+@pytest.mark.needs("ultralytics")
+def test_the_data_folder_is_reused_only_with_its_own_settings(parity, tmp_path) -> None:
+    """The generated data (COCO and its Ultralytics copy) is made once; asked for with another
+    size, seed or count it is refused, naming what differs, not silently served."""
+    data = tmp_path / "data"
+    kwargs = {"num_train": 3, "num_val": 2, "size": (64, 96), "seed": 5}
+    made = parity.make_dataset(data, **kwargs)
+    labels = sorted(p.name for p in (data / "labels" / "train").iterdir())
+    assert made == data / "data.yaml" and len(labels) == 3
+    stamp = made.stat().st_mtime_ns
+    assert parity.make_dataset(data, **kwargs) == made and made.stat().st_mtime_ns == stamp  # reused as is
+    with pytest.raises(SystemExit) as err:
+        parity.make_dataset(data, **dict(kwargs, seed=6))
+    assert str(err.value) == (f"{data} holds a run made with other settings (seed 5 there, 6 now): "
+                              "delete it, or pass another --out")
