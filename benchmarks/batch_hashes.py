@@ -1,7 +1,7 @@
 """Hashes of the batches the DataModule gives, to prove a refactor changed none of them.
 
 Builds ``COCOSegDataModule`` from its flat (YAML) keys on coco-mini in several configurations
-(the default mosaic with batch partners, uniform partners, LSJ, copy-paste + MixUp, HSV on the
+(the mosaic with batch partners, uniform partners (the default), LSJ, copy-paste + MixUp, HSV on the
 device, a bad image skipped, a repeat-factor draw, training streamed from LitData chunks, and the
 validation, test and predict loaders) and prints, per configuration and number of workers:
 
@@ -183,19 +183,21 @@ def configurations(tmp: Path) -> dict[str, dict[str, Any]]:
     val = dict(val_ann=str(COCO_MINI / "annotations" / "instances_val2017.json"),
                val_images=str(COCO_MINI / "val2017"))
     common = dict(image_size=256, batch_size=8, seed=7, use_cache=False, cache_dir=str(tmp / "cache"))
+    batch = dict(mosaic_partners="batch")  # the default before 2026-12-07: the baseline's batches
     yolo = A.Compose([A.Blur(p=0.3), A.ToGray(p=0.2)])
     bad_ann, bad_images = _bad_copy(tmp)
     return {
-        "mosaic_batch": dict(**train, **common, transforms=yolo, hsv=(0.015, 0.7, 0.4), degrees=5.0, shear=2.0),
+        "mosaic_batch": dict(**train, **common, **batch, transforms=yolo, hsv=(0.015, 0.7, 0.4), degrees=5.0,
+                             shear=2.0),
         "mosaic_uniform": dict(**train, **common, mosaic_partners="uniform", mosaic=0.7, cache_images=0),
-        "lsj": dict(**train, **common, recipe="lsj"),
-        "copy_paste_mixup": dict(**train, **common, copy_paste=0.6, mixup=0.4),
-        "copy_paste_batch": dict(**train, **common, copy_paste=0.8, copy_paste_mode="batch"),
-        "hsv_on_device": dict(**train, **common, hsv=(0.015, 0.7, 0.4), hsv_on_device=True),
-        "bad_image_skip": dict(train_ann=bad_ann, train_images=bad_images, **common, on_bad_sample="skip",
+        "lsj": dict(**train, **common, **batch, recipe="lsj"),
+        "copy_paste_mixup": dict(**train, **common, **batch, copy_paste=0.6, mixup=0.4),
+        "copy_paste_batch": dict(**train, **common, **batch, copy_paste=0.8, copy_paste_mode="batch"),
+        "hsv_on_device": dict(**train, **common, **batch, hsv=(0.015, 0.7, 0.4), hsv_on_device=True),
+        "bad_image_skip": dict(train_ann=bad_ann, train_images=bad_images, **common, **batch, on_bad_sample="skip",
                                copy_paste=0.5),
-        "close_mosaic": dict(**train, **common, close_mosaic=1),
-        "repeat_factors": dict(**train, **common, repeat_factor_threshold=0.5),
+        "close_mosaic": dict(**train, **common, **batch, close_mosaic=1),
+        "repeat_factors": dict(**train, **common, **batch, repeat_factor_threshold=0.5),
         "val": dict(**train, **val, **common, stage="validate"),
         "test": dict(test_ann=val["val_ann"], test_images=val["val_images"], **common, stage="test"),
         "predict": dict(predict_images=val["val_images"], **common, stage="predict"),

@@ -10,11 +10,11 @@ not the disk.
 Ours: ``CocoIndex`` -> ``SegDataset`` (4-image mosaic, random affine, flip, a YOLO-recipe
 albumentations pipeline, exact polygon clip) -> ``DetectionCollate`` (stride-4 masks), batch 32,
 ``cache_images=0`` (what the DataModule picks for a dataset this size), in three configurations:
-``mosaic_partners="batch"`` (the default: partners are the batch's other images, each image
+``mosaic_partners="batch"`` (opt-in: partners are the batch's other images, each image
 decoded once per batch) with YOLO's HSV jitter in the workers (``hsv``, ``hsv_on_device=False``,
 after the albumentations steps, in Ultralytics' order), the same with the jitter moved to the
 accelerator (``hsv_on_device=True``: the workers only draw the gains; the device step's own cost
-is timed apart, below), and ``"uniform"`` partners (over the dataset: four decodes per mosaic;
+is timed apart, below), and ``"uniform"`` partners (the default: over the dataset, four decodes per mosaic;
 ``--no-uniform`` leaves the uniform rows out). The decodes per output image are counted by the
 dataset and printed. Two more rows (``--no-device-pixels`` leaves them out) are
 ``pixels_on_device`` (issue 53), partners from the batch and over the dataset: the workers ship

@@ -70,8 +70,8 @@ def _server(latency_s: float) -> tuple[Any, str, dict[str, Any], list[str]]:
 
 
 def _dataset(meta: dict, image_size: int, seed: int) -> SegDataset:
-    return SegDataset(window_from_meta(meta), AugmentOptions(MosaicAffine(image_size=image_size)), train=True,
-                      seed=seed)
+    augment = AugmentOptions(MosaicAffine(image_size=image_size), mosaic_partners="batch")  # a stream's
+    return SegDataset(window_from_meta(meta), augment, train=True, seed=seed)
 
 
 def _epoch(loader: Any, gets: list[str]) -> dict[str, float]:

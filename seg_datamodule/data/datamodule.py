@@ -143,9 +143,9 @@ class COCOSegDataModule(LightningDataModule):
             from another sample of the batch (already decoded: no extra decode).
         mixup: probability per training sample of MixUp with another sample of the batch
             (``r ~ Beta(32, 32)``, both sets of instances kept).
-        mosaic_partners: ``"batch"`` (default): a mosaic's partners are other images of its
-            batch, each decoded once per batch; ``"uniform"``: the whole dataset (four decodes
-            per mosaic without a cache). See :class:`~seg_datamodule.data.samples.dataset.SegDataset`.
+        mosaic_partners: ``"uniform"`` (map-style default): from the whole dataset (trains best,
+            four decodes per mosaic); ``"batch"`` (a stream's default): other images of the batch,
+            one decode each, opt-in (slower to learn early, ``docs/benchmarks/train-parity.md``).
         on_resume_mismatch: a checkpoint whose train-loader state was saved for another dataset,
             batch size, world size or seed: ``"raise"`` (default) refuses it with a message
             naming the difference; ``"restart"`` warns and starts that epoch from its first batch.
@@ -240,7 +240,7 @@ class COCOSegDataModule(LightningDataModule):
         num_workers: int | Literal["auto"] = "auto",
         mosaic: float = 1.0,
         close_mosaic: int = 0,
-        mosaic_partners: Literal["batch", "uniform"] = "batch",
+        mosaic_partners: Literal["batch", "uniform"] | None = None,
         recipe: Literal["mosaic", "lsj"] | list[Step] = "mosaic",
         lsj_scale: tuple[float, float] = (0.1, 2.0),
         copy_paste: float = 0.0,

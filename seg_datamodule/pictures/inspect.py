@@ -8,7 +8,7 @@ The report (:func:`inspect_split`) shows, for the split a config names:
 2. the label picture (:func:`~seg_datamodule.pictures.labels.label_figure`);
 3. the first images as read (annotations drawn on the original, crowd regions hatched) beside the
    same images through the split's recipe (the training recipe for ``train``: the mosaic built
-   around the image, partners from the batch as in training; the letterbox for the others);
+   around the image, partners drawn as in training; the letterbox for the others);
 4. a gallery of the annotations dropped or changed, each drawn on its image in red with its
    reason, annotation id and image id: what the index skips (an index built in skip mode, box-only
    kept, so nothing stops it: bad polygons, zero areas, corrupt or missing images, ...), the

@@ -121,6 +121,18 @@ def test_consumed_counts_start_afresh_per_run() -> None:
     assert counts.counts("test") == {}
 
 
+def test_the_annotations_page_quotes_the_reports_train_line(demo_dir: Path, tmp_path: Path) -> None:
+    """docs/concepts/annotations.md quotes the train line of three demo steps of 4 images at 128 px."""
+    page = (Path(__file__).resolve().parents[2] / "docs/concepts/annotations.md").read_text()
+    quoted = " ".join(page.split("Three demo steps of 4 images at 128 px: `")[1].split("`")[0].split())
+    dm = COCOSegDataModule(demo_dir=str(demo_dir), image_size=128, batch_size=4, num_workers=0,
+                           cache_dir=str(tmp_path / "cache"))
+    dm.setup("fit")
+    for _, _batch in zip(range(3), dm.train_dataloader()):
+        pass
+    assert quoted.startswith("train: ") and quoted in dm.report().splitlines()
+
+
 def test_the_report_tells_crops_from_losses_per_recipe(demo_dir: Path, tmp_path: Path) -> None:
     lines = {}
     for recipe in ("mosaic", "lsj"):
@@ -134,7 +146,7 @@ def test_the_report_tells_crops_from_losses_per_recipe(demo_dir: Path, tmp_path:
     # The crop is the augmentation working: named as such, apart from what was lost.
     assert "cropped out by the mosaic / affine crop:" in mosaic and "outside the canvas" in mosaic
     assert "; nothing lost" in mosaic.splitlines()[-2] and "dropped by augmentation or loading" not in mosaic
-    assert "recipe='mosaic', mosaic_partners='batch'" in mosaic
+    assert "recipe='mosaic', mosaic_partners='uniform'" in mosaic  # the default, named
     assert "cropped out by the LSJ crop:" in lsj and "mosaic_partners" not in lsj and "recipe='lsj'" in lsj
 
 

@@ -526,7 +526,7 @@ def test_batch_partners_decode_each_image_once() -> None:
         return load(i, reduce)
 
     index.load_image = counting  # type: ignore[method-assign]
-    batch_ds = make_dataset(index, image_size=96, seed=3)
+    batch_ds = make_dataset(index, image_size=96, seed=3, mosaic_partners="batch")
     batch = batch_ds.__getitems__([(0, i) for i in range(8)])
     assert sorted(calls) == list(range(8))  # each image once, none from outside the batch
     for s in batch:
@@ -538,7 +538,8 @@ def test_batch_partners_decode_each_image_once() -> None:
     uniform.__getitems__([(0, i) for i in range(8)])
     assert len(calls) > 3 * 8 * 0.9 and uniform.decode_counts["decodes"] == len(calls)
     # A batch is a pure function of (seed, epoch, indices): rebuilding it gives the same samples.
-    for a, b in zip(batch, make_dataset(index, image_size=96, seed=3).__getitems__([(0, i) for i in range(8)])):
+    again = make_dataset(index, image_size=96, seed=3, mosaic_partners="batch").__getitems__([(0, i) for i in range(8)])
+    for a, b in zip(batch, again):
         assert_same_sample(a, b)
 
 
@@ -555,17 +556,17 @@ def test_batch_partners_decode_each_crowd_mask_once() -> None:
 
     index.crowd_mask = counting  # type: ignore[method-assign]
     keys = [(0, i) for i in range(12)]
-    batch = make_dataset(index, image_size=96, seed=3).__getitems__(keys)
+    batch = make_dataset(index, image_size=96, seed=3, mosaic_partners="batch").__getitems__(keys)
     assert calls and len(calls) == len(set(calls)) and set(calls) <= set(range(12))
     assert any(s.crowd_mask is not None and s.crowd_mask.any() for s in batch)  # crowds do show
-    cached = make_dataset(index, image_size=96, seed=3, cache_images=64).__getitems__(keys)
+    cached = make_dataset(index, image_size=96, seed=3, cache_images=64, mosaic_partners="batch").__getitems__(keys)
     for a, b in zip(batch, cached):
         assert_same_sample(a, b)
 
 
 def test_batch_partner_bad_image_is_replaced_and_counted() -> None:
     index = FakeIndex(n=12, bad=frozenset({5}), on_bad_sample="skip")
-    ds = make_dataset(index, image_size=96, seed=1)
+    ds = make_dataset(index, image_size=96, seed=1, mosaic_partners="batch")
     batch = ds.__getitems__([(0, i) for i in range(8)])
     assert len(batch) == 8
     assert all(not ((s.annotation_ids // 100) == 5).any() for s in batch)

@@ -145,9 +145,12 @@ def test_photos_turned_by_exif_in_a_data_yaml(coco_mini: Path, tmp_path: Path) -
     for k, image in enumerate(sorted((root / "images/val").iterdir())[:6]):
         rotate_with_exif(image.resolve(), image, (6, 3, 8)[k % 3])
     yaml = write_data_yaml(root, names, train="images/val", val="images/val")
-    worker = _made(_dm(Path(), Path(), tmp_path, train_ann=None, train_images=None, dataset=str(yaml)), 2)
+    # At 640 px no tile is decoded reduced (the device averages what libjpeg scales: within rounding).
+    worker = _made(_dm(Path(), Path(), tmp_path, train_ann=None, train_images=None, dataset=str(yaml),
+                       image_size=640), 2)
     device = _made(_dm(Path(), Path(), tmp_path, train_ann=None, train_images=None, dataset=str(yaml),
-                       pixels_on_device=True), 2)
+                       image_size=640, pixels_on_device=True), 2)
+    assert sum(w.counts.get("reduced_decodes", 0) for w in worker) == 0
     for diff in _compare(worker, device):
         assert diff.max() == 0
 
@@ -173,21 +176,23 @@ def test_a_bad_file_is_skipped_and_counted_as_the_worker_path_does(mixed: tuple[
 @pytest.mark.slow
 def test_the_same_batches_for_any_num_workers(mixed: tuple[Path, Path], tmp_path: Path) -> None:
     ann, images = mixed
-    alone = _made(_dm(ann, images, tmp_path, pixels_on_device=True), 4)
-    workers = _made(_dm(ann, images, tmp_path, pixels_on_device=True, num_workers=2, persistent_workers=False), 4)
+    # No image cache: its hits (counted as fewer decodes) follow which worker built which batch.
+    alone = _made(_dm(ann, images, tmp_path, pixels_on_device=True, cache_images=0), 4)
+    workers = _made(_dm(ann, images, tmp_path, pixels_on_device=True, cache_images=0, num_workers=2,
+                        persistent_workers=False), 4)
     for diff in _compare(alone, workers):
         assert diff.max() == 0
 
 
 def test_a_resume_mid_epoch_sees_the_same_batches(mixed: tuple[Path, Path], tmp_path: Path) -> None:
     ann, images = mixed
-    straight = _made(_dm(ann, images, tmp_path, pixels_on_device=True), 4)
-    first = _dm(ann, images, tmp_path, pixels_on_device=True).train_dataloader()
+    straight = _made(_dm(ann, images, tmp_path, pixels_on_device=True, cache_images=0), 4)  # a resume starts cold
+    first = _dm(ann, images, tmp_path, pixels_on_device=True, cache_images=0).train_dataloader()
     batches = iter(first)
     got = [apply_pending_hsv(apply_pending_pixels(next(batches))) for _ in range(2)]  # then "killed"
     state = json.loads(json.dumps(first.state_dict()))
     del batches
-    resumed = _dm(ann, images, tmp_path, pixels_on_device=True).train_dataloader()
+    resumed = _dm(ann, images, tmp_path, pixels_on_device=True, cache_images=0).train_dataloader()
     resumed.load_state_dict(state)
     for batch in resumed:
         got.append(apply_pending_hsv(apply_pending_pixels(batch)))

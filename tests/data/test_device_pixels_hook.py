@@ -107,7 +107,10 @@ def test_a_canvas_flipped_twice_is_not_mirrored_and_three_times_is_mirrored_once
     assert all(torch.equal(o.images, n.images.flip(-2)) for o, n in zip(once, none))
     both = run(1.0, 1.0, 1.0, 1.0, 1.0, 1.0)  # three times each way: once each
     assert all(torch.equal(b.images, n.images.flip(-2).flip(-1)) for b, n in zip(both, none))
-    assert all(torch.equal(b.masks, n.masks.flip(-2).flip(-1)) for b, n in zip(both, none))
+    _assert_same(both, run(1.0, 0.0, 0.0, 1.0, 0.0, 0.0))  # the targets too: once each way
+    # A mask mirrors its unflipped one but at cells whose centre lies on a polygon edge (a tile edge
+    # at an integer x here): the crossing test's half-open rule is not symmetric under a mirror.
+    assert all((b.masks != n.masks.flip(-2).flip(-1)).float().mean() < 0.01 for b, n in zip(both, none))
     if pixels_on_device:  # the device's parity equals the workers' flips, bit for bit
         _assert_same(both, _hooked(smooth, tmp_path, recipe=recipe(1.0, 1.0, 1.0, 1.0, 1.0, 1.0)))
 

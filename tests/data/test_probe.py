@@ -150,6 +150,7 @@ def test_loader_bench_command_from_yaml(coco_mini: Path, tmp_path: Path, capsys:
     rows = loader_bench_main([
         "--config", str(_config(coco_mini, tmp_path)), "--workers", "0,1", "--batches", "3", "--warmup", "1",
         "--target-img-s", "1", "--out", str(out), "--data.batch_size", "2",
+        "--data.mosaic_partners", "batch",
     ])
     printed = capsys.readouterr().out
     assert "train loader alone: batch 2, image_size 192" in printed  # the override reached the module

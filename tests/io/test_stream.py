@@ -8,6 +8,7 @@ over the same ``CocoIndex`` for the same images, epoch and order (bit for bit).
 from __future__ import annotations
 
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -193,7 +194,7 @@ def test_stream_epochs_cover_every_image_once_with_map_style_masks(
 ) -> None:
     out, meta = demo_stream
     index = CocoIndex.build(demo_dir / "annotations" / "instances_train2017.json", demo_dir / "train2017")
-    kwargs: dict = dict(image_size=192, seed=5)
+    kwargs: dict = dict(image_size=192, seed=5, mosaic_partners="batch")
     if mix:  # copy-paste and MixUp partners from the streamed batch, as in the map-style one
         kwargs |= dict(copy_paste=0.5, copy_paste_mode="batch", mixup=0.5)
     dataset = make_dataset(window_from_meta(meta), **kwargs)
@@ -234,7 +235,7 @@ def test_an_lvis_stream_carries_the_federated_lists(tmp_path: Path) -> None:
     _assert_round_trip(index, records, list(range(len(index))))
     assert sum(len(r["neg_labels"]) for r in records.values()) > 0
     assert sum(len(r["not_exhaustive_labels"]) for r in records.values()) > 0
-    kwargs: dict = dict(image_size=64, seed=5)
+    kwargs: dict = dict(image_size=64, seed=5, mosaic_partners="batch")
     dataset, reference = make_dataset(window_from_meta(meta), **kwargs), make_dataset(index, **kwargs)
     stream = StreamOptions(str(out), cache_dir=str(tmp_path / "cache"))
     loader = stream_train_loader(stream, dataset, DetectionCollate(), batch_size=8, num_workers=0)
@@ -299,7 +300,8 @@ def test_loader_state_is_taken_after_the_batches_training_consumed(
     out, meta = demo_stream
 
     def loader(progress=None):
-        dataset = make_dataset(window_from_meta(meta), image_size=96, seed=1)  # the order's seed too
+        # seed: the order's too
+        dataset = make_dataset(window_from_meta(meta), image_size=96, seed=1, mosaic_partners="batch")
         return stream_train_loader(StreamOptions(str(out), cache_dir=str(tmp_path / "cache")), dataset,
                                    DetectionCollate(), batch_size=4, num_workers=0, progress=progress)
 
@@ -353,6 +355,33 @@ def test_datamodule_trains_from_the_stream_and_validates_map_style(
     counts = dm.skip_counts
     assert counts["train_index"]["image_ddp_tail_per_epoch"] == 0
     assert counts["train"]["kept"] > 0
+
+
+def test_mosaic_partners_default_to_the_dataset_map_style_and_to_the_batch_streamed(
+    demo_dir: Path, demo_stream: tuple[Path, dict], tmp_path: Path
+) -> None:
+    """Unset, partners come from the whole dataset (they train best); a stream holds only its batch's
+    records, so it takes them from the batch and refuses ``uniform`` in one line, in the DataModule and
+    in ``stream_train_loader``."""
+    from seg_datamodule.data.datamodule import COCOSegDataModule
+
+    out, meta = demo_stream
+    mapped = COCOSegDataModule(demo_dir=str(demo_dir), image_size=96, batch_size=8, num_workers=0)
+    streamed = COCOSegDataModule(train_stream=f"local:{out}", image_size=96, batch_size=8, num_workers=0)
+    assert mapped.augment.mosaic_partners == "uniform" and streamed.augment.mosaic_partners == "batch"
+    assert COCOSegDataModule(demo_dir=str(demo_dir), mosaic_partners="batch").augment.mosaic_partners == "batch"
+    with pytest.raises(ValueError, match=r"^mosaic_partners 'uniform' draws partners over the whole dataset, which a "
+                       rf"stream \(local:{re.escape(str(out))}\) cannot read at random: give mosaic_partners 'batch' "
+                       r"\(or leave it unset\)$"):
+        COCOSegDataModule(train_stream=f"local:{out}", mosaic_partners="uniform")
+    stream = StreamOptions(str(out), cache_dir=str(tmp_path / "cache"))
+    with pytest.raises(ValueError, match="mosaic_partners 'uniform' draws partners over the whole dataset"):
+        stream_train_loader(stream, make_dataset(window_from_meta(meta), image_size=96), DetectionCollate(),
+                            batch_size=8)
+    # Without a mosaic there are no partners to draw: nothing to refuse.
+    loader = stream_train_loader(stream, make_dataset(window_from_meta(meta), image_size=96, mosaic=0.0),
+                                 DetectionCollate(), batch_size=8, num_workers=0)
+    assert len(next(iter(loader))) == 8
 
 
 # ----------------------------------------------------------------------------- real runs

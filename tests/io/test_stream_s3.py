@@ -43,7 +43,8 @@ _FIELDS = ("image_ids", "images", "masks", "ignore_masks", "boxes", "labels", "a
 
 
 def _batches(source: str, meta: dict, tmp: Path, num_workers: int, options: dict | None = None) -> list[Any]:
-    dataset = make_dataset(window_from_meta(meta), image_size=96, seed=3)  # the order's seed too
+    # seed: the order's too
+    dataset = make_dataset(window_from_meta(meta), image_size=96, seed=3, mosaic_partners="batch")
     stream = StreamOptions(source, cache_dir=str(tmp), storage_options=options or {})
     loader = stream_train_loader(stream, dataset, DetectionCollate(), batch_size=4, num_workers=num_workers)
     return list(loader)
@@ -151,7 +152,8 @@ def test_a_chunk_deleted_under_a_running_job_fails_in_seconds(
     """With workers the download goes through boto3 (obstore is not fork-safe), at 0 through obstore."""
     prefix = f"deleted{num_workers}"
     url = s3.upload(demo_chunks[0], prefix)
-    dataset = make_dataset(window_from_meta(demo_chunks[1]), image_size=64)  # seed 0, LitData's too
+    # seed 0, LitData's too
+    dataset = make_dataset(window_from_meta(demo_chunks[1]), image_size=64, mosaic_partners="batch")
     stream = StreamOptions(url, cache_dir=str(tmp_path / "cache"), max_cache_size="100KB")
     loader = stream_train_loader(stream, dataset, DetectionCollate(), batch_size=4, num_workers=num_workers)
     batches = iter(loader)
@@ -175,7 +177,8 @@ def test_a_server_restart_mid_epoch_is_survived_with_every_image_once(
 ) -> None:
     url = s3.upload(demo_chunks[0], "restart")
     want = _batches(str(demo_chunks[0]), demo_chunks[1], tmp_path / "c0", 0)
-    dataset = make_dataset(window_from_meta(demo_chunks[1]), image_size=96, seed=3)  # the order's seed too
+    # seed: the order's too
+    dataset = make_dataset(window_from_meta(demo_chunks[1]), image_size=96, seed=3, mosaic_partners="batch")
     stream = StreamOptions(url, cache_dir=str(tmp_path / "c1"), max_cache_size="100KB")
     loader = stream_train_loader(stream, dataset, DetectionCollate(), batch_size=4, num_workers=0)
     got, restarted = [], threading.Event()

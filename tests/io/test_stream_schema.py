@@ -147,7 +147,8 @@ def test_datamodule_refuses_the_poisoned_set_before_unpickling(
     with pytest.raises(StreamFormatError, match=_PICKLE) as err:
         next(iter(dm.train_dataloader()))
     assert err.value.path == str(out / "index.json") and err.value.field == "config.data_format"
-    dataset = SegDataset(window_from_meta(read_stream_meta(str(out))), AugmentOptions(MosaicAffine(64)))
+    dataset = SegDataset(window_from_meta(read_stream_meta(str(out))),
+                         AugmentOptions(MosaicAffine(64), mosaic_partners="batch"))
     with pytest.raises(StreamFormatError, match=_PICKLE):  # the loader alone, without the DataModule
         next(iter(stream_train_loader(StreamOptions(f"{scheme}{out}", cache_dir=str(tmp_path / "cache2")), dataset,
                                       DetectionCollate(), batch_size=4, num_workers=num_workers)))
@@ -164,7 +165,7 @@ def test_every_worker_checks_the_index_it_is_about_to_read(
     each worker checks again before it opens them."""
     source, marker = _copy(clean, tmp_path / "swapped"), poisoned[1]
     meta = read_stream_meta(str(source))
-    dataset = SegDataset(window_from_meta(meta), AugmentOptions(MosaicAffine(64)))
+    dataset = SegDataset(window_from_meta(meta), AugmentOptions(MosaicAffine(64), mosaic_partners="batch"))
     loader = stream_train_loader(StreamOptions(f"{scheme}{source}", cache_dir=str(tmp_path / "cache")), dataset,
                                  DetectionCollate(), batch_size=4, num_workers=num_workers)
     for chunk in source.glob("*.bin"):
@@ -396,7 +397,7 @@ def test_s3_clean_set_streams_and_a_swapped_index_is_refused_by_the_workers(
         assert record["image"] == want["image"] and np.array_equal(record["vertices"], want["vertices"])
     assert len(streamed) == len(local)
     meta = check_stream_source(url, options)
-    dataset = SegDataset(window_from_meta(meta), AugmentOptions(MosaicAffine(64)))
+    dataset = SegDataset(window_from_meta(meta), AugmentOptions(MosaicAffine(64), mosaic_partners="batch"))
     loader = stream_train_loader(StreamOptions(url, cache_dir=str(tmp_path / "cache2"), storage_options=options),
                                  dataset, DetectionCollate(), batch_size=4, num_workers=num_workers)
     client.delete_objects(Bucket="bucket", Delete={"Objects": [{"Key": f"data/{p.name}"} for p in clean.iterdir()]})

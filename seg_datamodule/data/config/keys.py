@@ -161,9 +161,25 @@ def _augment_options(keys: Mapping[str, Any]) -> AugmentOptions:
     # With the pixels made on the device, the flat jitter runs there too (nothing else could).
     on_device = keys["hsv_on_device"] or keys["pixels_on_device"] is True
     jitter = None if hsv is None else HSVJitter(hsv, on_device=on_device)
-    return AugmentOptions(geometry, keys["mosaic"], keys["close_mosaic"], keys["mosaic_partners"], keys["copy_paste"],
+    return AugmentOptions(geometry, keys["mosaic"], keys["close_mosaic"], _mosaic_partners(keys), keys["copy_paste"],
                           keys["copy_paste_mode"], keys["mixup"], keys["min_area_ratio"], keys["min_box_size"],
                           keys["transforms"], jitter, listed, keys["pixels_on_device"])
+
+
+def _mosaic_partners(keys: Mapping[str, Any]) -> str:
+    """``mosaic_partners`` resolved: None is ``"uniform"`` (it trains best, see the train-parity
+    benchmark) for map-style data and ``"batch"`` for a stream, which holds only the batch's records.
+
+    Raises:
+        ValueError: ``"uniform"`` given with ``train_stream``.
+    """
+    partners, stream = keys["mosaic_partners"], keys["train_stream"]
+    if partners is None:
+        return "uniform" if stream is None else "batch"
+    if partners == "uniform" and stream is not None:
+        raise ValueError(f"mosaic_partners 'uniform' draws partners over the whole dataset, which a stream "
+                         f"({stream}) cannot read at random: give mosaic_partners 'batch' (or leave it unset)")
+    return partners
 
 
 def _refuse_geometry_keys(keys: Mapping[str, Any]) -> None:

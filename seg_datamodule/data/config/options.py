@@ -51,7 +51,7 @@ class SampleOptions:
     """
 
     mosaic: float = 1.0
-    mosaic_partners: Literal["batch", "uniform"] = "batch"
+    mosaic_partners: Literal["batch", "uniform"] = "uniform"
     min_area_ratio: float = 0.1
     min_box_size: float = 2.0
     pixels_on_device: bool = False
@@ -97,7 +97,7 @@ class AugmentOptions:
     geometry: Layout = field(default_factory=MosaicAffine)
     mosaic: float = 1.0
     close_mosaic: int = 0
-    mosaic_partners: Literal["batch", "uniform"] = "batch"
+    mosaic_partners: Literal["batch", "uniform"] = "uniform"
     copy_paste: float = 0.0
     copy_paste_mode: Literal["flip", "batch"] = "flip"
     mixup: float = 0.0

@@ -249,7 +249,15 @@ def stream_train_loader(
             None: the process group's.
         **loader_kwargs: more ``DataLoader`` arguments (``num_workers``, ``pin_memory``,
             ``prefetch_factor``, ``worker_init_fn``, ``persistent_workers``).
+
+    Raises:
+        ValueError: ``dataset`` draws mosaic partners over the dataset (``mosaic_partners="uniform"``):
+            a stream holds only the batch's records.
     """
+    a = dataset.augment
+    if a.mosaic > 0 and a.geometry.mosaic_capable and a.mosaic_partners == "uniform":
+        raise ValueError(f"mosaic_partners 'uniform' draws partners over the whole dataset, which a stream "
+                         f"({stream.source}) cannot read at random: build the dataset with mosaic_partners 'batch'")
     records = OrderedRecords(stream.source, cache_dir=stream.cache_dir, seed=dataset.seed, window=window, world=world,
                              max_cache_size=stream.max_cache_size, storage_options=dict(stream.storage_options))
     return StreamTrainLoader(records, batch_size=batch_size, collate_fn=StreamBatchCollate(dataset, collate),
