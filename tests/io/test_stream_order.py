@@ -16,9 +16,12 @@ from seg_datamodule.io.stream.order import (
     batch_count,
     chunk_offsets,
     epoch_order,
+    gc_paused,
     per_rank_batch,
     tail_count,
     worker_batches,
+    worker_plan,
+    worker_positions,
     worker_visits,
 )
 
@@ -86,6 +89,31 @@ def test_order_depends_on_seed_and_epoch_only() -> None:
     assert np.array_equal(a, epoch_order(11, 2, list(sizes)))
     assert not np.array_equal(a, epoch_order(11, 3, sizes))
     assert not np.array_equal(a, epoch_order(12, 2, sizes))
+
+
+def _visits_by_loop(batches: list[np.ndarray], offsets: np.ndarray) -> list[tuple[int, list[int]]]:
+    """The visits item by item, as the rule says: per batch, its items grouped by chunk in the
+    order of the chunks' first items; a chunk read on across a batch boundary is one visit."""
+    visits: list[tuple[int, list[int]]] = []
+    for batch in batches:
+        groups: dict[int, list[int]] = {}
+        for item in batch.tolist():
+            groups.setdefault(int(np.searchsorted(offsets, item, side="right") - 1), []).append(item)
+        for chunk, items in groups.items():
+            if visits and visits[-1][0] == chunk:
+                visits[-1][1].extend(items)
+            else:
+                visits.append((chunk, items))
+    return visits
+
+
+def test_worker_positions_by_hand() -> None:
+    positions, starts = worker_positions(10, 4, 1, 0, 2, 0)  # batches 0 and 2 (partial) of one process
+    assert positions.tolist() == [0, 1, 2, 3, 8, 9] and starts.tolist() == [0, 4, 6]
+    positions, starts = worker_positions(10, 4, 2, 1, 2, 1)  # rank 1 of 2, worker 1: batch 1's second half
+    assert positions.tolist() == [6, 7] and starts.tolist() == [0, 2]
+    positions, starts = worker_positions(10, 4, 2, 0, 0, 0, consumed=8)  # nothing full left under DDP
+    assert positions.tolist() == [] and starts.tolist() == [0]
 
 
 def test_visits_read_each_chunk_of_a_batch_once() -> None:
@@ -195,6 +223,7 @@ def test_visits_are_the_worker_items_grouped_by_chunk_per_batch(sizes: list[int]
     for w in range(max(1, workers)):
         batches = worker_batches(order, 4, 1, 0, workers, w)
         visits = worker_visits(batches, offsets)
+        assert visits == _visits_by_loop(batches, offsets)
         flat = [i for _, items in visits for i in items]
         assert sorted(flat) == sorted(i for b in batches for i in b.tolist())
         for chunk, items in visits:
@@ -204,3 +233,37 @@ def test_visits_are_the_worker_items_grouped_by_chunk_per_batch(sizes: list[int]
         for b in batches:
             assert sorted(flat[pos:pos + len(b)]) == sorted(b.tolist())
             pos += len(b)
+
+
+@settings(max_examples=40, deadline=None)
+@given(sizes=_sizes, seed=st.integers(0, 2**40), world=st.sampled_from([1, 2, 4]), workers=st.integers(0, 3),
+       data=st.data())
+def test_a_workers_plan_is_its_batches_visits_and_their_places_in_the_order(
+        sizes: list[int], seed: int, world: int, workers: int, data: st.DataObject) -> None:
+    order = epoch_order(seed, 2, sizes, 2)
+    rank, worker = data.draw(st.integers(0, world - 1)), data.draw(st.integers(0, max(1, workers) - 1))
+    consumed = data.draw(st.integers(0, len(order) // 8)) * 8
+    visits, positions = worker_plan(order, chunk_offsets(sizes), 8, world, rank, workers, worker, consumed)
+    batches = worker_batches(order, 8, world, rank, workers, worker, consumed)
+    assert visits == _visits_by_loop(batches, chunk_offsets(sizes))
+    assert sorted(positions) == sorted(i for b in batches for i in b.tolist())
+    assert all(order[p] == item for item, p in positions.items())
+
+
+def test_gc_paused_restores_the_collector_as_it_found_it() -> None:
+    import gc
+
+    assert gc.isenabled()
+    with gc_paused():
+        assert not gc.isenabled()
+    assert gc.isenabled()
+    gc.disable()
+    try:
+        with gc_paused():
+            pass
+        assert not gc.isenabled()  # the user's choice kept
+    finally:
+        gc.enable()
+    with pytest.raises(RuntimeError), gc_paused():
+        raise RuntimeError
+    assert gc.isenabled()

@@ -21,15 +21,17 @@ process also takes the last, partial, one. Nothing here imports LitData or torch
 
 from __future__ import annotations
 
+import contextlib
+import gc
 import hashlib
 from dataclasses import asdict, dataclass
-from typing import Any, Mapping, Sequence
+from typing import Any, Iterator, Mapping, Sequence
 
 import numpy as np
 
 __all__ = [
     "DEFAULT_WINDOW", "OrderState", "batch_count", "chunk_offsets", "chunks_digest", "epoch_order", "per_rank_batch",
-    "tail_count", "worker_batches", "worker_visits",
+    "chunk_visits", "gc_paused", "tail_count", "worker_batches", "worker_plan", "worker_positions", "worker_visits",
 ]
 
 DEFAULT_WINDOW = 4  # chunks whose items are shuffled together (py1b's block, in chunks)
@@ -139,6 +141,35 @@ def _first_batch(num_items: int, global_batch: int, consumed: int) -> int:
     return -(-consumed // global_batch)
 
 
+def worker_positions(num_items: int, global_batch: int, world_size: int, rank: int, num_workers: int = 0,
+                     worker: int = 0, consumed: int = 0) -> tuple[np.ndarray, np.ndarray]:
+    """Where in the epoch's order the items of worker ``worker`` of rank ``rank`` stand, in the order it yields them.
+
+    Args: as for :func:`worker_batches`, with ``num_items`` (N) for the order.
+
+    Returns:
+        ``(positions, starts)``: ndarray[M] int64, positions in the order (its items are
+        ``order[positions]``); ndarray[B + 1] int64, where each of the worker's B batches starts in
+        ``positions`` (its end last).
+
+    Raises:
+        ValueError: as :func:`worker_batches`.
+    """
+    size = per_rank_batch(global_batch, world_size)
+    if not 0 <= rank < world_size:
+        raise ValueError(f"rank must be in [0, {world_size}), got {rank}")
+    streams = max(1, _check_int("num_workers", num_workers, 0))
+    if not 0 <= worker < streams:
+        raise ValueError(f"worker must be in [0, {streams}), got {worker}")
+    n = _check_int("num_items", num_items, 0)
+    first = _first_batch(n, global_batch, consumed)
+    ks = np.arange(first + worker, batch_count(n, global_batch, world_size), streams, dtype=np.int64)
+    positions = (ks * global_batch + rank * size)[:, None] + np.arange(size, dtype=np.int64)
+    inside = positions < n  # only the single-process last batch is cut short
+    lengths = inside.sum(axis=1)
+    return positions[inside], np.concatenate([[0], np.cumsum(lengths)]).astype(np.int64)
+
+
 def worker_batches(order: np.ndarray, global_batch: int, world_size: int, rank: int, num_workers: int = 0,
                    worker: int = 0, consumed: int = 0) -> list[np.ndarray]:
     """The batches worker ``worker`` of rank ``rank`` builds, in the order it yields them.
@@ -161,19 +192,9 @@ def worker_batches(order: np.ndarray, global_batch: int, world_size: int, rank: 
         ValueError: the batch does not split over the ranks (:func:`per_rank_batch`), or a rank,
             worker or ``consumed`` out of range.
     """
-    size = per_rank_batch(global_batch, world_size)
-    if not 0 <= rank < world_size:
-        raise ValueError(f"rank must be in [0, {world_size}), got {rank}")
-    streams = max(1, _check_int("num_workers", num_workers, 0))
-    if not 0 <= worker < streams:
-        raise ValueError(f"worker must be in [0, {streams}), got {worker}")
-    n = len(order)
-    first = _first_batch(n, global_batch, consumed)
-    out = []
-    for k in range(first + worker, batch_count(n, global_batch, world_size), streams):
-        start = k * global_batch + rank * size
-        out.append(np.asarray(order[start:min(start + size, n)], np.int64))
-    return out
+    positions, starts = worker_positions(len(order), global_batch, world_size, rank, num_workers, worker, consumed)
+    items = np.asarray(order, np.int64)[positions]
+    return [items[a:b] for a, b in zip(starts[:-1].tolist(), starts[1:].tolist())]
 
 
 def worker_visits(batches: Sequence[np.ndarray], offsets: np.ndarray) -> list[tuple[int, list[int]]]:
@@ -190,18 +211,76 @@ def worker_visits(batches: Sequence[np.ndarray], offsets: np.ndarray) -> list[tu
     Returns:
         list of ``(chunk, items)``: consecutive visits may repeat a chunk only across batches.
     """
-    visits: list[tuple[int, list[int]]] = []
-    for batch in batches:
-        chunks = np.searchsorted(offsets, batch, side="right") - 1
-        seen: dict[int, list[int]] = {}
-        for chunk, item in zip(chunks.tolist(), batch.tolist()):
-            seen.setdefault(chunk, []).append(item)
-        for chunk, items in seen.items():
-            if visits and visits[-1][0] == chunk:
-                visits[-1][1].extend(items)
-            else:
-                visits.append((chunk, items))
-    return visits
+    lengths = [len(b) for b in batches]
+    items = np.concatenate([np.asarray(b, np.int64).reshape(-1) for b in batches]) if batches else np.zeros(0, np.int64)
+    return chunk_visits(items, np.concatenate([[0], np.cumsum(lengths, dtype=np.int64)]), offsets)
+
+
+def chunk_visits(items: np.ndarray, starts: np.ndarray, offsets: np.ndarray) -> list[tuple[int, list[int]]]:
+    """:func:`worker_visits` of batches given as one array and their starts (:func:`worker_positions`).
+
+    Vectorised: a worker's plan covers the whole epoch and is made before its first batch (about
+    0.1 s for half a million items, where a loop over the items took 0.85 s).
+
+    Args:
+        items (ndarray[M] int64): the worker's items, batch after batch.
+        starts (ndarray[B + 1] int64): where each batch starts in ``items`` (``M`` last).
+        offsets (ndarray[C + 1] int64): :func:`chunk_offsets`.
+
+    Returns:
+        list of ``(chunk, items)``, as :func:`worker_visits`.
+    """
+    items = np.asarray(items, np.int64)
+    if not len(items):
+        return []
+    batch = np.repeat(np.arange(len(starts) - 1, dtype=np.int64), np.diff(starts))
+    chunks = np.searchsorted(offsets, items, side="right") - 1
+    # Each item keyed by where its (batch, chunk) group first appears: a stable sort on that key
+    # groups a batch's items by chunk, in the order of the chunks' first items, keeping batches in order.
+    _, first, group = np.unique(batch * (len(offsets) + 1) + chunks, return_index=True, return_inverse=True)
+    by_group = np.argsort(first[group], kind="stable")
+    ordered, chunks = items[by_group].tolist(), chunks[by_group]
+    # A chunk read on across a batch boundary is one visit.
+    bounds = [0, *(np.flatnonzero(chunks[1:] != chunks[:-1]) + 1).tolist(), len(ordered)]
+    heads = chunks[bounds[:-1]].tolist()
+    return [(c, ordered[i:j]) for c, i, j in zip(heads, bounds[:-1], bounds[1:])]
+
+
+def worker_plan(order: np.ndarray, offsets: np.ndarray, global_batch: int, world_size: int, rank: int,
+                num_workers: int = 0, worker: int = 0,
+                consumed: int = 0) -> tuple[list[tuple[int, list[int]]], dict[int, int]]:
+    """A worker's whole epoch: its :func:`chunk_visits` and each of its items' position in the order.
+
+    Make it, and whatever copies it, under :func:`gc_paused`.
+
+    Args:
+        order (ndarray[N] int64): the epoch's :func:`epoch_order`.
+        offsets (ndarray[C + 1] int64): :func:`chunk_offsets`.
+        global_batch, world_size, rank, num_workers, worker, consumed: as :func:`worker_batches`.
+
+    Returns:
+        ``(visits, positions)``: the visits, and ``{item: position in the epoch's order}``.
+    """
+    positions, starts = worker_positions(len(order), global_batch, world_size, rank, num_workers, worker, consumed)
+    items = np.asarray(order, np.int64)[positions]
+    return chunk_visits(items, starts, offsets), dict(zip(items.tolist(), positions.tolist()))
+
+
+@contextlib.contextmanager
+def gc_paused() -> Iterator[None]:
+    """Pause Python's cyclic garbage collector for the block (reference counting goes on).
+
+    A plan's lists (one per chunk visit, about 10^5 per worker for a million images) hold only
+    ints, yet their allocation sets off collections that scan them all again and again: made with
+    the collector running, the plan took several times as long (``benchmarks/bench_stream_plan.py``).
+    """
+    enabled = gc.isenabled()
+    gc.disable()
+    try:
+        yield
+    finally:
+        if enabled:
+            gc.enable()
 
 
 @dataclass(frozen=True)

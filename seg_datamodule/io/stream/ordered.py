@@ -21,7 +21,6 @@ from collections import Counter, deque
 from time import time
 from typing import Any
 
-import numpy as np
 from filelock import FileLock, Timeout
 from litdata import StreamingDataset
 from litdata.streaming.elastic import worker_plan_to_chunks
@@ -35,9 +34,9 @@ from seg_datamodule.io.stream.order import (
     chunk_offsets,
     chunks_digest,
     epoch_order,
+    gc_paused,
     per_rank_batch,
-    worker_batches,
-    worker_visits,
+    worker_plan,
 )
 
 __all__ = ["OrderedRecords", "change_references"]
@@ -187,13 +186,15 @@ class OrderedRecords(StreamRecords):
                                "the checked index.json's chunk sizes; the global order cannot be served")
         self._shuffle_num_chunks = len(intervals)
         self.on_demand_bytes = False
-        # 1. The epoch's order and this worker's plan.
-        order = epoch_order(self.seed, int(self.current_epoch) - 1, self.chunk_sizes, self.window)
-        size, env = self._global_batch(), self.distributed_env
-        mine = worker_visits(worker_batches(order, size, env.world_size, env.global_rank, self.worker_env.world_size,
-                                            self.worker_env.rank, self.start), self.offsets)
-        # 2. LitData's iterator state, as its own elastic path sets it (dataset.py, _setup_elastic_resume).
-        self.worker_chunks, self.worker_intervals, self._elastic_item_lists = worker_plan_to_chunks(mine)
+        # 1. This worker's plan of the epoch's order, and 2. LitData's iterator state from it, as its own
+        # elastic path sets it (dataset.py, _setup_elastic_resume). The whole epoch, before the first batch.
+        env = self.distributed_env
+        with gc_paused():
+            order = epoch_order(self.seed, int(self.current_epoch) - 1, self.chunk_sizes, self.window)
+            mine, self._positions = worker_plan(order, self.offsets, self._global_batch(), env.world_size,
+                                                env.global_rank, self.worker_env.world_size, self.worker_env.rank,
+                                                self.start)
+            self.worker_chunks, self.worker_intervals, self._elastic_item_lists = worker_plan_to_chunks(mine)
         self.stop_length = sum(len(items) for items in self._elastic_item_lists)
         self.num_chunks = len(self.worker_chunks)
         self.upcoming_indexes = deque()
@@ -202,9 +203,6 @@ class OrderedRecords(StreamRecords):
         self.consumed_sample_count_in_curr_chunk = 0
         self.has_triggered_download = False
         self.last_time = time()
-        position = np.empty(self.num_records, np.int64)
-        position[order] = np.arange(len(order))
-        self._positions = {item: int(position[item]) for _, items in mine for item in items}
         # 3. One reference per visit, taken before any item is read. LitData 0.2.76 takes one per
         # chunk (``acquire_shared_locks``) but drops one at the end of every visit (``BinaryReader.read``),
         # and in the global order a worker visits a chunk once per batch of its block: one reference
