@@ -81,7 +81,8 @@ def test_a_run_is_reused_only_with_its_own_settings(parity, tmp_path) -> None:
     assert str(err.value) == (f"{run} holds a run made with other settings (epochs 20 there, 10 now): "
                               "delete it, or pass another --out")
     with pytest.raises(SystemExit, match=r"ours \[\] there, \['data.mask_fill=ultralytics'\] now"):
-        parity.check_settings(run, parity.run_settings("seg_datamodule", _args(parity, "--ours data.mask_fill=ultralytics", "--variant fill")))
+        fill = _args(parity, "--ours data.mask_fill=ultralytics", "--variant fill")
+        parity.check_settings(run, parity.run_settings("seg_datamodule", fill))
     # a run made before the shipped config changed is not that config's run
     changed = dict(settings, config="0" * 16)
     (run / parity.SETTINGS).write_text(json.dumps(changed))

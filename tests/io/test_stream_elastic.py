@@ -58,7 +58,8 @@ def _epoch(loaders: list[Any], stop_after: int | None = None) -> list[str]:
 
     A rank's workers start at its first ``next``, so here rank 1's start after rank 0's first
     batch (a skew a DDP run, its ranks in their own processes, does not have). The ranks are not
-    started from threads: workers forked from two threads at once died (exit code 1) in CI."""
+    started from threads: with them, DataLoader workers died (exit code 1, no traceback) in one CI
+    run and one local run, likely from forking in two threads at once (not proven)."""
     hashes = []
     for step, batches in enumerate(zip(*loaders, strict=True)):
         digest = hashlib.sha256()  # the ranks' batches concatenated in rank order

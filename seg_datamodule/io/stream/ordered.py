@@ -220,13 +220,12 @@ class OrderedRecords(StreamRecords):
         for chunk, count in visits.items():
             change_references(config, chunk, count)
         self._visits_left, self._reading = visits, None
-        chunks = set(visits)
         # Every chunk memory-mapped, shared ones too: in the global order every worker reads every
         # block, and LitData 0.2.76 reads a chunk it may not map through a file handle it drops
         # unclosed at each chunk switch (PyTreeLoader._close_open_chunk). A map stays valid when a
         # co-worker deletes or re-downloads the file (POSIX keeps the mapped inode; LitData
         # publishes downloads by rename).
-        self.cache._reader.enable_mmap_for_chunks(chunks)
+        reader.enable_mmap_for_chunks(set(visits))  # its own set: LitData may change the shared ones
         return self
 
     def __getitem__(self, index: Any) -> Any:
