@@ -1,6 +1,7 @@
 """The streamed global order (issue 63) against LitData's own shuffle, over the same chunks from a loopback S3.
 
-``python benchmarks/bench_stream_order.py [--latency-ms 50] [--workers 2] [--batch-size 8] [--repeats 2]``
+``python benchmarks/bench_stream_order.py [--latency-ms 50] [--workers 2] [--batch-size 8] [--repeats 2]
+[--coco-root ../shared/data/coco-mini --copies 8 --chunk-bytes 1MB]``
 
 Both sides stream the same chunk set from a real S3 API on 127.0.0.1 (moto's ``ThreadedMotoServer``
 over plain ``http://``, needs ``moto[server]``) whose every chunk GET first sleeps ``--latency-ms``
@@ -16,8 +17,9 @@ their batches with the same collate (``StreamBatchCollate``: the same ``SegDatas
 
 Each repeat runs one epoch of each, alternating, every epoch with an empty cache (so every chunk
 is downloaded): images per second over the epoch and after its first batch, time to the first
-batch, and chunk GETs from the server's log. The ratio is ours / peer, measured in the same run. Numbers come from whatever
-machine runs this; on a busy shared machine compare within one run only.
+batch, chunk GETs from the server's log, and the most GETs in flight at once. The ratio is
+ours / peer, measured in the same run. Numbers come from whatever machine runs this; on a busy
+shared machine compare within one run only.
 """
 
 from __future__ import annotations
@@ -26,7 +28,9 @@ import argparse
 import os
 import shutil
 import statistics
+import sys
 import tempfile
+import threading
 import time
 from pathlib import Path
 from typing import Any
@@ -56,12 +60,20 @@ def _server(latency_s: float) -> tuple[Any, str, dict[str, Any], list[str]]:
                "region_name": "us-east-1"}
     gets: list[str] = []
     app = server._server.app
+    lock, flight = threading.Lock(), [0]
 
     def slow(environ: dict, start_response: Any) -> Any:
         path = environ.get("PATH_INFO", "")
         if environ["REQUEST_METHOD"] == "GET" and path.endswith(".bin"):
-            gets.append(path)
-            time.sleep(latency_s)
+            with lock:  # each GET logged with how many were in flight as it arrived (itself included)
+                flight[0] += 1
+                gets.append(f"{path} {flight[0]}")
+            try:
+                time.sleep(latency_s)
+                return app(environ, start_response)
+            finally:
+                with lock:
+                    flight[0] -= 1
         return app(environ, start_response)
 
     server._server.app = slow
@@ -85,8 +97,9 @@ def _epoch(loader: Any, gets: list[str]) -> dict[str, float]:
             first_images = images
     wall = time.perf_counter() - start
     steady = (images - first_images) / max(1e-9, wall - float(first or 0.0))
+    mine = gets[before:]
     return {"images_per_s": images / wall, "steady_per_s": steady, "first_batch_s": float(first or 0.0),
-            "images": images, "gets": len(gets) - before}
+            "images": images, "gets": len(mine), "in_flight": max((int(g.rsplit(" ", 1)[1]) for g in mine), default=0)}
 
 
 def main() -> None:
@@ -99,10 +112,20 @@ def main() -> None:
     parser.add_argument("--image-size", type=int, default=256)
     parser.add_argument("--chunk-bytes", default="256KB")
     parser.add_argument("--repeats", type=int, default=2)
+    parser.add_argument("--copies", type=int, default=1,
+                        help="tile a COCO root (--coco-root) this many times, every copy a genuine image under a "
+                             "new id (tests/_datasets.tile_coco_root): epochs long enough that start-up does not rule")
+    parser.add_argument("--coco-root", type=Path, default=None, help="a COCO root (annotations/, train2017/) to tile")
     args = parser.parse_args()
     work = Path(tempfile.mkdtemp(prefix="bench-order-"))
     try:
-        if args.ann is None:
+        if args.coco_root is not None:
+            sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
+            from _datasets import tile_coco_root
+
+            root = tile_coco_root(args.coco_root, work / "tiled", args.copies)
+            args.ann, args.images = root / "annotations" / "instances_train2017.json", root / "train2017"
+        elif args.ann is None:
             from seg_datamodule.demo.data import ensure_demo_dataset
 
             root = work / "demo"
@@ -140,9 +163,9 @@ def main() -> None:
                                                  num_workers=args.workers)
                 row = _epoch(loader, gets)
                 results[side].append(row)
-                print(f"repeat {r} {side}: {row['images_per_s']:.1f} images/s ({row['steady_per_s']:.1f} after the first "
-                      f"batch), first batch {row['first_batch_s']:.2f} s, "
-                      f"{row['images']} images, {row['gets']} chunk GETs", flush=True)
+                print(f"repeat {r} {side}: {row['images_per_s']:.1f} images/s ({row['steady_per_s']:.1f} after the "
+                      f"first batch), first batch {row['first_batch_s']:.2f} s, {row['images']} images, "
+                      f"{row['gets']} chunk GETs, at most {row['in_flight']} in flight", flush=True)
                 shutil.rmtree(cache, ignore_errors=True)
         server.stop()
         peer = statistics.median(r["images_per_s"] for r in results["peer"])
