@@ -18,9 +18,9 @@ validation, test and predict loaders) and prints, per configuration and number o
   call's method and result shape, as a multiset (a sample built twice, e.g. as a partner, counts
   twice), so a change of draw order or count shows even where the batches happen to agree.
 
-``stream`` is the one configuration whose batches depend on ``num_workers`` (LitData orders its
-chunks per worker, so a batch's images, and with them its mosaic partners' draws, differ).
-Compare each worker count's line with its own line before.
+``stream`` follows the global order (issue 63): the same batches for any ``num_workers``; its
+``draws`` still differ by worker count, as every worker draws the epoch's order once (one more
+generator per worker and epoch). Compare each worker count's line with its own line before.
 
 Run it before and after a change and compare the lines (``--json`` to write them to a file).
 
@@ -125,7 +125,10 @@ class _DrawLog:
             log._open()
             log.serial += 1
             rng._draw_tag = f"{log.pid}:{log.serial}"  # type: ignore[attr-defined]
-            seed_text = repr(np.asarray(seed).tolist()) if seed is not None else "None"
+            if isinstance(seed, np.random.SeedSequence):  # the streamed order's generator; its repr spans lines
+                seed_text = f"SeedSequence({seed.entropy!r}, {seed.spawn_key!r})"
+            else:
+                seed_text = repr(np.asarray(seed).tolist()) if seed is not None else "None"
             log._write(f"{rng._draw_tag} seed {seed_text}")  # type: ignore[attr-defined]
             return rng
 
