@@ -16,6 +16,7 @@ import time
 from pathlib import Path
 from typing import Any, Iterator
 
+import numpy as np
 import pytest
 import torch
 from torch.utils.data import DataLoader, RandomSampler
@@ -122,8 +123,10 @@ def test_zero_worker_rate_agrees_with_the_loader_benchmark(coco_mini: Path, tmp_
     for _ in range(3):  # interleaved: load from elsewhere hits both alike
         theirs.append(bench.measure_ours(ds, 0, batch_size, warmup, count)[0])
         ours.append(probe_once())
-    noise = (max(theirs) - min(theirs)) / max(theirs)
-    ratio = max(ours) / max(theirs)
+    # Medians, and the noise measured on both sides: on a loaded machine one run of either can
+    # stand apart (CI saw 126 img/s beside 95 and 90, against 89-97).
+    noise = max((max(v) - min(v)) / max(v) for v in (ours, theirs))
+    ratio = float(np.median(ours) / np.median(theirs))
     assert abs(ratio - 1.0) <= max(0.25, 1.5 * noise), (ours, theirs)
 
 
