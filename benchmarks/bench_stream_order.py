@@ -12,8 +12,8 @@ their batches with the same collate (``StreamBatchCollate``: the same ``SegDatas
 * **peer**: ``StreamRecords(shuffle=True)`` in a plain ``litdata.StreamingDataLoader``: LitData's
   chunk-wise shuffle, each worker reading its own chunks.
 * **ours**: :func:`~seg_datamodule.data.loaders.streaming.stream_train_loader`: the global order,
-  every worker reading from the current window of chunks, with LitData's synchronous chunk
-  downloads (``OrderedRecords`` turns its async prefetch off in its workers; the peer keeps it on).
+  every worker reading from the current window of chunks; one rank, so its workers split the
+  chunks (``order.worker_downloads``) and each fetches its share with LitData's async prefetch.
 
 Each repeat runs one epoch of each, alternating, every epoch with an empty cache (so every chunk
 is downloaded): images per second over the epoch and after its first batch, time to the first

@@ -8,6 +8,7 @@ yields one; subprocesses reach it through ``AWS_ENDPOINT_URL``.
 
 from __future__ import annotations
 
+import threading
 import time
 import urllib.request
 from pathlib import Path
@@ -60,6 +61,31 @@ class LoopbackS3:
             return app(environ, start_response)
 
         server.app = logged
+
+    def delay_chunk_gets(self, seconds: float) -> list[int]:
+        """Make every later GET of a ``.bin`` object sleep ``seconds`` first (a remote store's latency).
+
+        Returns:
+            A list that receives, for each such GET as it arrives, how many were in flight then (itself included).
+        """
+        server = self.server._server
+        app, in_flight, lock, count = server.app, [], threading.Lock(), [0]
+
+        def delayed(environ: dict, start_response: Any) -> Any:
+            if environ["REQUEST_METHOD"] != "GET" or not environ.get("PATH_INFO", "").endswith(".bin"):
+                return app(environ, start_response)
+            with lock:
+                count[0] += 1
+                in_flight.append(count[0])
+            try:
+                time.sleep(seconds)
+                return app(environ, start_response)
+            finally:
+                with lock:
+                    count[0] -= 1
+
+        server.app = delayed
+        return in_flight
 
     def gets(self, prefix: str, suffix: str = ".bin") -> dict[str, int]:
         """GET requests per object under ``bucket/prefix`` whose name ends with ``suffix``."""

@@ -113,15 +113,18 @@ def test_a_resume_taken_at_two_ranks_continues_exactly_on_one_and_four(
 
 
 @pytest.mark.parametrize(("max_cache_size", "world", "workers", "global_batch"),
-                         [(None, 2, 2, GLOBAL_BATCH), ("1MB", 2, 2, GLOBAL_BATCH), ("1MB", 2, 2, 4), ("1MB", 1, 1, 2)])
+                         [(None, 2, 2, GLOBAL_BATCH), (None, 1, 2, GLOBAL_BATCH), (None, 1, 4, 4),
+                          ("1MB", 2, 2, GLOBAL_BATCH), ("1MB", 2, 2, 4), ("1MB", 1, 1, 2)])
 def test_chunk_downloads_per_epoch_per_node(
     s3: LoopbackS3, chunks: tuple[Path, dict], tmp_path: Path, max_cache_size: str | None, world: int, workers: int,
     global_batch: int
 ) -> None:
     """Ranks of one node (one cache), two epochs, GETs counted from the server's log: each chunk
     once an epoch. None: LitData's default cache (it holds the whole set): once in the first
-    epoch, never again (with LitData's async prefetch, which OrderedRecords turns off, two workers
-    fetched one chunk at once). 1MB (about 5 of the 12 chunks): a chunk goes when the node's last
+    epoch, never again; at two ranks each worker fetches what it reads, under LitData's per-chunk
+    lock (with LitData's async prefetch, which OrderedRecords then turns off, two workers fetched
+    one chunk at once); at one rank the workers split the chunks and fetch them with the async
+    prefetch (``order.worker_downloads``). 1MB (about 5 of the 12 chunks): a chunk goes when the node's last
     visit to it ends and comes back the next epoch. With a global batch of 4 or 2 a worker's
     batch is one or two images and it comes back to a chunk several times an epoch: LitData's one
     reference per chunk, dropped at every visit's end, let a chunk be deleted between two visits
@@ -139,8 +142,8 @@ def test_chunk_downloads_per_epoch_per_node(
         _epoch(loaders)
         after = s3.gets(prefix)
         per_epoch.append({key: after[key] - before.get(key, 0) for key in after})
-    print(f"max_cache_size {max_cache_size}, {world} x {workers}, global batch {global_batch}: GETs per chunk per epoch "
-          f"{[sorted(e.values()) for e in per_epoch]}")
+    print(f"max_cache_size {max_cache_size}, {world} x {workers}, global batch {global_batch}: "
+          f"GETs per chunk per epoch {[sorted(e.values()) for e in per_epoch]}")
     assert len(per_epoch[0]) == num_chunks  # every chunk was read
     if max_cache_size is not None and world * workers > 1:
         # Readers that start apart still cost a download (no barrier is taken): here rank 1's
@@ -155,6 +158,70 @@ def test_chunk_downloads_per_epoch_per_node(
         assert sum(per_epoch[1].values()) == 0  # the cache kept them all
     else:
         assert max(per_epoch[1].values()) == 1 and len(per_epoch[1]) == num_chunks
+
+
+def test_one_ranks_workers_split_the_downloads_and_fetch_several_at_once(
+    s3: LoopbackS3, chunks: tuple[Path, dict], tmp_path: Path
+) -> None:
+    """One rank, two workers, 0.3 s per chunk GET: each chunk fetched once, and more than one
+    GET per worker in flight (LitData's async prefetch on each worker's share of the chunks,
+    ``order.worker_downloads``). Fetching each chunk it reads under LitData's per-chunk lock, one
+    at a time, as the ranks of a shared node do, a worker has one GET in flight: at most two."""
+    url = s3.upload(chunks[0], "split")
+    in_flight = s3.delay_chunk_gets(0.3)
+    loader = _loaders(url, chunks[1], tmp_path / "cache", 1, 2, s3.options)[0]
+    hashes = _epoch([loader])
+    num_chunks = len([p for p in chunks[0].iterdir() if p.suffix == ".bin"])
+    gets = s3.gets("split")
+    assert len(gets) == num_chunks and set(gets.values()) == {1}, gets
+    assert max(in_flight) >= 3, in_flight
+    assert hashes == _epoch(_loaders(url, chunks[1], tmp_path / "cache0", 1, 0, s3.options))  # the same batches
+
+
+def test_a_reader_sees_a_chunk_a_co_worker_published_within_milliseconds(tmp_path: Path) -> None:
+    """LitData's own wait looks at the file once a second when its prefetch thread did not fetch
+    the chunk; the wrapped provider (``ordered._see_co_workers_downloads``) sees it at once."""
+    import threading
+    import time
+
+    from litdata.streaming.item_loader import PyTreeLoader
+
+    from seg_datamodule.io.stream.ordered import _ChunkReady, _see_co_workers_downloads
+
+    path = tmp_path / "chunk-0-0.bin"
+    size = 10
+    ready = _ChunkReady(threading.Event(), str(path), size)
+    assert ready.wait(0.05) is False  # nothing there
+    path.write_bytes(b"x" * 4)
+    assert ready.wait(0.05) is False  # still being written
+    path.unlink()
+    events: dict[int, threading.Event] = {}
+
+    def waited(wrap: bool) -> float:
+        """Seconds LitData's wait takes for a file another thread publishes after 0.2 s."""
+        path.unlink(missing_ok=True)
+        loader = PyTreeLoader()
+        if wrap:
+            _see_co_workers_downloads(loader, _OneChunk(str(path), size))
+        loader.set_chunk_ready_provider(lambda c: events.setdefault(c, threading.Event()))  # never set
+        threading.Timer(0.2, lambda: path.write_bytes(b"x" * size)).start()
+        start = time.perf_counter()
+        loader._wait_until_chunk_ready(0, str(path), size)
+        return time.perf_counter() - start
+
+    theirs, ours = waited(wrap=False), waited(wrap=True)
+    assert theirs >= 1.0  # LitData's: the event's 1 s timeout, then the file
+    assert ours < theirs / 2, (ours, theirs)
+
+
+class _OneChunk:
+    """A ``ChunksConfig`` 's lookup for one file: any index is ``(path, begin, size)``."""
+
+    def __init__(self, path: str, size: int) -> None:
+        self.path, self.size = path, size
+
+    def __getitem__(self, index: Any) -> tuple[str, int, int]:
+        return self.path, 0, self.size
 
 
 def test_change_references_keeps_litdatas_count_file(tmp_path: Path) -> None:

@@ -20,6 +20,7 @@ from seg_datamodule.io.stream.order import (
     per_rank_batch,
     tail_count,
     worker_batches,
+    worker_downloads,
     worker_plan,
     worker_positions,
     worker_visits,
@@ -248,6 +249,51 @@ def test_a_workers_plan_is_its_batches_visits_and_their_places_in_the_order(
     assert visits == _visits_by_loop(batches, chunk_offsets(sizes))
     assert sorted(positions) == sorted(i for b in batches for i in b.tolist())
     assert all(order[p] == item for item, p in positions.items())
+
+
+@settings(max_examples=60, deadline=None)
+@given(sizes=_sizes, seed=st.integers(0, 2**40), world=st.sampled_from([1, 2, 4]), workers=st.integers(0, 5),
+       data=st.data())
+def test_a_ranks_workers_download_each_chunk_it_reads_once_in_the_order_first_needed(
+        sizes: list[int], seed: int, world: int, workers: int, data: st.DataObject) -> None:
+    order = epoch_order(seed, 1, sizes, 2)
+    offsets = chunk_offsets(sizes)
+    rank = data.draw(st.integers(0, world - 1))
+    consumed = data.draw(st.integers(0, len(order) // 8)) * 8
+    lists = [worker_downloads(order, offsets, 8, world, rank, workers, w, consumed) for w in range(max(1, workers))]
+    # the reference: every item the rank's workers read, step by step, and the chunk each lies in
+    read = [i for w in range(max(1, workers)) for b in worker_batches(order, 8, world, rank, workers, w, consumed)
+            for i in b.tolist()]
+    first_need: dict[int, int] = {}
+    for k, batch in enumerate(_rank_stream(order, 8, world, rank, workers, consumed)):
+        for i in batch:
+            first_need.setdefault(int(np.searchsorted(offsets, i, side="right") - 1), k)
+    assert sorted(c for chunks in lists for c in chunks) == sorted(first_need)  # each once, all of them
+    assert set(first_need) == {int(np.searchsorted(offsets, i, side="right") - 1) for i in read}
+    for chunks in lists:  # each list in the order the rank first needs its chunks
+        assert [first_need[c] for c in chunks] == sorted(first_need[c] for c in chunks)
+    # dealt round-robin to the workers with a batch left; the others download nothing
+    with_batches = [w for w in range(max(1, workers)) if worker_batches(order, 8, world, rank, workers, w, consumed)]
+    assert all(not lists[w] for w in range(max(1, workers)) if w not in with_batches)
+    assert [len(lists[w]) for w in with_batches] == [len(range(w, len(first_need), len(with_batches)))
+                                                       for w in range(len(with_batches))]
+
+
+def test_worker_downloads_by_hand() -> None:
+    # chunks of 2 items; the order 5 4 0 1 2 3 reads chunk 2, then 0, then 1
+    order = np.array([5, 4, 0, 1, 2, 3])
+    offsets = chunk_offsets([2, 2, 2])
+    assert worker_downloads(order, offsets, 2, 1, 0, 0, 0) == [2, 0, 1]
+    assert worker_downloads(order, offsets, 2, 1, 0, 2, 0) == [2, 1]
+    assert worker_downloads(order, offsets, 2, 1, 0, 2, 1) == [0]
+    assert worker_downloads(order, offsets, 2, 1, 0, 4, 3) == []  # three batches: a fourth worker has none
+    assert worker_downloads(order, offsets, 2, 1, 0, 2, 0, consumed=4) == [1]  # a resume needs chunk 1 only
+    # at two ranks each downloads only what it reads: rank 0 items 0, 1, 2; rank 1 items 5, 4, 3
+    interleaved = np.array([0, 5, 1, 4, 2, 3])
+    assert worker_downloads(interleaved, offsets, 2, 2, 0, 1, 0) == [0, 1]
+    assert worker_downloads(interleaved, offsets, 2, 2, 1, 1, 0) == [2, 1]
+    with pytest.raises(ValueError, match="worker must be in"):
+        worker_downloads(order, offsets, 2, 1, 0, 2, 2)
 
 
 def test_gc_paused_restores_the_collector_as_it_found_it() -> None:

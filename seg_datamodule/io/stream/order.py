@@ -31,7 +31,8 @@ import numpy as np
 
 __all__ = [
     "DEFAULT_WINDOW", "OrderState", "batch_count", "chunk_offsets", "chunks_digest", "epoch_order", "per_rank_batch",
-    "chunk_visits", "gc_paused", "tail_count", "worker_batches", "worker_plan", "worker_positions", "worker_visits",
+    "chunk_visits", "gc_paused", "tail_count", "worker_batches", "worker_downloads", "worker_plan", "worker_positions",
+    "worker_visits",
 ]
 
 DEFAULT_WINDOW = 4  # chunks whose items are shuffled together (py1b's block, in chunks)
@@ -264,6 +265,33 @@ def worker_plan(order: np.ndarray, offsets: np.ndarray, global_batch: int, world
     positions, starts = worker_positions(len(order), global_batch, world_size, rank, num_workers, worker, consumed)
     items = np.asarray(order, np.int64)[positions]
     return chunk_visits(items, starts, offsets), dict(zip(items.tolist(), positions.tolist()))
+
+
+def worker_downloads(order: np.ndarray, offsets: np.ndarray, global_batch: int, world_size: int, rank: int,
+                     num_workers: int = 0, worker: int = 0, consumed: int = 0) -> list[int]:
+    """The chunks worker ``worker`` downloads for all of its rank's workers, in the order they are first needed.
+
+    Every worker of a rank reads from every chunk of a block, so each chunk the rank reads after
+    ``consumed`` is given to one worker: the chunks in the order of their first item among the
+    rank's, dealt round-robin to the workers that have a batch left. Together the rank's workers
+    download each chunk once.
+
+    Args: as :func:`worker_plan`.
+
+    Returns:
+        list[int]: chunk indices; over ``worker = 0 .. max(num_workers, 1) - 1`` each chunk the rank
+            reads appears exactly once.
+    """
+    streams = max(1, _check_int("num_workers", num_workers, 0))
+    if not 0 <= worker < streams:
+        raise ValueError(f"worker must be in [0, {streams}), got {worker}")
+    positions, starts = worker_positions(len(order), global_batch, world_size, rank, 0, 0, consumed)
+    active = min(streams, len(starts) - 1)  # a worker without a batch never reads, so never downloads
+    if worker >= active:
+        return []
+    chunks = np.searchsorted(offsets, np.asarray(order, np.int64)[positions], side="right") - 1
+    unique, first = np.unique(chunks, return_index=True)
+    return unique[np.argsort(first, kind="stable")][worker::active].tolist()
 
 
 @contextlib.contextmanager

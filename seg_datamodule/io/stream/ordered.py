@@ -5,8 +5,9 @@ and the checks of what it reads (:class:`~seg_datamodule.io.stream.loader.Stream
 the order is ours: in each worker, :meth:`OrderedRecords.__iter__` computes the worker's batches
 (:mod:`seg_datamodule.io.stream.order`) and hands them to LitData as a plan of chunk visits, the
 same form LitData 0.2.76's own elastic resume feeds its iterator (``worker_chunks`` with one item
-list per visit, ``litdata.streaming.elastic.worker_plan_to_chunks``). LitData then downloads the
-visits' chunks ahead, in plan order, and reads the items by index from them.
+list per visit, ``litdata.streaming.elastic.worker_plan_to_chunks``), with the chunks it is to
+download (its share of the rank's, or every chunk it reads: see ``__iter__``). LitData then
+downloads them ahead, in the order they are first needed, and reads the items by index.
 
 Each record carries ``"position"``, its place in the epoch's order; the collate puts a batch back
 in that order (a batch is read chunk by chunk) and checks that it is one contiguous run of the
@@ -18,12 +19,14 @@ from __future__ import annotations
 import contextlib
 import os
 from collections import Counter, deque
+from threading import Event
 from time import time
-from typing import Any
+from typing import Any, Callable
 
 from filelock import FileLock, Timeout
 from litdata import StreamingDataset
 from litdata.streaming.elastic import worker_plan_to_chunks
+from litdata.streaming.item_loader import BaseItemLoader
 from litdata.streaming.sampler import ChunkedIndex
 from litdata.utilities.env import _DistributedEnv, _WorkerEnv
 
@@ -36,6 +39,7 @@ from seg_datamodule.io.stream.order import (
     epoch_order,
     gc_paused,
     per_rank_batch,
+    worker_downloads,
     worker_plan,
 )
 
@@ -49,7 +53,83 @@ _PLAN_ATTRIBUTES = ("worker_chunks", "worker_intervals", "_elastic_item_lists", 
                     "has_triggered_download")
 
 
+_async_off_by_us = False  # this process's LITDATA_ASYNC_CHUNK_PREFETCH=0 was set here, not by the user
+
+
+def _choose_async_prefetch(on: bool) -> None:
+    """LitData's async chunk prefetch on (its default) or off, in this process; a user's own setting wins."""
+    global _async_off_by_us
+    if on and _async_off_by_us:
+        os.environ.pop(_ASYNC_PREFETCH, None)
+        _async_off_by_us = False
+    elif not on and _ASYNC_PREFETCH not in os.environ:
+        os.environ[_ASYNC_PREFETCH] = "0"
+        _async_off_by_us = True
+
+
 _LOCK_TIMEOUT_S = 30.0  # waiting on a co-worker's count update; LitData's own waits 1-3 s, then drops it
+_POLL_S = 0.01  # how often a reader waiting on a co-worker's download looks for the file
+
+
+class _ChunkReady:
+    """A chunk's readiness as LitData's item loader waits on it, set by a co-worker's download too.
+
+    LitData 0.2.76's reader waits on an in-process ``Event`` its own prefetch thread sets after a
+    download, and looks at the file only once a second (``_wait_until_chunk_ready``). A chunk a
+    co-worker fetched (it was on the co-worker's list, or the co-worker held its download lock) is
+    then seen up to a second late, and in the global order every worker reads every chunk of a
+    block: each worker would wait on most of the node's downloads. This looks every 10 ms.
+
+    Args:
+        event: LitData's readiness event of the chunk.
+        path: the chunk's local file.
+        size: its size in bytes once complete.
+    """
+
+    def __init__(self, event: Event, path: str, size: int) -> None:
+        self.event, self.path, self.size = event, path, int(size)
+
+    def _published(self) -> bool:
+        try:
+            return os.stat(self.path).st_size >= self.size
+        except FileNotFoundError:
+            return False
+
+    def wait(self, timeout: float | None = None) -> bool:
+        """True once the event is set or the file is complete; False after ``timeout`` seconds."""
+        deadline = None if timeout is None else time() + timeout
+        while not self.event.is_set():
+            if self._published():
+                return True
+            left = _POLL_S if deadline is None else min(_POLL_S, deadline - time())
+            if left <= 0:
+                return False
+            self.event.wait(left)
+        return True
+
+    def clear(self) -> None:
+        self.event.clear()
+
+
+class _CoWorkerReadiness:
+    """LitData's provider of readiness events (``PrepareChunksThread.get_ready_event``), giving :class:`_ChunkReady`."""
+
+    def __init__(self, provider: Callable[[int], Event], config: Any) -> None:
+        self.provider, self.config = provider, config
+
+    def __call__(self, chunk_index: int) -> _ChunkReady:
+        path, _, size = self.config[ChunkedIndex(index=-1, chunk_index=chunk_index)]
+        return _ChunkReady(self.provider(chunk_index), path, size)
+
+
+def _see_co_workers_downloads(loader: BaseItemLoader, config: Any) -> None:
+    """Make ``loader`` wait on :class:`_ChunkReady` s: LitData installs its provider through this setter."""
+    setter = type(loader).set_chunk_ready_provider
+
+    def install(provider: Callable[[int], Event] | None) -> None:
+        setter(loader, None if provider is None else _CoWorkerReadiness(provider, config))
+
+    loader.set_chunk_ready_provider = install  # type: ignore[method-assign]
 
 
 def change_references(config: Any, chunk: int, delta: int) -> int:
@@ -126,6 +206,10 @@ class OrderedRecords(StreamRecords):
         if missing:
             raise RuntimeError(f"litdata.StreamingDataset has no {missing}: the streamed global order is set through "
                                "them (verified on litdata 0.2.76)")
+        if not hasattr(BaseItemLoader, "set_chunk_ready_provider") or "_chunk_ready_provider" not in \
+                BaseItemLoader._wait_until_chunk_ready.__code__.co_consts:
+            raise RuntimeError("litdata's item loader waits on chunks without a readiness provider: a co-worker's "
+                               "download would be seen late (verified on litdata 0.2.76)")
         if world is not None:
             rank, size = world
             if not 0 <= rank < size:
@@ -170,12 +254,7 @@ class OrderedRecords(StreamRecords):
         return batch_count(self.num_records, self._global_batch(), self.world_size)
 
     def __iter__(self) -> "OrderedRecords":
-        # In the global order every worker of a node asks for the same chunks at about the same
-        # time. LitData 0.2.76's async prefetch (on by default for a remote source) downloads
-        # without the per-chunk file lock its synchronous path takes, so two workers each fetched
-        # one chunk (measured: 8 of 12 chunks twice an epoch); the synchronous path fetched each
-        # once. A user's own setting of the variable wins.
-        os.environ.setdefault(_ASYNC_PREFETCH, "0")
+        env = self.distributed_env
         self._release_references()  # before the reader that holds them is replaced
         self.worker_env = _WorkerEnv.detect()
         self.cache = self._create_cache(worker_env=self.worker_env)
@@ -185,16 +264,34 @@ class OrderedRecords(StreamRecords):
             raise RuntimeError(f"{self.input_dir.url or self.input_dir.path}: LitData's chunk intervals differ from "
                                "the checked index.json's chunk sizes; the global order cannot be served")
         self._shuffle_num_chunks = len(intervals)
+        reader = self.cache._reader
+        # In the global order every worker of a node reads every chunk of a block. With one rank on
+        # the node and a cache that holds the set, its workers split the downloads (each chunk is on
+        # one worker's list, ``worker_downloads``) and each fetches its own with LitData's async
+        # prefetch, several at once. Otherwise each worker's list is every chunk it reads, fetched
+        # one at a time under LitData's per-chunk lock (its async path takes none: 8 of 12 chunks
+        # were fetched twice an epoch), so that a chunk deleted under a budget, or needed by a
+        # reader that started late, is fetched again by whoever needs it. A user's own setting of
+        # the async variable wins.
+        budget = reader._max_cache_size
+        self._split_downloads = int(env.world_size) // max(1, int(env.num_nodes)) <= 1 and (
+            not budget or int(reader.config.num_bytes) <= int(budget))
+        _choose_async_prefetch(on=self._split_downloads)
         self.on_demand_bytes = False
         # 1. This worker's plan of the epoch's order, and 2. LitData's iterator state from it, as its own
         # elastic path sets it (dataset.py, _setup_elastic_resume). The whole epoch, before the first batch.
-        env = self.distributed_env
         with gc_paused():
             order = epoch_order(self.seed, int(self.current_epoch) - 1, self.chunk_sizes, self.window)
             mine, self._positions = worker_plan(order, self.offsets, self._global_batch(), env.world_size,
                                                 env.global_rank, self.worker_env.world_size, self.worker_env.rank,
                                                 self.start)
             self.worker_chunks, self.worker_intervals, self._elastic_item_lists = worker_plan_to_chunks(mine)
+            if self._split_downloads:
+                self._downloads = worker_downloads(order, self.offsets, self._global_batch(), env.world_size,
+                                                   env.global_rank, self.worker_env.world_size, self.worker_env.rank,
+                                                   self.start)
+            else:  # each chunk once, in the order of its first visit
+                self._downloads = list(dict.fromkeys(chunk for chunk, _ in mine))
         self.stop_length = sum(len(items) for items in self._elastic_item_lists)
         self.num_chunks = len(self.worker_chunks)
         self.upcoming_indexes = deque()
@@ -209,13 +306,15 @@ class OrderedRecords(StreamRecords):
         # for several visits let a co-worker delete a chunk this worker was still to read, or was
         # waiting on (a FileNotFoundError in LitData's wait, seen in CI), and re-downloaded it.
         # Counted per visit, a chunk goes when the node's last visit to it ends: once per epoch.
-        reader = self.cache._reader
         visits = Counter(chunk for chunk, _ in mine)
         # Counted here, all of them: LitData's acquire_shared_locks would add one each but drops an
         # increment silently when the count's lock is busy for 1 s. Its "shared" sets must still
         # name the chunks, so that a download adds no reference of its own.
         reader.acquire_shared_locks(set())
-        reader._shared_chunk_indexes = reader.config._shared_chunk_indexes = set(visits)
+        reader._shared_chunk_indexes = reader.config._shared_chunk_indexes = set(visits) | set(self._downloads)
+        # The download list is handed over at the first read (``__getitem__``); without this, a
+        # worker with nothing to download would have LitData fetch each chunk as it reads it.
+        reader._chunks_queued_for_download = True
         config = reader.config
         for chunk, count in visits.items():
             change_references(config, chunk, count)
@@ -226,14 +325,15 @@ class OrderedRecords(StreamRecords):
         # co-worker deletes or re-downloads the file (POSIX keeps the mapped inode; LitData
         # publishes downloads by rename).
         reader.enable_mmap_for_chunks(set(visits))  # its own set: LitData may change the shared ones
+        _see_co_workers_downloads(reader._item_loader, config)
         return self
 
     def __getitem__(self, index: Any) -> Any:
         if isinstance(index, ChunkedIndex) and index.chunk_indexes:
             # The first read hands LitData's prefetch thread the plan's chunks, one entry per
             # visit; walking them behind the reader, it fetched chunks again whose last visit had
-            # passed and which were deleted. Each chunk once, in the order of its first visit.
-            index.chunk_indexes = list(dict.fromkeys(int(c) for c in index.chunk_indexes))
+            # passed and which were deleted. It gets this worker's downloads instead.
+            index.chunk_indexes = list(self._downloads)
         item = super().__getitem__(index)
         if isinstance(index, ChunkedIndex):
             # Mirror LitData's releases (BinaryReader.read): the visit left at a chunk switch, and
