@@ -176,6 +176,12 @@ def test_one_ranks_workers_split_the_downloads_and_fetch_several_at_once(
     assert len(gets) == num_chunks and set(gets.values()) == {1}, gets
     assert max(in_flight) >= 3, in_flight
     assert hashes == _epoch(_loaders(url, chunks[1], tmp_path / "cache0", 1, 0, s3.options))  # the same batches
+    # The cache holds the set, so LitData deletes nothing and no reference is counted (a count per
+    # chunk per worker, a file lock each, before the first batch): no count file mid-epoch.
+    partial = iter(_loaders(url, chunks[1], tmp_path / "cache1", 1, 2, s3.options)[0])
+    assert len(next(partial)) == GLOBAL_BATCH
+    assert not list((tmp_path / "cache1").rglob("*.cnt"))
+    del partial
 
 
 def test_a_reader_sees_a_chunk_a_co_worker_published_within_milliseconds(tmp_path: Path) -> None:

@@ -316,9 +316,13 @@ class OrderedRecords(StreamRecords):
         # worker with nothing to download would have LitData fetch each chunk as it reads it.
         reader._chunks_queued_for_download = True
         config = reader.config
-        for chunk, count in visits.items():
+        # With the downloads split, the cache holds the set and LitData deletes nothing, so no
+        # count is kept: a count costs a file lock and two file operations per chunk (about 1 ms),
+        # before the first batch, for every chunk the worker reads (nearly all of them).
+        counted = Counter() if self._split_downloads else visits
+        for chunk, count in counted.items():
             change_references(config, chunk, count)
-        self._visits_left, self._reading = visits, None
+        self._visits_left, self._reading = counted, None
         # Every chunk memory-mapped, shared ones too: in the global order every worker reads every
         # block, and LitData 0.2.76 reads a chunk it may not map through a file handle it drops
         # unclosed at each chunk switch (PyTreeLoader._close_open_chunk). A map stays valid when a
@@ -337,14 +341,14 @@ class OrderedRecords(StreamRecords):
         item = super().__getitem__(index)
         if isinstance(index, ChunkedIndex):
             # Mirror LitData's releases (BinaryReader.read): the visit left at a chunk switch, and
-            # the last visit at the plan's last index.
-            chunk = int(index.chunk_index)
+            # the last visit at the plan's last index (where references are counted).
+            chunk, left = int(index.chunk_index), self._visits_left
             if chunk != self._reading:
-                if self._reading is not None:
-                    self._visits_left[self._reading] -= 1
+                if self._reading in left:
+                    left[self._reading] -= 1
                 self._reading = chunk
-            if index.is_last_index:
-                self._visits_left[chunk] -= 1
+            if index.is_last_index and chunk in left:
+                left[chunk] -= 1
             if isinstance(item, dict):
                 item["position"] = self._positions.get(int(index.index), -1)
         return item
