@@ -290,8 +290,10 @@ def worker_downloads(order: np.ndarray, offsets: np.ndarray, global_batch: int, 
     if worker >= active:
         return []
     chunks = np.searchsorted(offsets, np.asarray(order, np.int64)[positions], side="right") - 1
-    unique, first = np.unique(chunks, return_index=True)
-    return unique[np.argsort(first, kind="stable")][worker::active].tolist()
+    first = np.full(len(offsets) - 1, len(chunks), np.int64)  # each chunk's first place, without a sort
+    np.minimum.at(first, chunks, np.arange(len(chunks), dtype=np.int64))
+    read = np.flatnonzero(first < len(chunks))
+    return read[np.argsort(first[read], kind="stable")][worker::active].tolist()
 
 
 @contextlib.contextmanager
