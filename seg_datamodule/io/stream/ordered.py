@@ -76,9 +76,9 @@ class _ChunkReady:
 
     LitData 0.2.76's reader waits on an in-process ``Event`` its own prefetch thread sets after a
     download, and looks at the file only once a second (``_wait_until_chunk_ready``). A chunk a
-    co-worker fetched (it was on the co-worker's list, or the co-worker held its download lock) is
-    then seen up to a second late, and in the global order every worker reads every chunk of a
-    block: each worker would wait on most of the node's downloads. This looks every 10 ms.
+    co-worker fetched (with the downloads split, it was on the co-worker's list) is then seen up
+    to a second late, and in the global order every worker reads every chunk of a block: each
+    worker would wait on most of the node's downloads. This looks every 10 ms.
 
     Args:
         event: LitData's readiness event of the chunk.
@@ -329,7 +329,8 @@ class OrderedRecords(StreamRecords):
         # co-worker deletes or re-downloads the file (POSIX keeps the mapped inode; LitData
         # publishes downloads by rename).
         reader.enable_mmap_for_chunks(set(visits))  # its own set: LitData may change the shared ones
-        _see_co_workers_downloads(reader._item_loader, config)
+        if self._split_downloads:  # a co-worker fetches most of what this worker reads
+            _see_co_workers_downloads(reader._item_loader, config)
         return self
 
     def __getitem__(self, index: Any) -> Any:
