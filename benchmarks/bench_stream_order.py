@@ -3,8 +3,9 @@
 ``python benchmarks/bench_stream_order.py [--latency-ms 50] [--workers 2] [--batch-size 8] [--repeats 2]
 [--coco-root ../shared/data/coco-mini --copies 8 --chunk-bytes 1MB]``
 
-Both sides stream the same chunk set from a real S3 API on 127.0.0.1 (moto's ``ThreadedMotoServer``
-over plain ``http://``, needs ``moto[server]``) whose every chunk GET first sleeps ``--latency-ms``
+Both sides stream the same chunk set from a real S3 API on 127.0.0.1 (the tests' ``LoopbackS3``:
+moto's ``ThreadedMotoServer`` over plain ``http://``, needs ``moto[server]`` and pytest) whose every
+chunk GET first sleeps ``--latency-ms`` (``LoopbackS3.delay_chunk_gets``)
 (a remote store's latency, added in the server, so both sides pay it per request), and build
 their batches with the same collate (``StreamBatchCollate``: the same ``SegDataset`` and
 ``DetectionCollate``): the only difference is the order.
@@ -30,7 +31,6 @@ import shutil
 import statistics
 import sys
 import tempfile
-import threading
 import time
 from pathlib import Path
 from typing import Any
@@ -45,40 +45,9 @@ from seg_datamodule.io.stream import ChunkOptions, convert_coco, window_from_met
 from seg_datamodule.io.stream.loader import StreamRecords
 from seg_datamodule.transforms.layouts.mosaic import MosaicAffine
 
-
-def _server(latency_s: float) -> tuple[Any, str, dict[str, Any], list[str]]:
-    """A moto S3 server on the loopback whose chunk GETs sleep ``latency_s``; returns it, its
-    endpoint, the boto3 options and the log of chunk GETs."""
-    import boto3
-    from moto.server import ThreadedMotoServer
-
-    server = ThreadedMotoServer(ip_address="127.0.0.1", port=0, verbose=False)
-    server.start()
-    host, port = server.get_host_and_port()
-    endpoint = f"http://{host}:{port}"
-    options = {"endpoint_url": endpoint, "aws_access_key_id": "testing", "aws_secret_access_key": "testing",
-               "region_name": "us-east-1"}
-    gets: list[str] = []
-    app = server._server.app
-    lock, flight = threading.Lock(), [0]
-
-    def slow(environ: dict, start_response: Any) -> Any:
-        path = environ.get("PATH_INFO", "")
-        if environ["REQUEST_METHOD"] == "GET" and path.endswith(".bin"):
-            with lock:  # each GET logged with how many were in flight as it arrived (itself included)
-                flight[0] += 1
-                gets.append(f"{path} {flight[0]}")
-            try:
-                time.sleep(latency_s)
-                return app(environ, start_response)
-            finally:
-                with lock:
-                    flight[0] -= 1
-        return app(environ, start_response)
-
-    server._server.app = slow
-    boto3.client("s3", **options).create_bucket(Bucket="bucket")
-    return server, endpoint, options, gets
+_TESTS = Path(__file__).resolve().parents[1] / "tests"
+sys.path[:0] = [str(_TESTS), str(_TESTS / "io")]  # the tests' loopback S3 server and tiled COCO roots
+from _s3_server import LoopbackS3  # noqa: E402
 
 
 def _dataset(meta: dict, image_size: int, seed: int) -> SegDataset:
@@ -86,8 +55,9 @@ def _dataset(meta: dict, image_size: int, seed: int) -> SegDataset:
     return SegDataset(window_from_meta(meta), augment, train=True, seed=seed)
 
 
-def _epoch(loader: Any, gets: list[str]) -> dict[str, float]:
-    before, start = len(gets), time.perf_counter()
+def _epoch(loader: Any, in_flight: list[int]) -> dict[str, float]:
+    """One epoch of ``loader``; ``in_flight``: the server's count of chunk GETs in flight as each arrived."""
+    before, start = len(in_flight), time.perf_counter()
     first, images, first_images = None, 0, 0
     for batch in loader:
         images += len(batch.image_ids)
@@ -97,9 +67,9 @@ def _epoch(loader: Any, gets: list[str]) -> dict[str, float]:
             first_images = images
     wall = time.perf_counter() - start
     steady = (images - first_images) / max(1e-9, wall - float(first or 0.0))
-    mine = gets[before:]
+    mine = in_flight[before:]
     return {"images_per_s": images / wall, "steady_per_s": steady, "first_batch_s": float(first or 0.0),
-            "images": images, "gets": len(mine), "in_flight": max((int(g.rsplit(" ", 1)[1]) for g in mine), default=0)}
+            "images": images, "gets": len(mine), "in_flight": max(mine, default=0)}
 
 
 def main() -> None:
@@ -120,7 +90,6 @@ def main() -> None:
     work = Path(tempfile.mkdtemp(prefix="bench-order-"))
     try:
         if args.coco_root is not None:
-            sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
             from _datasets import tile_coco_root
 
             root = tile_coco_root(args.coco_root, work / "tiled", args.copies)
@@ -134,13 +103,9 @@ def main() -> None:
         chunks = work / "chunks"
         meta = convert_coco(args.ann, args.images, str(chunks),
                             chunk_options=ChunkOptions(chunk_bytes=args.chunk_bytes, start_method="fork"))
-        server, endpoint, options, gets = _server(args.latency_ms / 1000.0)
-        import boto3
-
-        client = boto3.client("s3", **options)
-        for file in sorted(chunks.iterdir()):
-            client.upload_file(str(file), "bucket", f"set/{file.name}")
-        url = "s3://bucket/set"
+        s3 = LoopbackS3()  # the tests' server: moto on 127.0.0.1, every request logged
+        in_flight = s3.delay_chunk_gets(args.latency_ms / 1000.0)
+        url, options = s3.upload(chunks, "set"), s3.options
         n_chunks = len([p for p in chunks.iterdir() if p.suffix == ".bin"])
         print(f"{meta['num_records']} images in {n_chunks} chunks, {args.latency_ms:g} ms per chunk GET, "
               f"{args.workers} workers, batch {args.batch_size}, {args.image_size} px")
@@ -161,13 +126,13 @@ def main() -> None:
                     loader = stream_train_loader(StreamOptions(url, cache_dir=str(cache), storage_options=options),
                                                  dataset, DetectionCollate(), batch_size=args.batch_size,
                                                  num_workers=args.workers)
-                row = _epoch(loader, gets)
+                row = _epoch(loader, in_flight)
                 results[side].append(row)
                 print(f"repeat {r} {side}: {row['images_per_s']:.1f} images/s ({row['steady_per_s']:.1f} after the "
                       f"first batch), first batch {row['first_batch_s']:.2f} s, {row['images']} images, "
                       f"{row['gets']} chunk GETs, at most {row['in_flight']} in flight", flush=True)
                 shutil.rmtree(cache, ignore_errors=True)
-        server.stop()
+        s3.stop()
         peer = statistics.median(r["images_per_s"] for r in results["peer"])
         ours = statistics.median(r["images_per_s"] for r in results["ours"])
         print(f"median images/s: ours {ours:.1f}, LitData's shuffle {peer:.1f}; ratio ours/peer {ours / peer:.3f}")
