@@ -16,7 +16,6 @@ import time
 from pathlib import Path
 from typing import Any, Iterator
 
-import numpy as np
 import pytest
 import torch
 from torch.utils.data import DataLoader, RandomSampler
@@ -119,14 +118,19 @@ def test_zero_worker_rate_agrees_with_the_loader_benchmark(coco_mini: Path, tmp_
         ds.on_worker_start()
         return measure_batches(iter(loader), warmup, count, sample_memory=False).img_s
 
+    def bench_once() -> float:
+        return bench.measure_ours(ds, 0, batch_size, warmup, count)[0]
+
+    probe_once(), bench_once()  # not kept: the first pass opens and decodes every file cold
     theirs, ours = [], []
-    for _ in range(3):  # interleaved: load from elsewhere hits both alike
-        theirs.append(bench.measure_ours(ds, 0, batch_size, warmup, count)[0])
-        ours.append(probe_once())
-    # Medians, and the noise measured on both sides: on a loaded machine one run of either can
-    # stand apart (CI saw 126 img/s beside 95 and 90, against 89-97).
+    for k in range(4):  # interleaved, each side first in turn: load from elsewhere hits both alike
+        for measure in (probe_once, bench_once) if k % 2 else (bench_once, probe_once):
+            (ours if measure is probe_once else theirs).append(measure())
+    # Best of each: load from other tests only ever slows a pass (CI saw one side's three passes
+    # at 97-143 img/s beside the other's 164-222, each pass a fraction of a second), so the fastest
+    # pass is the least disturbed measure of each; the noise is still measured on both sides.
     noise = max((max(v) - min(v)) / max(v) for v in (ours, theirs))
-    ratio = float(np.median(ours) / np.median(theirs))
+    ratio = max(ours) / max(theirs)
     assert abs(ratio - 1.0) <= max(0.25, 1.5 * noise), (ours, theirs)
 
 
