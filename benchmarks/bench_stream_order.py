@@ -14,7 +14,7 @@ their batches with the same collate (``StreamBatchCollate``: the same ``SegDatas
   chunk-wise shuffle, each worker reading its own chunks.
 * **ours**: :func:`~seg_datamodule.data.loaders.streaming.stream_train_loader`: the global order,
   every worker reading from the current window of chunks; one rank, so its workers split the
-  chunks (``order.worker_downloads``) and each fetches its share with LitData's async prefetch.
+  chunks (``plan.worker_downloads``) and each fetches its share with LitData's async prefetch.
 
 Each repeat runs one epoch of each, alternating, every epoch with an empty cache (so every chunk
 is downloaded): images per second over the epoch and after its first batch, time to the first

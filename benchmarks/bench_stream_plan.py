@@ -2,13 +2,16 @@
 
 ``python benchmarks/bench_stream_plan.py [--sizes 100000 1000000 4000000] [--chunk-items 100]``
 
-Every worker of every rank computes, before its first batch, the epoch's global order and its own
-plan of chunk visits (:func:`~seg_datamodule.io.stream.order.worker_plan` then LitData's
-``worker_plan_to_chunks``, under ``gc_paused``, as ``OrderedRecords.__iter__`` runs them), so this time is part
-of every epoch's time to the first batch and grows with the dataset. The peer, timed in the same
-run on the same layout, is the same plan made item by item with the garbage collector running,
-as ``OrderedRecords`` made it up to 2026-12-06 (:func:`_loop_plan`). Best of ``--repeats``; on a
-busy machine compare within one run only.
+Before its first batch, every worker of every rank computes the epoch's global order, the chunks
+it downloads for its rank (``worker_downloads``, where the downloads are split) and its plan of
+chunk visits. ``OrderedRecords.__iter__`` makes the plan as it is read
+(:class:`~seg_datamodule.io.stream.plan.WorkerPlan`: up front only numpy arrays of the worker's
+items and the set of chunks it reads; the visits and positions of one segment for the first
+batch). The peer, timed in the same run on the same layout, is the whole plan made up front
+(:func:`~seg_datamodule.io.stream.plan.worker_plan` then LitData's ``worker_plan_to_chunks``,
+under ``gc_paused``), as ``OrderedRecords`` made it up to 2026-12-07. Each stage is printed, so
+what still grows with the dataset is named. Best of ``--repeats``; on a busy machine compare
+within one run only.
 """
 
 from __future__ import annotations
@@ -17,35 +20,10 @@ import argparse
 import time
 from typing import Any, Callable
 
-import numpy as np
 from litdata.streaming.elastic import worker_plan_to_chunks
 
-from seg_datamodule.io.stream.order import chunk_offsets, epoch_order, gc_paused, worker_batches, worker_plan
-
-
-def _loop_plan(seed: int, sizes: list[int], global_batch: int, workers: int) -> Any:
-    """Worker 0's plan item by item: visits grouped per batch in a dict, positions from the inverse order."""
-    order, offsets = epoch_order(seed, 0, sizes), chunk_offsets(sizes)
-    visits: list[tuple[int, list[int]]] = []
-    for batch in worker_batches(order, global_batch, 1, 0, workers, 0):
-        seen: dict[int, list[int]] = {}
-        for chunk, item in zip((np.searchsorted(offsets, batch, side="right") - 1).tolist(), batch.tolist()):
-            seen.setdefault(chunk, []).append(item)
-        for chunk, items in seen.items():
-            if visits and visits[-1][0] == chunk:
-                visits[-1][1].extend(items)
-            else:
-                visits.append((chunk, items))
-    position = np.empty(len(order), np.int64)
-    position[order] = np.arange(len(order))
-    return worker_plan_to_chunks(visits), {item: int(position[item]) for _, items in visits for item in items}
-
-
-def _plan(seed: int, sizes: list[int], global_batch: int, workers: int) -> Any:
-    """Worker 0's plan as ``OrderedRecords.__iter__`` makes it."""
-    with gc_paused():
-        visits, positions = worker_plan(epoch_order(seed, 0, sizes), chunk_offsets(sizes), global_batch, 1, 0, workers)
-        return worker_plan_to_chunks(visits), positions
+from seg_datamodule.io.stream.order import chunk_offsets, epoch_order, worker_positions
+from seg_datamodule.io.stream.plan import WorkerPlan, gc_paused, worker_downloads, worker_plan
 
 
 def _best(fn: Callable[[], Any], repeats: int) -> float:
@@ -55,6 +33,30 @@ def _best(fn: Callable[[], Any], repeats: int) -> float:
         fn()
         best = min(best, time.perf_counter() - start)
     return best
+
+
+def _stages(sizes: list[int], batch: int, workers: int, repeats: int) -> dict[str, float]:
+    """Seconds of each stage for worker 0 of one rank (its inputs made once, outside the timers)."""
+    offsets = chunk_offsets(sizes)
+    order = epoch_order(0, 0, sizes)
+    args = (order, offsets, batch, 1, 0, workers, 0)
+
+    def lazy() -> None:
+        plan = WorkerPlan(order, *worker_positions(len(order), batch, 1, 0, workers, 0), offsets)
+        plan.ensure(0)
+        plan.chunk_set()
+
+    def whole() -> None:
+        with gc_paused():
+            visits, _ = worker_plan(*args)
+            worker_plan_to_chunks(visits)
+
+    return {
+        "order": _best(lambda: epoch_order(0, 0, sizes), repeats),
+        "downloads": _best(lambda: worker_downloads(*args), repeats),
+        "plan, as read": _best(lazy, repeats),
+        "plan, whole": _best(whole, repeats),
+    }
 
 
 def main() -> None:
@@ -67,14 +69,19 @@ def main() -> None:
     args = parser.parse_args()
     print(f"worker 0 of {args.workers}, one rank, batch {args.batch_size}, {args.chunk_items}-image chunks, window 4")
     check = [args.chunk_items] * 50
-    if _plan(1, check, args.batch_size, args.workers) != _loop_plan(1, check, args.batch_size, args.workers):
+    order = epoch_order(1, 0, check)
+    whole = worker_plan(order, chunk_offsets(check), args.batch_size, 1, 0, args.workers, 0)
+    positions = worker_positions(len(order), args.batch_size, 1, 0, args.workers, 0)
+    made = WorkerPlan(order, *positions, chunk_offsets(check), segment_items=40).make_all()
+    if (list(zip(made.chunks, made.item_lists)), made.positions) != whole:
         raise SystemExit("the two plans differ: the comparison would be void")
     for n in args.sizes:
-        sizes = [args.chunk_items] * (n // args.chunk_items)
-        ours = _best(lambda: _plan(0, sizes, args.batch_size, args.workers), args.repeats)
-        loop = _best(lambda: _loop_plan(0, sizes, args.batch_size, args.workers), args.repeats)
-        print(f"{n:>10,} images: plan {ours:.3f} s ({ours / n * 1e6:.2f} s per million), item by item {loop:.3f} s; "
-              f"ratio {loop / ours:.1f}x", flush=True)
+        t = _stages([args.chunk_items] * (n // args.chunk_items), args.batch_size, args.workers, args.repeats)
+        now = t["order"] + t["downloads"] + t["plan, as read"]
+        before = t["order"] + t["downloads"] + t["plan, whole"]
+        stages = ", ".join(f"{name} {seconds:.3f}" for name, seconds in t.items())
+        print(f"{n:>10,} images: before the first batch {now:.3f} s ({now / n * 1e6:.3f} s per million), "
+              f"whole plan {before:.3f} s; ratio {before / now:.1f}x  [{stages} s]", flush=True)
 
 
 if __name__ == "__main__":

@@ -15,7 +15,7 @@ less detail) instead of silently misbehaving:
 * albumentations' ``set_random_state`` reaching every transform -- per-sample seeding, which
   keeps forked workers off one random stream (``transforms/pixel/albu.py``);
 * LitData's loader flags and its dataset's visit plan -- the streamed global order and its checkpoints
-  (``io/stream/loader.py``, ``io/stream/ordered.py``). Those decide
+  (``io/stream/loader.py``, ``io/stream/ordered.py``, ``io/stream/chunk_cache.py``). Those decide
   which samples a resumed run sees, so an unverified LitData is an error, not a warning
   (:func:`require_version`), and the ``stream`` extra pins the one release.
 
@@ -101,10 +101,12 @@ REACHES: dict[str, PrivateReach] = {
         ("2.0.0", "2.0.8")),
     "litdata_state": PrivateReach(
         "litdata", "StreamingDataLoader.restore, _num_samples_yielded_streaming, _latest_worker_idx, "
-        "_StreamingMultiProcessingDataLoaderIter; StreamingDataset's visit plan (worker_chunks, worker_intervals, "
-        "_elastic_item_lists, litdata.streaming.elastic.worker_plan_to_chunks); the chunks' reference counts "
+        "_StreamingMultiProcessingDataLoaderIter; StreamingDataset's visit plan, read by index in __next__ "
+        "(worker_chunks, worker_intervals, _elastic_item_lists, num_chunks, stop_length, has_triggered_download; "
+        "ChunkedIndex.chunk_indexes and is_last_index); the chunks' reference counts "
         "(BinaryReader.acquire_shared_locks, _shared_chunk_indexes, ChunksConfig._chunk_lock_filepath and its "
-        "'.cnt' file under a '.cnt.lock' FileLock; ChunkedIndex.chunk_indexes)",
+        "'.cnt' file under a '.cnt.lock' FileLock); the item loader's readiness provider "
+        "(BaseItemLoader.set_chunk_ready_provider)",
         "StreamTrainLoader's global order (OrderedRecords) and its checkpoints", ("0.2.76", "0.2.76")),
 }
 

@@ -88,6 +88,23 @@ def test_the_same_global_batches_for_every_world_size_and_worker_count(
     assert not different, sorted(different)
 
 
+@pytest.mark.parametrize(("world", "workers"), [(1, 2), (2, 1)])
+def test_a_plan_made_a_batch_at_a_time_streams_the_same_global_batches(
+    s3: LoopbackS3, chunks: tuple[Path, dict], tmp_path: Path, world: int, workers: int
+) -> None:
+    """Workers make their plans one batch at a time (``OrderedRecords.segment_items``): LitData reads
+    visits that are made as it goes, across seams, and the last index is still marked (no leftover
+    reference: no ``.cnt`` after the epoch)."""
+    url = s3.upload(chunks[0], f"lazy{world}{workers}")
+    meta = chunks[1]
+    want = _epoch(_loaders(url, meta, tmp_path / "whole", 1, 0, s3.options))
+    loaders = _loaders(url, meta, tmp_path / "lazy", world, workers, s3.options)
+    for loader in loaders:
+        loader.dataset.segment_items = 1  # rounds up to one batch a segment
+    assert _epoch(loaders) == want
+    assert not list((tmp_path / "lazy").rglob("*.cnt"))
+
+
 def test_a_resume_taken_at_two_ranks_continues_exactly_on_one_and_four(
     s3: LoopbackS3, chunks: tuple[Path, dict], tmp_path: Path
 ) -> None:
@@ -124,7 +141,7 @@ def test_chunk_downloads_per_epoch_per_node(
     epoch, never again; at two ranks each worker fetches what it reads, under LitData's per-chunk
     lock (with LitData's async prefetch, which OrderedRecords then turns off, two workers fetched
     one chunk at once); at one rank the workers split the chunks and fetch them with the async
-    prefetch (``order.worker_downloads``). 1MB (about 5 of the 12 chunks): a chunk goes when the node's last
+    prefetch (``plan.worker_downloads``). 1MB (about 5 of the 12 chunks): a chunk goes when the node's last
     visit to it ends and comes back the next epoch. With a global batch of 4 or 2 a worker's
     batch is one or two images and it comes back to a chunk several times an epoch: LitData's one
     reference per chunk, dropped at every visit's end, let a chunk be deleted between two visits
@@ -165,7 +182,7 @@ def test_one_ranks_workers_split_the_downloads_and_fetch_several_at_once(
 ) -> None:
     """One rank, two workers, 0.3 s per chunk GET: each chunk fetched once, and more than one
     GET per worker in flight (LitData's async prefetch on each worker's share of the chunks,
-    ``order.worker_downloads``). Fetching each chunk it reads under LitData's per-chunk lock, one
+    ``plan.worker_downloads``). Fetching each chunk it reads under LitData's per-chunk lock, one
     at a time, as the ranks of a shared node do, a worker has one GET in flight: at most two."""
     url = s3.upload(chunks[0], "split")
     in_flight = s3.delay_chunk_gets(0.3)
@@ -186,17 +203,17 @@ def test_one_ranks_workers_split_the_downloads_and_fetch_several_at_once(
 
 def test_a_reader_sees_a_chunk_a_co_worker_published_within_milliseconds(tmp_path: Path) -> None:
     """LitData's own wait looks at the file once a second when its prefetch thread did not fetch
-    the chunk; the wrapped provider (``ordered._see_co_workers_downloads``) sees it at once."""
+    the chunk; the wrapped provider (``chunk_cache.see_co_workers_downloads``) sees it at once."""
     import threading
     import time
 
     from litdata.streaming.item_loader import PyTreeLoader
 
-    from seg_datamodule.io.stream.ordered import _ChunkReady, _see_co_workers_downloads
+    from seg_datamodule.io.stream.chunk_cache import ChunkReady, see_co_workers_downloads
 
     path = tmp_path / "chunk-0-0.bin"
     size = 10
-    ready = _ChunkReady(threading.Event(), str(path), size)
+    ready = ChunkReady(threading.Event(), str(path), size)
     assert ready.wait(0.05) is False  # nothing there
     path.write_bytes(b"x" * 4)
     assert ready.wait(0.05) is False  # still being written
@@ -208,7 +225,7 @@ def test_a_reader_sees_a_chunk_a_co_worker_published_within_milliseconds(tmp_pat
         path.unlink(missing_ok=True)
         loader = PyTreeLoader()
         if wrap:
-            _see_co_workers_downloads(loader, _OneChunk(str(path), size))
+            see_co_workers_downloads(loader, _OneChunk(str(path), size))
         loader.set_chunk_ready_provider(lambda c: events.setdefault(c, threading.Event()))  # never set
         threading.Timer(0.2, lambda: path.write_bytes(b"x" * size)).start()
         start = time.perf_counter()
@@ -237,7 +254,7 @@ def test_change_references_keeps_litdatas_count_file(tmp_path: Path) -> None:
 
     from litdata.streaming.config import ChunksConfig
 
-    from seg_datamodule.io.stream.ordered import change_references
+    from seg_datamodule.io.stream.chunk_cache import change_references
 
     chunk_file = tmp_path / "chunk-0-3.bin"
     config = SimpleNamespace(_downloader=object(), _chunk_lock_filepath=lambda c: str(tmp_path / f"chunk-0-{c}.bin"))

@@ -16,15 +16,12 @@ from seg_datamodule.io.stream.order import (
     batch_count,
     chunk_offsets,
     epoch_order,
-    gc_paused,
     per_rank_batch,
     tail_count,
     worker_batches,
-    worker_downloads,
-    worker_plan,
     worker_positions,
-    worker_visits,
 )
+from seg_datamodule.io.stream.plan import WorkerPlan, gc_paused, worker_downloads, worker_plan, worker_visits
 
 
 def _rank_stream(order: np.ndarray, global_batch: int, world: int, rank: int, workers: int,
@@ -277,6 +274,39 @@ def test_a_ranks_workers_download_each_chunk_it_reads_once_in_the_order_first_ne
     assert all(not lists[w] for w in range(max(1, workers)) if w not in with_batches)
     assert [len(lists[w]) for w in with_batches] == [len(range(w, len(first_need), len(with_batches)))
                                                        for w in range(len(with_batches))]
+
+
+@settings(max_examples=60, deadline=None)
+@given(sizes=_sizes, seed=st.integers(0, 2**40), world=st.sampled_from([1, 2, 4]), workers=st.integers(0, 3),
+       segment=st.integers(1, 40), data=st.data())
+def test_a_plan_made_segment_by_segment_as_it_is_read_is_the_whole_plan(
+        sizes: list[int], seed: int, world: int, workers: int, segment: int, data: st.DataObject) -> None:
+    order, offsets = epoch_order(seed, 0, sizes, 2), chunk_offsets(sizes)
+    rank, worker = data.draw(st.integers(0, world - 1)), data.draw(st.integers(0, max(1, workers) - 1))
+    consumed = data.draw(st.integers(0, len(order) // 8)) * 8
+    args = (order, offsets, 8, world, rank, workers, worker)
+    visits, positions = worker_plan(*args, consumed)
+    plan = WorkerPlan(order, *worker_positions(len(order), *args[2:], consumed), offsets, segment_items=segment)
+    assert plan.num_items == sum(len(items) for _, items in visits)
+    assert plan.chunk_set() == {chunk for chunk, _ in visits}
+    read = []  # each visit as a reader takes it: copied once ensure() has made it
+    for i in range(len(visits)):
+        plan.ensure(i)
+        assert len(plan.item_lists) > i + 1 or plan.done  # the visit read is final: the next one exists
+        read.append((plan.chunks[i], list(plan.item_lists[i])))
+        assert all(plan.positions[item] == positions[item] for item in read[-1][1])
+    assert read == visits  # visits read on across a seam are one, as in the whole plan
+    plan.ensure(len(visits))
+    assert plan.done and plan.positions == positions and len(plan.chunks) == len(visits)
+
+
+def test_a_plan_makes_only_the_segments_read() -> None:
+    sizes = [10] * 100  # 1,000 items, one process, batch 8: 125 batches
+    order = epoch_order(0, 0, sizes)
+    plan = WorkerPlan(order, *worker_positions(len(order), 8, 1, 0), chunk_offsets(sizes), segment_items=16)
+    plan.ensure(0)
+    assert len(plan.positions) == 16 and not plan.done  # two batches, not the epoch
+    assert len(plan.make_all().positions) == 1000
 
 
 def test_worker_downloads_by_hand() -> None:

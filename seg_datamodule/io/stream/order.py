@@ -21,18 +21,15 @@ process also takes the last, partial, one. Nothing here imports LitData or torch
 
 from __future__ import annotations
 
-import contextlib
-import gc
 import hashlib
 from dataclasses import asdict, dataclass
-from typing import Any, Iterator, Mapping, Sequence
+from typing import Any, Mapping, Sequence
 
 import numpy as np
 
 __all__ = [
     "DEFAULT_WINDOW", "OrderState", "batch_count", "chunk_offsets", "chunks_digest", "epoch_order", "per_rank_batch",
-    "chunk_visits", "gc_paused", "tail_count", "worker_batches", "worker_downloads", "worker_plan", "worker_positions",
-    "worker_visits",
+    "tail_count", "worker_batches", "worker_positions",
 ]
 
 DEFAULT_WINDOW = 4  # chunks whose items are shuffled together (py1b's block, in chunks)
@@ -196,121 +193,6 @@ def worker_batches(order: np.ndarray, global_batch: int, world_size: int, rank: 
     positions, starts = worker_positions(len(order), global_batch, world_size, rank, num_workers, worker, consumed)
     items = np.asarray(order, np.int64)[positions]
     return [items[a:b] for a, b in zip(starts[:-1].tolist(), starts[1:].tolist())]
-
-
-def worker_visits(batches: Sequence[np.ndarray], offsets: np.ndarray) -> list[tuple[int, list[int]]]:
-    """A worker's batches as chunk visits: within each batch its items grouped by chunk.
-
-    A batch's items are read chunk by chunk (each chunk of a batch opened once), in the order of
-    the chunks' first items in the batch; the collate puts them back in order (it sorts by the
-    position each record carries).
-
-    Args:
-        batches (list of ndarray[b] int64): from :func:`worker_batches`.
-        offsets (ndarray[C + 1] int64): :func:`chunk_offsets`.
-
-    Returns:
-        list of ``(chunk, items)``: consecutive visits may repeat a chunk only across batches.
-    """
-    lengths = [len(b) for b in batches]
-    items = np.concatenate([np.asarray(b, np.int64).reshape(-1) for b in batches]) if batches else np.zeros(0, np.int64)
-    return chunk_visits(items, np.concatenate([[0], np.cumsum(lengths, dtype=np.int64)]), offsets)
-
-
-def chunk_visits(items: np.ndarray, starts: np.ndarray, offsets: np.ndarray) -> list[tuple[int, list[int]]]:
-    """:func:`worker_visits` of batches given as one array and their starts (:func:`worker_positions`).
-
-    Vectorised: a worker's plan covers the whole epoch and is made before its first batch (about
-    0.1 s for half a million items, where a loop over the items took 0.85 s).
-
-    Args:
-        items (ndarray[M] int64): the worker's items, batch after batch.
-        starts (ndarray[B + 1] int64): where each batch starts in ``items`` (``M`` last).
-        offsets (ndarray[C + 1] int64): :func:`chunk_offsets`.
-
-    Returns:
-        list of ``(chunk, items)``, as :func:`worker_visits`.
-    """
-    items = np.asarray(items, np.int64)
-    if not len(items):
-        return []
-    batch = np.repeat(np.arange(len(starts) - 1, dtype=np.int64), np.diff(starts))
-    chunks = np.searchsorted(offsets, items, side="right") - 1
-    # Each item keyed by where its (batch, chunk) group first appears: a stable sort on that key
-    # groups a batch's items by chunk, in the order of the chunks' first items, keeping batches in order.
-    _, first, group = np.unique(batch * (len(offsets) + 1) + chunks, return_index=True, return_inverse=True)
-    by_group = np.argsort(first[group], kind="stable")
-    ordered, chunks = items[by_group].tolist(), chunks[by_group]
-    # A chunk read on across a batch boundary is one visit.
-    bounds = [0, *(np.flatnonzero(chunks[1:] != chunks[:-1]) + 1).tolist(), len(ordered)]
-    heads = chunks[bounds[:-1]].tolist()
-    return [(c, ordered[i:j]) for c, i, j in zip(heads, bounds[:-1], bounds[1:])]
-
-
-def worker_plan(order: np.ndarray, offsets: np.ndarray, global_batch: int, world_size: int, rank: int,
-                num_workers: int = 0, worker: int = 0,
-                consumed: int = 0) -> tuple[list[tuple[int, list[int]]], dict[int, int]]:
-    """A worker's whole epoch: its :func:`chunk_visits` and each of its items' position in the order.
-
-    Make it, and whatever copies it, under :func:`gc_paused`.
-
-    Args:
-        order (ndarray[N] int64): the epoch's :func:`epoch_order`.
-        offsets (ndarray[C + 1] int64): :func:`chunk_offsets`.
-        global_batch, world_size, rank, num_workers, worker, consumed: as :func:`worker_batches`.
-
-    Returns:
-        ``(visits, positions)``: the visits, and ``{item: position in the epoch's order}``.
-    """
-    positions, starts = worker_positions(len(order), global_batch, world_size, rank, num_workers, worker, consumed)
-    items = np.asarray(order, np.int64)[positions]
-    return chunk_visits(items, starts, offsets), dict(zip(items.tolist(), positions.tolist()))
-
-
-def worker_downloads(order: np.ndarray, offsets: np.ndarray, global_batch: int, world_size: int, rank: int,
-                     num_workers: int = 0, worker: int = 0, consumed: int = 0) -> list[int]:
-    """The chunks worker ``worker`` downloads for all of its rank's workers, in the order they are first needed.
-
-    Every worker of a rank reads from every chunk of a block, so each chunk the rank reads after
-    ``consumed`` is given to one worker: the chunks in the order of their first item among the
-    rank's, dealt round-robin to the workers that have a batch left. Together the rank's workers
-    download each chunk once.
-
-    Args: as :func:`worker_plan`.
-
-    Returns:
-        list[int]: chunk indices; over ``worker = 0 .. max(num_workers, 1) - 1`` each chunk the rank
-            reads appears exactly once.
-    """
-    streams = max(1, _check_int("num_workers", num_workers, 0))
-    if not 0 <= worker < streams:
-        raise ValueError(f"worker must be in [0, {streams}), got {worker}")
-    positions, starts = worker_positions(len(order), global_batch, world_size, rank, 0, 0, consumed)
-    active = min(streams, len(starts) - 1)  # a worker without a batch never reads, so never downloads
-    if worker >= active:
-        return []
-    chunks = np.searchsorted(offsets, np.asarray(order, np.int64)[positions], side="right") - 1
-    first = np.full(len(offsets) - 1, len(chunks), np.int64)  # each chunk's first place, without a sort
-    np.minimum.at(first, chunks, np.arange(len(chunks), dtype=np.int64))
-    read = np.flatnonzero(first < len(chunks))
-    return read[np.argsort(first[read], kind="stable")][worker::active].tolist()
-
-
-@contextlib.contextmanager
-def gc_paused() -> Iterator[None]:
-    """Pause Python's cyclic garbage collector for the block (reference counting goes on).
-
-    A plan's lists (one per chunk visit, about 10^5 per worker for a million images) hold only
-    ints, yet their allocation sets off collections that scan them all again and again: made with
-    the collector running, the plan took several times as long (``benchmarks/bench_stream_plan.py``).
-    """
-    enabled = gc.isenabled()
-    gc.disable()
-    try:
-        yield
-    finally:
-        if enabled:
-            gc.enable()
 
 
 @dataclass(frozen=True)

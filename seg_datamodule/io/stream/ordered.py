@@ -16,20 +16,17 @@ order, so a LitData that stopped following the plan is an error, not a silent ot
 
 from __future__ import annotations
 
-import contextlib
-import os
 from collections import Counter, deque
-from threading import Event
+from collections.abc import Sequence
 from time import time
-from typing import Any, Callable
+from typing import Any
 
-from filelock import FileLock, Timeout
 from litdata import StreamingDataset
-from litdata.streaming.elastic import worker_plan_to_chunks
 from litdata.streaming.item_loader import BaseItemLoader
 from litdata.streaming.sampler import ChunkedIndex
 from litdata.utilities.env import _DistributedEnv, _WorkerEnv
 
+from seg_datamodule.io.stream.chunk_cache import change_references, choose_async_prefetch, see_co_workers_downloads
 from seg_datamodule.io.stream.loader import StreamRecords
 from seg_datamodule.io.stream.order import (
     DEFAULT_WINDOW,
@@ -37,15 +34,12 @@ from seg_datamodule.io.stream.order import (
     chunk_offsets,
     chunks_digest,
     epoch_order,
-    gc_paused,
     per_rank_batch,
-    worker_downloads,
-    worker_plan,
+    worker_positions,
 )
+from seg_datamodule.io.stream.plan import WorkerPlan, gc_paused, worker_downloads
 
-__all__ = ["OrderedRecords", "change_references"]
-
-_ASYNC_PREFETCH = "LITDATA_ASYNC_CHUNK_PREFETCH"  # litdata.streaming.async_prefetch.async_chunk_prefetch_enabled
+__all__ = ["OrderedRecords"]
 
 # The private LitData names this module sets or calls (checked at construction, as check_litdata does).
 _PLAN_ATTRIBUTES = ("worker_chunks", "worker_intervals", "_elastic_item_lists", "upcoming_indexes", "stop_length",
@@ -53,128 +47,39 @@ _PLAN_ATTRIBUTES = ("worker_chunks", "worker_intervals", "_elastic_item_lists", 
                     "has_triggered_download")
 
 
-_async_off_by_us = False  # this process's LITDATA_ASYNC_CHUNK_PREFETCH=0 was set here, not by the user
+class _PlanList(Sequence):
+    """One of LitData's plan lists over a :class:`~seg_datamodule.io.stream.plan.WorkerPlan`, made as it is read.
 
-
-def _choose_async_prefetch(on: bool) -> None:
-    """LitData's async chunk prefetch on (its default) or off, in this process; a user's own setting wins."""
-    global _async_off_by_us
-    if on and _async_off_by_us:
-        os.environ.pop(_ASYNC_PREFETCH, None)
-        _async_off_by_us = False
-    elif not on and _ASYNC_PREFETCH not in os.environ:
-        os.environ[_ASYNC_PREFETCH] = "0"
-        _async_off_by_us = True
-
-
-_LOCK_TIMEOUT_S = 30.0  # waiting on a co-worker's count update; LitData's own waits 1-3 s, then drops it
-_POLL_S = 0.01  # how often a reader waiting on a co-worker's download looks for the file
-
-
-class _ChunkReady:
-    """A chunk's readiness as LitData's item loader waits on it, set by a co-worker's download too.
-
-    LitData 0.2.76's reader waits on an in-process ``Event`` its own prefetch thread sets after a
-    download, and looks at the file only once a second (``_wait_until_chunk_ready``). A chunk a
-    co-worker fetched (with the downloads split, it was on the co-worker's list) is then seen up
-    to a second late, and in the global order every worker reads every chunk of a block: each
-    worker would wait on most of the node's downloads. This looks every 10 ms.
+    LitData 0.2.76's ``__next__`` reads its elastic plan by index, one visit at a time:
+    ``worker_chunks[i]``, ``worker_intervals[i]`` (``[0, 0, n, n]`` for a visit of ``n`` items, as
+    ``litdata.streaming.elastic.worker_plan_to_chunks`` writes it) and ``_elastic_item_lists[i]``.
 
     Args:
-        event: LitData's readiness event of the chunk.
-        path: the chunk's local file.
-        size: its size in bytes once complete.
+        plan: the worker's plan.
+        field: ``"chunks"``, ``"intervals"`` or ``"items"``.
     """
 
-    def __init__(self, event: Event, path: str, size: int) -> None:
-        self.event, self.path, self.size = event, path, int(size)
+    def __init__(self, plan: WorkerPlan, field: str) -> None:
+        self.plan, self.field = plan, field
 
-    def _published(self) -> bool:
-        try:
-            return os.stat(self.path).st_size >= self.size
-        except FileNotFoundError:
-            return False
+    def _one(self, visit: int) -> Any:
+        self.plan.ensure(visit)
+        if self.field == "chunks":
+            return self.plan.chunks[visit]
+        if self.field == "items":
+            return self.plan.item_lists[visit]
+        n = len(self.plan.item_lists[visit])
+        return [0, 0, n, n]
 
-    def wait(self, timeout: float | None = None) -> bool:
-        """True once the event is set or the file is complete; False after ``timeout`` seconds."""
-        deadline = None if timeout is None else time() + timeout
-        while not self.event.is_set():
-            if self._published():
-                return True
-            left = _POLL_S if deadline is None else min(_POLL_S, deadline - time())
-            if left <= 0:
-                return False
-            self.event.wait(left)
-        return True
+    def __getitem__(self, index: Any) -> Any:
+        if isinstance(index, slice):
+            return [self._one(i) for i in range(*index.indices(len(self)))]
+        if index < 0:
+            index += len(self)
+        return self._one(index)
 
-    def clear(self) -> None:
-        self.event.clear()
-
-
-class _CoWorkerReadiness:
-    """LitData's provider of readiness events (``PrepareChunksThread.get_ready_event``), giving :class:`_ChunkReady`."""
-
-    def __init__(self, provider: Callable[[int], Event], config: Any) -> None:
-        self.provider, self.config = provider, config
-
-    def __call__(self, chunk_index: int) -> _ChunkReady:
-        path, _, size = self.config[ChunkedIndex(index=-1, chunk_index=chunk_index)]
-        return _ChunkReady(self.provider(chunk_index), path, size)
-
-
-def _see_co_workers_downloads(loader: BaseItemLoader, config: Any) -> None:
-    """Make ``loader`` wait on :class:`_ChunkReady` s: LitData installs its provider through this setter."""
-    setter = type(loader).set_chunk_ready_provider
-
-    def install(provider: Callable[[int], Event] | None) -> None:
-        setter(loader, None if provider is None else _CoWorkerReadiness(provider, config))
-
-    loader.set_chunk_ready_provider = install  # type: ignore[method-assign]
-
-
-def change_references(config: Any, chunk: int, delta: int) -> int:
-    """Add ``delta`` references to a chunk's count in LitData's node-wide cache; the new count.
-
-    LitData 0.2.76 keeps a chunk's reference count in ``<chunk file>.cnt`` beside the chunk, under
-    the file lock ``<chunk file>.cnt.lock`` (``Downloader._increment_local_lock``,
-    ``ChunksConfig.decrement_local_lock``), and deletes a chunk only while its count is 0. This is
-    the same update by ``delta`` at once (a worker's visits to a chunk can number in the
-    thousands); a count that reaches 0 loses its file, as LitData's decrement does.
-
-    Args:
-        config: the reader's ``litdata.streaming.config.ChunksConfig``.
-        chunk (int): the chunk's index.
-        delta (int): references to add (negative: to drop); 0 does nothing.
-
-    Returns:
-        int: the count after the change (0 for a delta of 0, or where LitData keeps no counts: no
-            download, no cache).
-
-    Raises:
-        RuntimeError: the count stayed locked for 30 s (a reference lost silently would let a
-            co-worker delete the chunk under this one).
-    """
-    if delta == 0 or getattr(config, "_downloader", None) is None:
-        return 0
-    count_path = config._chunk_lock_filepath(chunk) + ".cnt"
-    try:
-        with FileLock(count_path + ".lock", timeout=_LOCK_TIMEOUT_S):
-            try:
-                with open(count_path) as f:
-                    count = int(f.read().strip() or 0)
-            except (FileNotFoundError, ValueError):
-                count = 0
-            count = max(0, count + delta)
-            if count:
-                with open(count_path, "w") as f:
-                    f.write(str(count))
-            else:
-                with contextlib.suppress(FileNotFoundError):
-                    os.remove(count_path)
-    except Timeout:
-        raise RuntimeError(f"{count_path}: the chunk's reference count stayed locked for {_LOCK_TIMEOUT_S:.0f} s") \
-            from None
-    return count
+    def __len__(self) -> int:  # the whole plan: LitData's iteration never asks
+        return len(self.plan.make_all().chunks)
 
 
 class OrderedRecords(StreamRecords):
@@ -195,6 +100,9 @@ class OrderedRecords(StreamRecords):
         TypeError: ``shuffle`` given.
         RuntimeError: this LitData lacks a private name the plan is set through.
     """
+
+    #: Items of a worker's plan made at a time (``WorkerPlan``): the first batch waits on one segment.
+    segment_items: int = 4096
 
     def __init__(self, input_dir: str, *, window: int = DEFAULT_WINDOW, world: tuple[int, int] | None = None,
                  **kwargs: Any) -> None:
@@ -219,7 +127,8 @@ class OrderedRecords(StreamRecords):
         self.offsets = chunk_offsets(self.chunk_sizes)
         self.global_batch: int | None = None
         self.start = 0
-        self._positions: dict[int, int] = {}
+        self._plan: WorkerPlan | None = None
+        self._handed = False
         self._visits_left: Counter[int] = Counter()  # this epoch's visits not yet ended, by chunk
         self._reading: int | None = None  # the chunk of the visit being read
 
@@ -276,29 +185,35 @@ class OrderedRecords(StreamRecords):
         budget = reader._max_cache_size
         self._split_downloads = int(env.world_size) // max(1, int(env.num_nodes)) <= 1 and (
             not budget or int(reader.config.num_bytes) <= int(budget))
-        _choose_async_prefetch(on=self._split_downloads)
+        choose_async_prefetch(on=self._split_downloads)
         self.on_demand_bytes = False
-        # 1. This worker's plan of the epoch's order, and 2. LitData's iterator state from it, as its own
-        # elastic path sets it (dataset.py, _setup_elastic_resume). The whole epoch, before the first batch.
+        # 1. This worker's plan of the epoch's order, made as it is read (``WorkerPlan``: up front,
+        # only numpy arrays of its items), and 2. LitData's iterator state over it, as its own
+        # elastic path sets it (dataset.py, _setup_elastic_resume).
         with gc_paused():
             order = epoch_order(self.seed, int(self.current_epoch) - 1, self.chunk_sizes, self.window)
-            mine, self._positions = worker_plan(order, self.offsets, self._global_batch(), env.world_size,
-                                                env.global_rank, self.worker_env.world_size, self.worker_env.rank,
-                                                self.start)
-            self.worker_chunks, self.worker_intervals, self._elastic_item_lists = worker_plan_to_chunks(mine)
+            deal = (self._global_batch(), env.world_size, env.global_rank, self.worker_env.world_size,
+                    self.worker_env.rank, self.start)
+            positions, starts = worker_positions(len(order), *deal)
+            self._plan = plan = WorkerPlan(order, positions, starts, self.offsets, segment_items=self.segment_items)
             if self._split_downloads:
-                self._downloads = worker_downloads(order, self.offsets, self._global_batch(), env.world_size,
-                                                   env.global_rank, self.worker_env.world_size, self.worker_env.rank,
-                                                   self.start)
-            else:  # each chunk once, in the order of its first visit
-                self._downloads = list(dict.fromkeys(chunk for chunk, _ in mine))
-        self.stop_length = sum(len(items) for items in self._elastic_item_lists)
-        self.num_chunks = len(self.worker_chunks)
+                self._downloads = worker_downloads(order, self.offsets, *deal)
+            else:  # each chunk once, in the order of its first visit; its visits are counted below
+                self._downloads = list(dict.fromkeys(plan.make_all().chunks))
+        self.worker_chunks, self.worker_intervals, self._elastic_item_lists = (
+            _PlanList(plan, "chunks"), _PlanList(plan, "intervals"), _PlanList(plan, "items"))
+        self.stop_length = plan.num_items
+        # LitData ends the epoch at stop_length; the plan's visits are not yet counted, so
+        # num_chunks is their bound (a visit holds an item) and __getitem__ marks the last index.
+        self.num_chunks = plan.num_items
         self.upcoming_indexes = deque()
         self.worker_next_chunk_index = 0
         self.global_index = 0
         self.consumed_sample_count_in_curr_chunk = 0
-        self.has_triggered_download = False
+        # The download list is handed over at the first read (__getitem__), not from worker_chunks[i:]
+        # (the whole plan).
+        self.has_triggered_download = True
+        self._handed = False
         self.last_time = time()
         # 3. One reference per visit, taken before any item is read. LitData 0.2.76 takes one per
         # chunk (``acquire_shared_locks``) but drops one at the end of every visit (``BinaryReader.read``),
@@ -306,12 +221,13 @@ class OrderedRecords(StreamRecords):
         # for several visits let a co-worker delete a chunk this worker was still to read, or was
         # waiting on (a FileNotFoundError in LitData's wait, seen in CI), and re-downloaded it.
         # Counted per visit, a chunk goes when the node's last visit to it ends: once per epoch.
-        visits = Counter(chunk for chunk, _ in mine)
+        visits = Counter(plan.chunks) if plan.done else None
+        reads = set(visits) if visits is not None else plan.chunk_set()
         # Counted here, all of them: LitData's acquire_shared_locks would add one each but drops an
         # increment silently when the count's lock is busy for 1 s. Its "shared" sets must still
         # name the chunks, so that a download adds no reference of its own.
         reader.acquire_shared_locks(set())
-        reader._shared_chunk_indexes = reader.config._shared_chunk_indexes = set(visits) | set(self._downloads)
+        reader._shared_chunk_indexes = reader.config._shared_chunk_indexes = reads | set(self._downloads)
         # The download list is handed over at the first read (``__getitem__``); without this, a
         # worker with nothing to download would have LitData fetch each chunk as it reads it.
         reader._chunks_queued_for_download = True
@@ -319,7 +235,7 @@ class OrderedRecords(StreamRecords):
         # With the downloads split, the cache holds the set and LitData deletes nothing, so no
         # count is kept: a count costs a file lock and two file operations per chunk (about 1 ms),
         # before the first batch, for every chunk the worker reads (nearly all of them).
-        counted = Counter() if self._split_downloads else visits
+        counted = Counter() if self._split_downloads or visits is None else visits
         for chunk, count in counted.items():
             change_references(config, chunk, count)
         self._visits_left, self._reading = counted, None
@@ -328,17 +244,19 @@ class OrderedRecords(StreamRecords):
         # unclosed at each chunk switch (PyTreeLoader._close_open_chunk). A map stays valid when a
         # co-worker deletes or re-downloads the file (POSIX keeps the mapped inode; LitData
         # publishes downloads by rename).
-        reader.enable_mmap_for_chunks(set(visits))  # its own set: LitData may change the shared ones
+        reader.enable_mmap_for_chunks(set(reads))  # its own set: LitData may change the shared ones
         if self._split_downloads:  # a co-worker fetches most of what this worker reads
-            _see_co_workers_downloads(reader._item_loader, config)
+            see_co_workers_downloads(reader._item_loader, config)
         return self
 
     def __getitem__(self, index: Any) -> Any:
-        if isinstance(index, ChunkedIndex) and index.chunk_indexes:
-            # The first read hands LitData's prefetch thread the plan's chunks, one entry per
-            # visit; walking them behind the reader, it fetched chunks again whose last visit had
-            # passed and which were deleted. It gets this worker's downloads instead.
-            index.chunk_indexes = list(self._downloads)
+        if isinstance(index, ChunkedIndex):
+            if not self._handed:
+                # LitData hands its prefetch thread the plan's chunks at the first read, one entry
+                # per visit; walking them behind the reader, it fetched chunks again whose last
+                # visit had passed and which were deleted. It gets this worker's downloads instead.
+                index.chunk_indexes, self._handed = list(self._downloads), True
+            index.is_last_index = self.global_index + 1 == self.stop_length  # num_chunks is only a bound
         item = super().__getitem__(index)
         if isinstance(index, ChunkedIndex):
             # Mirror LitData's releases (BinaryReader.read): the visit left at a chunk switch, and
@@ -351,7 +269,7 @@ class OrderedRecords(StreamRecords):
             if index.is_last_index and chunk in left:
                 left[chunk] -= 1
             if isinstance(item, dict):
-                item["position"] = self._positions.get(int(index.index), -1)
+                item["position"] = self._plan.positions.get(int(index.index), -1)
         return item
 
     def _release_references(self) -> None:
