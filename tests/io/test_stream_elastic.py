@@ -13,6 +13,7 @@ import os
 import shutil
 import subprocess
 import sys
+import time
 from pathlib import Path
 from typing import Any
 
@@ -20,6 +21,8 @@ import pytest
 import torch
 
 pytest.importorskip("litdata")
+
+from litdata.constants import _FORCE_DOWNLOAD_TIME  # noqa: E402
 
 from _datasets import make_dataset  # noqa: E402
 from _recorder import read_counts, read_steps  # noqa: E402
@@ -101,8 +104,18 @@ def test_a_plan_made_a_batch_at_a_time_streams_the_same_global_batches(
     loaders = _loaders(url, meta, tmp_path / "lazy", world, workers, s3.options)
     for loader in loaders:
         loader.dataset.segment_items = 1  # rounds up to one batch a segment
+        loader.dataset.ahead_items = 1  # downloads handed over a block at a time, as the reader gets there
+    before = s3.gets(f"lazy{world}{workers}")
+    started = time.monotonic()
     assert _epoch(loaders) == want
+    # A chunk never handed over is fetched by LitData's reader only after _FORCE_DOWNLOAD_TIME
+    # (30 s) of waiting, and once: the count below would not see it, the time does.
+    assert time.monotonic() - started < _FORCE_DOWNLOAD_TIME
     assert not list((tmp_path / "lazy").rglob("*.cnt"))
+    gets = s3.gets(f"lazy{world}{workers}")
+    if world == 1:  # split: each chunk once, handed to LitData in pieces (two ranks: each fetches what it reads)
+        num_chunks = len([p for p in chunks[0].iterdir() if p.suffix == ".bin"])
+        assert len(gets) == num_chunks and all(gets[key] - before.get(key, 0) == 1 for key in gets), gets
 
 
 def test_a_resume_taken_at_two_ranks_continues_exactly_on_one_and_four(
@@ -182,7 +195,7 @@ def test_one_ranks_workers_split_the_downloads_and_fetch_several_at_once(
 ) -> None:
     """One rank, two workers, 0.3 s per chunk GET: each chunk fetched once, and more than one
     GET per worker in flight (LitData's async prefetch on each worker's share of the chunks,
-    ``plan.worker_downloads``). Fetching each chunk it reads under LitData's per-chunk lock, one
+    ``plan.RankDownloads``). Fetching each chunk it reads under LitData's per-chunk lock, one
     at a time, as the ranks of a shared node do, a worker has one GET in flight: at most two."""
     url = s3.upload(chunks[0], "split")
     in_flight = s3.delay_chunk_gets(0.3)

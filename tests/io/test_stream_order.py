@@ -12,6 +12,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from seg_datamodule.io.stream.order import (
+    EpochOrder,
     OrderState,
     batch_count,
     chunk_offsets,
@@ -21,7 +22,7 @@ from seg_datamodule.io.stream.order import (
     worker_batches,
     worker_positions,
 )
-from seg_datamodule.io.stream.plan import WorkerPlan, gc_paused, worker_downloads, worker_plan, worker_visits
+from seg_datamodule.io.stream.plan import RankDownloads, WorkerPlan, gc_paused, worker_plan, worker_visits
 
 
 def _rank_stream(order: np.ndarray, global_batch: int, world: int, rank: int, workers: int,
@@ -257,7 +258,8 @@ def test_a_ranks_workers_download_each_chunk_it_reads_once_in_the_order_first_ne
     offsets = chunk_offsets(sizes)
     rank = data.draw(st.integers(0, world - 1))
     consumed = data.draw(st.integers(0, len(order) // 8)) * 8
-    lists = [worker_downloads(order, offsets, 8, world, rank, workers, w, consumed) for w in range(max(1, workers))]
+    lists = [RankDownloads(EpochOrder(seed, 1, sizes, 2), 8, world, rank, workers, w, consumed).all()
+             for w in range(max(1, workers))]
     # the reference: every item the rank's workers read, step by step, and the chunk each lies in
     read = [i for w in range(max(1, workers)) for b in worker_batches(order, 8, world, rank, workers, w, consumed)
             for i in b.tolist()]
@@ -286,9 +288,9 @@ def test_a_plan_made_segment_by_segment_as_it_is_read_is_the_whole_plan(
     consumed = data.draw(st.integers(0, len(order) // 8)) * 8
     args = (order, offsets, 8, world, rank, workers, worker)
     visits, positions = worker_plan(*args, consumed)
-    plan = WorkerPlan(order, *worker_positions(len(order), *args[2:], consumed), offsets, segment_items=segment)
+    lazy = EpochOrder(seed, 0, sizes, 2)  # the order made as the plan reads it
+    plan = WorkerPlan(lazy, *worker_positions(len(order), *args[2:], consumed), offsets, segment_items=segment)
     assert plan.num_items == sum(len(items) for _, items in visits)
-    assert plan.chunk_set() == {chunk for chunk, _ in visits}
     read = []  # each visit as a reader takes it: copied once ensure() has made it
     for i in range(len(visits)):
         plan.ensure(i)
@@ -309,21 +311,55 @@ def test_a_plan_makes_only_the_segments_read() -> None:
     assert len(plan.make_all().positions) == 1000
 
 
-def test_worker_downloads_by_hand() -> None:
+class _HandOrder(EpochOrder):
+    """An order written out by hand, as one block."""
+
+    def __init__(self, items: list[int], chunk_sizes: list[int]) -> None:
+        self.offsets, self.window = chunk_offsets(chunk_sizes), len(chunk_sizes)
+        self.chunks, self.starts = np.arange(len(chunk_sizes)), np.array([0, len(items)])
+        self._blocks = [np.array(items, np.int64)]
+
+
+def test_rank_downloads_by_hand() -> None:
     # chunks of 2 items; the order 5 4 0 1 2 3 reads chunk 2, then 0, then 1
-    order = np.array([5, 4, 0, 1, 2, 3])
-    offsets = chunk_offsets([2, 2, 2])
-    assert worker_downloads(order, offsets, 2, 1, 0, 0, 0) == [2, 0, 1]
-    assert worker_downloads(order, offsets, 2, 1, 0, 2, 0) == [2, 1]
-    assert worker_downloads(order, offsets, 2, 1, 0, 2, 1) == [0]
-    assert worker_downloads(order, offsets, 2, 1, 0, 4, 3) == []  # three batches: a fourth worker has none
-    assert worker_downloads(order, offsets, 2, 1, 0, 2, 0, consumed=4) == [1]  # a resume needs chunk 1 only
+    order = _HandOrder([5, 4, 0, 1, 2, 3], [2, 2, 2])
+
+    def downloads(*deal: int, consumed: int = 0) -> list[int]:
+        return RankDownloads(order, 2, *deal, consumed=consumed).all()
+
+    assert downloads(1, 0, 0, 0) == [2, 0, 1]
+    assert downloads(1, 0, 2, 0) == [2, 1]
+    assert downloads(1, 0, 2, 1) == [0]
+    assert downloads(1, 0, 4, 3) == []  # three batches: a fourth worker has none
+    assert downloads(1, 0, 2, 0, consumed=4) == [1]  # a resume needs chunk 1 only
     # at two ranks each downloads only what it reads: rank 0 items 0, 1, 2; rank 1 items 5, 4, 3
-    interleaved = np.array([0, 5, 1, 4, 2, 3])
-    assert worker_downloads(interleaved, offsets, 2, 2, 0, 1, 0) == [0, 1]
-    assert worker_downloads(interleaved, offsets, 2, 2, 1, 1, 0) == [2, 1]
+    order = _HandOrder([0, 5, 1, 4, 2, 3], [2, 2, 2])
+    assert downloads(2, 0, 1, 0) == [0, 1]
+    assert downloads(2, 1, 1, 0) == [2, 1]
     with pytest.raises(ValueError, match="worker must be in"):
-        worker_downloads(order, offsets, 2, 1, 0, 2, 2)
+        downloads(1, 0, 2, 2)
+
+
+def test_rank_downloads_are_made_a_block_at_a_time() -> None:
+    order = EpochOrder(0, 0, [10] * 40, 4)  # ten blocks of four chunks
+    downloads = RankDownloads(order, 8, 1, 0, 2, 1)
+    first = downloads.next_block()
+    assert len(order._blocks) == 1 and downloads.next == 1  # the first block only was made
+    need = dict.fromkeys(int(np.searchsorted(order.offsets, i, side="right") - 1) for i in order.block(0).tolist())
+    assert first == list(need)[1::2]  # one process reads the whole block: worker 1 takes every other chunk
+    assert not downloads.done and len(downloads.all()) == 18 and downloads.done
+
+
+def test_an_epoch_order_is_made_only_as_far_as_it_is_read() -> None:
+    sizes = [3, 0, 5, 7, 1, 4, 2]
+    whole = epoch_order(11, 2, sizes, 2)
+    order = EpochOrder(11, 2, sizes, 2)
+    assert len(order) == 22 and order.num_blocks == 4
+    assert order.take(np.array([1, 0])).tolist() == whole[[1, 0]].tolist() and len(order._blocks) == 1
+    positions = np.array([21, 3, 9, 0, 17])
+    assert order.take(positions).tolist() == whole[positions].tolist()
+    assert np.concatenate([order.block(j) for j in range(4)]).tolist() == whole.tolist()
+    assert order.block_of(np.array([0, 21])).tolist() == [0, 3]
 
 
 def test_gc_paused_restores_the_collector_as_it_found_it() -> None:

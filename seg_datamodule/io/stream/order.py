@@ -28,7 +28,7 @@ from typing import Any, Mapping, Sequence
 import numpy as np
 
 __all__ = [
-    "DEFAULT_WINDOW", "OrderState", "batch_count", "chunk_offsets", "chunks_digest", "epoch_order", "per_rank_batch",
+    "DEFAULT_WINDOW", "EpochOrder", "OrderState", "batch_count", "chunk_offsets", "chunks_digest", "epoch_order", "first_batch", "per_rank_batch",
     "tail_count", "worker_batches", "worker_positions",
 ]
 
@@ -67,6 +67,69 @@ def _check_int(name: str, value: Any, low: int) -> int:
     return int(value)
 
 
+class EpochOrder:
+    """The epoch's :func:`epoch_order`, made block by block, in sequence, as far as it is read.
+
+    A block's items are a permutation drawn from the one random stream after the blocks before
+    it, so block ``j`` is made after blocks ``0 .. j - 1``; a reader starting an epoch needs only
+    the first blocks (a resume, those up to where it resumes). Up front it costs the chunks'
+    permutation and the blocks' sizes (arrays of C), not the N items.
+
+    Args: as :func:`epoch_order`.
+
+    Attributes:
+        offsets (ndarray[C + 1] int64): :func:`chunk_offsets` of ``chunk_sizes``.
+        chunks (ndarray[C] int64): the chunks in the epoch's order; block ``j`` holds
+            ``chunks[j * window:(j + 1) * window]``.
+        starts (ndarray[K + 1] int64): where each of the K blocks starts in the order (N last).
+
+    Raises:
+        TypeError, ValueError: ``epoch`` or ``window`` is not an int >= 0 (>= 1 for ``window``).
+    """
+
+    def __init__(self, seed: int, epoch: int, chunk_sizes: Sequence[int], window: int = DEFAULT_WINDOW) -> None:
+        epoch = _check_int("epoch", epoch, 0)
+        self.window = _check_int("window", window, 1)
+        self.offsets = chunk_offsets(chunk_sizes)
+        self._rng = np.random.default_rng(np.random.SeedSequence([int(seed) % 2**64, epoch, _SALT]))
+        self.chunks = self._rng.permutation(len(self.offsets) - 1)
+        sizes = np.diff(self.offsets)[self.chunks]
+        heads = np.arange(0, len(sizes), self.window)
+        blocks = np.add.reduceat(sizes, heads) if len(sizes) else np.zeros(0, np.int64)
+        self.starts = np.concatenate([[0], np.cumsum(blocks)]).astype(np.int64)
+        self._blocks: list[np.ndarray] = []
+
+    def __len__(self) -> int:
+        return int(self.starts[-1])
+
+    @property
+    def num_blocks(self) -> int:
+        return len(self.starts) - 1
+
+    def block(self, j: int) -> np.ndarray:
+        """Block ``j``'s items in order (ndarray int64), the blocks before it made first."""
+        while len(self._blocks) <= j:
+            head = len(self._blocks) * self.window
+            items = [np.arange(self.offsets[c], self.offsets[c + 1], dtype=np.int64)
+                     for c in self.chunks[head:head + self.window]]
+            self._blocks.append(self._rng.permutation(np.concatenate(items)))
+        return self._blocks[j]
+
+    def block_of(self, positions: np.ndarray) -> np.ndarray:
+        """The block each position of the order lies in (ndarray int64, as ``positions``)."""
+        return np.searchsorted(self.starts, positions, side="right") - 1
+
+    def take(self, positions: np.ndarray) -> np.ndarray:
+        """The items at ``positions`` of the order (ndarray int64), as ``ndarray.take`` would give them."""
+        positions = np.asarray(positions, np.int64)
+        out = np.empty(positions.shape, np.int64)
+        blocks = self.block_of(positions)
+        for j in np.unique(blocks).tolist():
+            at = blocks == j
+            out[at] = self.block(j)[positions[at] - self.starts[j]]
+        return out
+
+
 def epoch_order(seed: int, epoch: int, chunk_sizes: Sequence[int], window: int = DEFAULT_WINDOW) -> np.ndarray:
     """The epoch's global item order: chunks permuted into blocks of ``window``, items permuted per block.
 
@@ -84,15 +147,8 @@ def epoch_order(seed: int, epoch: int, chunk_sizes: Sequence[int], window: int =
     Raises:
         TypeError, ValueError: ``epoch`` or ``window`` is not an int >= 0 (>= 1 for ``window``).
     """
-    epoch = _check_int("epoch", epoch, 0)
-    window = _check_int("window", window, 1)
-    offsets = chunk_offsets(chunk_sizes)
-    rng = np.random.default_rng(np.random.SeedSequence([int(seed) % 2**64, epoch, _SALT]))
-    chunks = rng.permutation(len(offsets) - 1)
-    parts = []
-    for start in range(0, len(chunks), window):
-        items = [np.arange(offsets[c], offsets[c + 1], dtype=np.int64) for c in chunks[start:start + window]]
-        parts.append(rng.permutation(np.concatenate(items)) if items else np.zeros(0, np.int64))
+    order = EpochOrder(seed, epoch, chunk_sizes, window)
+    parts = [order.block(j) for j in range(order.num_blocks)]
     return np.concatenate(parts) if parts else np.zeros(0, np.int64)
 
 
@@ -131,7 +187,8 @@ def tail_count(num_items: int, global_batch: int, world_size: int) -> int:
     return int(num_items) % int(global_batch)
 
 
-def _first_batch(num_items: int, global_batch: int, consumed: int) -> int:
+def first_batch(num_items: int, global_batch: int, consumed: int) -> int:
+    """The first global batch after ``consumed`` items (a multiple of the global batch, or N)."""
     consumed = _check_int("consumed", consumed, 0)
     if consumed != num_items and (consumed > num_items or consumed % global_batch):
         raise ValueError(f"consumed must be a multiple of the global batch {global_batch} up to {num_items} "
@@ -160,7 +217,7 @@ def worker_positions(num_items: int, global_batch: int, world_size: int, rank: i
     if not 0 <= worker < streams:
         raise ValueError(f"worker must be in [0, {streams}), got {worker}")
     n = _check_int("num_items", num_items, 0)
-    first = _first_batch(n, global_batch, consumed)
+    first = first_batch(n, global_batch, consumed)
     ks = np.arange(first + worker, batch_count(n, global_batch, world_size), streams, dtype=np.int64)
     positions = (ks * global_batch + rank * size)[:, None] + np.arange(size, dtype=np.int64)
     inside = positions < n  # only the single-process last batch is cut short

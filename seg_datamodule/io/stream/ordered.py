@@ -30,16 +30,18 @@ from seg_datamodule.io.stream.chunk_cache import change_references, choose_async
 from seg_datamodule.io.stream.loader import StreamRecords
 from seg_datamodule.io.stream.order import (
     DEFAULT_WINDOW,
+    EpochOrder,
     batch_count,
     chunk_offsets,
     chunks_digest,
-    epoch_order,
     per_rank_batch,
     worker_positions,
 )
-from seg_datamodule.io.stream.plan import WorkerPlan, gc_paused, worker_downloads
+from seg_datamodule.io.stream.plan import RankDownloads, WorkerPlan, gc_paused
 
 __all__ = ["OrderedRecords"]
+
+_AHEAD_BLOCKS = 8  # blocks of downloads handed over ahead of the reader (32 chunks at window 4: as many as ran at once)
 
 # The private LitData names this module sets or calls (checked at construction, as check_litdata does).
 _PLAN_ATTRIBUTES = ("worker_chunks", "worker_intervals", "_elastic_item_lists", "upcoming_indexes", "stop_length",
@@ -103,6 +105,9 @@ class OrderedRecords(StreamRecords):
 
     #: Items of a worker's plan made at a time (``WorkerPlan``): the first batch waits on one segment.
     segment_items: int = 4096
+    #: Where the downloads are split: how far past the item read (in places of the order) this
+    #: worker's downloads are handed to LitData. None: 8 blocks and 4 steps of every worker.
+    ahead_items: int | None = None
 
     def __init__(self, input_dir: str, *, window: int = DEFAULT_WINDOW, world: tuple[int, int] | None = None,
                  **kwargs: Any) -> None:
@@ -176,7 +181,7 @@ class OrderedRecords(StreamRecords):
         reader = self.cache._reader
         # In the global order every worker of a node reads every chunk of a block. With one rank on
         # the node and a cache that holds the set, its workers split the downloads (each chunk is on
-        # one worker's list, ``worker_downloads``) and each fetches its own with LitData's async
+        # one worker's list, ``RankDownloads``) and each fetches its own with LitData's async
         # prefetch, several at once. Otherwise each worker's list is every chunk it reads, fetched
         # one at a time under LitData's per-chunk lock (its async path takes none: 8 of 12 chunks
         # were fetched twice an epoch), so that a chunk deleted under a budget, or needed by a
@@ -187,17 +192,21 @@ class OrderedRecords(StreamRecords):
             not budget or int(reader.config.num_bytes) <= int(budget))
         choose_async_prefetch(on=self._split_downloads)
         self.on_demand_bytes = False
-        # 1. This worker's plan of the epoch's order, made as it is read (``WorkerPlan``: up front,
-        # only numpy arrays of its items), and 2. LitData's iterator state over it, as its own
-        # elastic path sets it (dataset.py, _setup_elastic_resume).
+        # 1. This worker's plan of the epoch's order, made as it is read (``EpochOrder``, ``WorkerPlan``:
+        # up front only the chunks' permutation and the worker's places in the order), and 2.
+        # LitData's iterator state over it, as its own elastic path sets it (dataset.py,
+        # _setup_elastic_resume).
         with gc_paused():
-            order = epoch_order(self.seed, int(self.current_epoch) - 1, self.chunk_sizes, self.window)
+            order = EpochOrder(self.seed, int(self.current_epoch) - 1, self.chunk_sizes, self.window)
             deal = (self._global_batch(), env.world_size, env.global_rank, self.worker_env.world_size,
                     self.worker_env.rank, self.start)
             positions, starts = worker_positions(len(order), *deal)
             self._plan = plan = WorkerPlan(order, positions, starts, self.offsets, segment_items=self.segment_items)
-            if self._split_downloads:
-                self._downloads = worker_downloads(order, self.offsets, *deal)
+            if self._split_downloads:  # this worker's share of the rank's chunks, a block at a time
+                self._downloads: RankDownloads | list[int] = RankDownloads(order, *deal)
+                blocks = max(order.num_blocks, 1)
+                self._ahead = self.ahead_items if self.ahead_items is not None else \
+                    _AHEAD_BLOCKS * len(order) // blocks + 4 * max(1, deal[3]) * deal[0]
             else:  # each chunk once, in the order of its first visit; its visits are counted below
                 self._downloads = list(dict.fromkeys(plan.make_all().chunks))
         self.worker_chunks, self.worker_intervals, self._elastic_item_lists = (
@@ -222,12 +231,12 @@ class OrderedRecords(StreamRecords):
         # waiting on (a FileNotFoundError in LitData's wait, seen in CI), and re-downloaded it.
         # Counted per visit, a chunk goes when the node's last visit to it ends: once per epoch.
         visits = Counter(plan.chunks) if plan.done else None
-        reads = set(visits) if visits is not None else plan.chunk_set()
+        reads = set(visits) if visits is not None else set(range(len(self.chunk_sizes)))
         # Counted here, all of them: LitData's acquire_shared_locks would add one each but drops an
         # increment silently when the count's lock is busy for 1 s. Its "shared" sets must still
         # name the chunks, so that a download adds no reference of its own.
         reader.acquire_shared_locks(set())
-        reader._shared_chunk_indexes = reader.config._shared_chunk_indexes = reads | set(self._downloads)
+        reader._shared_chunk_indexes = reader.config._shared_chunk_indexes = reads  # the downloads among them
         # The download list is handed over at the first read (``__getitem__``); without this, a
         # worker with nothing to download would have LitData fetch each chunk as it reads it.
         reader._chunks_queued_for_download = True
@@ -251,12 +260,16 @@ class OrderedRecords(StreamRecords):
 
     def __getitem__(self, index: Any) -> Any:
         if isinstance(index, ChunkedIndex):
+            last = self.global_index + 1 == self.stop_length
+            index.is_last_index = last  # num_chunks is only a bound
+            more = self._more_downloads(int(index.index), last)
             if not self._handed:
                 # LitData hands its prefetch thread the plan's chunks at the first read, one entry
                 # per visit; walking them behind the reader, it fetched chunks again whose last
                 # visit had passed and which were deleted. It gets this worker's downloads instead.
-                index.chunk_indexes, self._handed = list(self._downloads), True
-            index.is_last_index = self.global_index + 1 == self.stop_length  # num_chunks is only a bound
+                index.chunk_indexes, self._handed = more, True
+            elif more and self.cache._reader._prepare_thread is not None:
+                self.cache._reader._prepare_thread.download(more)
         item = super().__getitem__(index)
         if isinstance(index, ChunkedIndex):
             # Mirror LitData's releases (BinaryReader.read): the visit left at a chunk switch, and
@@ -271,6 +284,21 @@ class OrderedRecords(StreamRecords):
             if isinstance(item, dict):
                 item["position"] = self._plan.positions.get(int(index.index), -1)
         return item
+
+    def _more_downloads(self, item: int, last: bool) -> list[int]:
+        """The chunks to hand LitData's prefetch thread when ``item`` is read: the list once on the one-at-a-time
+        path; where the downloads are split, this worker's of the blocks up to ``_ahead`` items on (all that
+        are left at its last item, before LitData stops the thread: a co-worker may still wait on them)."""
+        downloads = self._downloads
+        if isinstance(downloads, list):
+            return [] if self._handed else downloads
+        if last:
+            return downloads.all()
+        reach = self._plan.positions.get(item, 0) + self._ahead
+        more: list[int] = []
+        while not downloads.done and reach >= downloads.order.starts[downloads.next]:
+            more.extend(downloads.next_block())
+        return more
 
     def _release_references(self) -> None:
         """Drop the references of the visits an abandoned epoch did not make (a loader in this process)."""

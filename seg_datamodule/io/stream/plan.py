@@ -4,7 +4,7 @@ Issue 63. :mod:`seg_datamodule.io.stream.order` deals the epoch's order to ranks
 batches; a LitData reader takes them chunk by chunk. Here a worker's batches become visits (a
 batch's items grouped by chunk, :func:`chunk_visits`), made whole (:func:`worker_plan`) or as they
 are read (:class:`WorkerPlan`), and a rank's chunks are split among its workers' downloads
-(:func:`worker_downloads`). Nothing here imports LitData or torch.
+(:class:`RankDownloads`). Nothing here imports LitData or torch.
 """
 
 from __future__ import annotations
@@ -15,10 +15,10 @@ from typing import Iterator, Sequence
 
 import numpy as np
 
-from seg_datamodule.io.stream.order import worker_positions
+from seg_datamodule.io.stream.order import EpochOrder, batch_count, first_batch, per_rank_batch, worker_positions
 from seg_datamodule.ops.checks import check_int
 
-__all__ = ["WorkerPlan", "chunk_visits", "gc_paused", "worker_downloads", "worker_plan", "worker_visits"]
+__all__ = ["RankDownloads", "WorkerPlan", "chunk_visits", "gc_paused", "worker_plan", "worker_visits"]
 
 
 def worker_visits(batches: Sequence[np.ndarray], offsets: np.ndarray) -> list[tuple[int, list[int]]]:
@@ -41,7 +41,7 @@ def worker_visits(batches: Sequence[np.ndarray], offsets: np.ndarray) -> list[tu
 
 
 def chunk_visits(items: np.ndarray, starts: np.ndarray, offsets: np.ndarray) -> list[tuple[int, list[int]]]:
-    """:func:`worker_visits` of batches given as one array and their starts (:func:`worker_positions`).
+    """:func:`worker_visits` of batches given as one array and their starts (:func:`~seg_datamodule.io.stream.order.worker_positions`).
 
     Vectorised: a worker's plan covers the whole epoch and is made before its first batch (about
     0.1 s for half a million items, where a loop over the items took 0.85 s).
@@ -94,13 +94,16 @@ class WorkerPlan:
     """A worker's :func:`worker_plan`, made a few thousand items at a time as the worker reads it.
 
     Made whole, a plan costs each worker about 0.2 s per million images of the dataset before its
-    first batch (its visit lists and its positions are Python objects). Here only numpy arrays of
-    its items are made up front; visits and positions follow ``segment_items`` items at a time. A
+    first batch (its visit lists and its positions are Python objects). Here only its places in
+    the order are made up front (numpy); its items, visits and positions follow ``segment_items``
+    items at a time (with an :class:`~seg_datamodule.io.stream.order.EpochOrder`, so does the
+    order: a block when it is first read). A
     segment ends at a batch boundary, and a visit read on across a seam is one visit, as in
     :func:`chunk_visits`: made whole, this is :func:`worker_plan`.
 
     Args:
-        order (ndarray[N] int64): the epoch's :func:`~seg_datamodule.io.stream.order.epoch_order`.
+        order: the epoch's :class:`~seg_datamodule.io.stream.order.EpochOrder`, or its
+            :func:`~seg_datamodule.io.stream.order.epoch_order` (ndarray[N] int64).
         positions (ndarray[M] int64), starts (ndarray[B + 1] int64): the worker's places in the
             order and where each of its batches starts among them
             (:func:`~seg_datamodule.io.stream.order.worker_positions`).
@@ -116,10 +119,10 @@ class WorkerPlan:
         num_items (int): the worker's items in the epoch (M).
     """
 
-    def __init__(self, order: np.ndarray, positions: np.ndarray, starts: np.ndarray, offsets: np.ndarray, *,
+    def __init__(self, order: EpochOrder | np.ndarray, positions: np.ndarray, starts: np.ndarray, offsets: np.ndarray, *,
                  segment_items: int = 4096) -> None:
         self._positions, self._starts = np.asarray(positions, np.int64), np.asarray(starts, np.int64)
-        self._items = np.asarray(order, np.int64)[self._positions]
+        self._order = order if isinstance(order, EpochOrder) else np.asarray(order, np.int64)
         self._offsets = offsets
         batch = int(np.diff(self._starts).max()) if len(self._starts) > 1 else 1
         self._step = max(1, check_int("segment_items", segment_items, 1) // max(batch, 1))
@@ -127,17 +130,12 @@ class WorkerPlan:
         self.chunks: list[int] = []
         self.item_lists: list[list[int]] = []
         self.positions: dict[int, int] = {}
-        self.num_items = len(self._items)
+        self.num_items = len(self._positions)
 
     @property
     def done(self) -> bool:
         """Every batch made."""
         return self._next >= len(self._starts) - 1
-
-    def chunk_set(self) -> set[int]:
-        """The chunks the worker reads in the epoch (from the item arrays: the plan stays lazy)."""
-        chunks = np.searchsorted(self._offsets, self._items, side="right") - 1
-        return set(np.flatnonzero(np.bincount(chunks, minlength=len(self._offsets) - 1)).tolist())
 
     def ensure(self, visit: int) -> None:
         """Make segments until visit ``visit`` is made and final (the next one exists), or all are."""
@@ -157,7 +155,7 @@ class WorkerPlan:
     def _extend_paused(self) -> None:
         first, last = self._next, min(self._next + self._step, len(self._starts) - 1)
         a, z = int(self._starts[first]), int(self._starts[last])
-        items = self._items[a:z]
+        items = self._order.take(self._positions[a:z])
         visits = chunk_visits(items, self._starts[first:last + 1] - a, self._offsets)
         if visits and self.chunks and visits[0][0] == self.chunks[-1]:  # read on across the seam: one visit
             self.item_lists[-1].extend(visits.pop(0)[1])
@@ -167,33 +165,67 @@ class WorkerPlan:
         self._next = last
 
 
-def worker_downloads(order: np.ndarray, offsets: np.ndarray, global_batch: int, world_size: int, rank: int,
-                     num_workers: int = 0, worker: int = 0, consumed: int = 0) -> list[int]:
-    """The chunks worker ``worker`` downloads for all of its rank's workers, in the order they are first needed.
+class RankDownloads:
+    """The chunks worker ``worker`` downloads for all of its rank's workers, block by block of the order.
 
     Every worker of a rank reads from every chunk of a block, so each chunk the rank reads after
     ``consumed`` is given to one worker: the chunks in the order of their first item among the
     rank's, dealt round-robin to the workers that have a batch left. Together the rank's workers
-    download each chunk once.
+    download each chunk once. A chunk lies in one block, and the rank reads the blocks in order,
+    so the list is made a block at a time (:meth:`next_block`), as far ahead as the reader needs.
 
-    Args: as :func:`worker_plan`.
-
-    Returns:
-        list[int]: chunk indices; over ``worker = 0 .. max(num_workers, 1) - 1`` each chunk the rank
-            reads appears exactly once.
+    Args:
+        order: the epoch's :class:`~seg_datamodule.io.stream.order.EpochOrder`.
+        global_batch, world_size, rank, num_workers, worker, consumed: as
+            :func:`~seg_datamodule.io.stream.order.worker_batches`.
     """
-    streams = max(1, check_int("num_workers", num_workers, 0))
-    if not 0 <= worker < streams:
-        raise ValueError(f"worker must be in [0, {streams}), got {worker}")
-    positions, starts = worker_positions(len(order), global_batch, world_size, rank, 0, 0, consumed)
-    active = min(streams, len(starts) - 1)  # a worker without a batch never reads, so never downloads
-    if worker >= active:
-        return []
-    chunks = np.searchsorted(offsets, np.asarray(order, np.int64)[positions], side="right") - 1
-    first = np.full(len(offsets) - 1, len(chunks), np.int64)  # each chunk's first place, without a sort
-    np.minimum.at(first, chunks, np.arange(len(chunks), dtype=np.int64))
-    read = np.flatnonzero(first < len(chunks))
-    return read[np.argsort(first[read], kind="stable")][worker::active].tolist()
+
+    def __init__(self, order: EpochOrder, global_batch: int, world_size: int, rank: int, num_workers: int = 0,
+                 worker: int = 0, consumed: int = 0) -> None:
+        self.order, self.global_batch = order, global_batch
+        self._size = per_rank_batch(global_batch, world_size)
+        self._lane = rank * self._size  # the rank's slice of each global batch
+        streams = max(1, check_int("num_workers", num_workers, 0))
+        if not 0 <= worker < streams:
+            raise ValueError(f"worker must be in [0, {streams}), got {worker}")
+        n = len(order)
+        first = first_batch(n, global_batch, consumed)
+        batches = batch_count(n, global_batch, world_size) - first
+        self._active = min(streams, max(batches, 0))  # a worker without a batch never reads, so never downloads
+        self._worker = worker
+        self._begin, self._end = first * global_batch, min(n, (first + max(batches, 0)) * global_batch)
+        self.next = int(order.block_of(np.int64(self._begin))) if self._begin < self._end else order.num_blocks
+        self._dealt = 0  # the rank's chunks listed so far, by all of its workers
+
+    @property
+    def done(self) -> bool:
+        """No block left with a chunk the rank reads."""
+        return self._worker >= self._active or self.next >= self.order.num_blocks or \
+            self.order.starts[self.next] >= self._end
+
+    def next_block(self) -> list[int]:
+        """This worker's chunks of the next block (possibly none), in the order first needed; [] when done."""
+        if self.done:
+            return []
+        order, size, batch = self.order, self._size, self.global_batch
+        lo, hi = max(int(order.starts[self.next]), self._begin), min(int(order.starts[self.next + 1]), self._end)
+        self.next += 1
+        ks = np.arange(lo // batch, (hi - 1) // batch + 1, dtype=np.int64)
+        positions = ((ks * batch + self._lane)[:, None] + np.arange(size, dtype=np.int64)).ravel()
+        positions = positions[(positions >= lo) & (positions < hi)]
+        chunks = np.searchsorted(order.offsets, order.take(positions), side="right") - 1
+        read, first = np.unique(chunks, return_index=True)
+        listed = read[np.argsort(first, kind="stable")]
+        mine = listed[(self._dealt + np.arange(len(listed))) % self._active == self._worker].tolist()
+        self._dealt += len(listed)
+        return mine
+
+    def all(self) -> list[int]:
+        """Every block's :meth:`next_block` from here on, one list."""
+        chunks: list[int] = []
+        while not self.done:
+            chunks.extend(self.next_block())
+        return chunks
 
 
 @contextlib.contextmanager
