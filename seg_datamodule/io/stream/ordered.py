@@ -286,9 +286,12 @@ class OrderedRecords(StreamRecords):
         return item
 
     def _more_downloads(self, item: int, last: bool) -> list[int]:
-        """The chunks to hand LitData's prefetch thread when ``item`` is read: the list once on the one-at-a-time
-        path; where the downloads are split, this worker's of the blocks up to ``_ahead`` items on (all that
-        are left at its last item, before LitData stops the thread: a co-worker may still wait on them)."""
+        """The chunks to hand LitData's prefetch thread as ``item`` (an item id) is read.
+
+        On the one-at-a-time path, the whole list at the first read. Where the downloads are split,
+        this worker's chunks of the blocks up to ``_ahead`` places past the item, and at its last
+        item all that are left (LitData then stops the thread, and a co-worker may still wait on them).
+        """
         downloads = self._downloads
         if isinstance(downloads, list):
             return [] if self._handed else downloads
