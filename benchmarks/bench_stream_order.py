@@ -1,7 +1,7 @@
 """The streamed global order (issue 63) against LitData's own shuffle, over the same chunks from a loopback S3.
 
 ``python benchmarks/bench_stream_order.py [--latency-ms 50] [--workers 2] [--batch-size 8] [--repeats 2]
-[--coco-root ../shared/data/coco-mini --copies 8 --chunk-bytes 1MB]``
+[--ranks 1] [--coco-root ../shared/data/coco-mini --copies 8 --chunk-bytes 1MB]``
 
 Both sides stream the same chunk set from a real S3 API on 127.0.0.1 (the tests' ``LoopbackS3``:
 moto's ``ThreadedMotoServer`` over plain ``http://``, needs ``moto[server]`` and pytest) whose every
@@ -13,8 +13,13 @@ their batches with the same collate (``StreamBatchCollate``: the same ``SegDatas
 * **peer**: ``StreamRecords(shuffle=True)`` in a plain ``litdata.StreamingDataLoader``: LitData's
   chunk-wise shuffle, each worker reading its own chunks.
 * **ours**: :func:`~seg_datamodule.data.loaders.streaming.stream_train_loader`: the global order,
-  every worker reading from the current window of chunks; one rank, so its workers split the
-  chunks (``plan.worker_downloads``) and each fetches its share with LitData's async prefetch.
+  every worker reading from the current window of chunks; the workers of the node's ranks split
+  the chunks (``plan.NodeDownloads``) and each fetches its share with LitData's async prefetch.
+
+``--ranks R`` streams as R ranks of one node (simulated: ``world=(rank, R)``, each rank's loader
+iterated in its own thread with its own workers, all sharing one cache directory, as the ranks
+of a node share LitData's cache); a batch of ``--batch-size`` a rank on both sides, and images
+per second counted over all ranks until the last one ends.
 
 Each repeat runs one epoch of each, alternating, every epoch with an empty cache (so every chunk
 is downloaded): images per second over the epoch and after its first batch, time to the first
@@ -31,11 +36,13 @@ import shutil
 import statistics
 import sys
 import tempfile
+import threading
 import time
 from pathlib import Path
 from typing import Any
 
 from litdata import StreamingDataLoader
+from litdata.utilities.env import _DistributedEnv
 
 from seg_datamodule.data.batching.collate import DetectionCollate
 from seg_datamodule.data.config.options import AugmentOptions, StreamOptions
@@ -72,6 +79,31 @@ def _epoch(loader: Any, in_flight: list[int]) -> dict[str, float]:
             "images": images, "gets": len(mine), "in_flight": max(mine, default=0)}
 
 
+def _node_epoch(loaders: list[Any], in_flight: list[int]) -> dict[str, float]:
+    """One epoch of every rank's loader at once (a thread each), counted as :func:`_epoch` over the node.
+
+    Images per second: all ranks' images over the time until the last rank ends; after the first
+    batch: the sum of each rank's own rate after its first batch.
+    """
+    before, start, rows = len(in_flight), time.perf_counter(), [{} for _ in loaders]
+
+    def run(i: int) -> None:
+        rows[i] = _epoch(loaders[i], [])
+        rows[i]["end"] = time.perf_counter() - start
+
+    threads = [threading.Thread(target=run, args=(i,)) for i in range(len(loaders))]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    if any("end" not in r for r in rows):
+        raise RuntimeError("a rank's loader failed (its traceback is above)")
+    images, mine = sum(r["images"] for r in rows), in_flight[before:]
+    return {"images_per_s": images / max(r["end"] for r in rows), "steady_per_s": sum(r["steady_per_s"] for r in rows),
+            "first_batch_s": max(r["first_batch_s"] for r in rows), "images": images, "gets": len(mine),
+            "in_flight": max(mine, default=0)}
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--ann", type=Path, default=None, help="COCO annotations (default: the demo data)")
@@ -82,6 +114,10 @@ def main() -> None:
     parser.add_argument("--image-size", type=int, default=256)
     parser.add_argument("--chunk-bytes", default="256KB")
     parser.add_argument("--repeats", type=int, default=2)
+    parser.add_argument("--ranks", type=int, default=1, help="simulated ranks of one node, streaming at once")
+    parser.add_argument("--no-node-split", dest="node_split", action="store_false",
+                        help="with --ranks > 1: each worker fetches what it reads (as before 2026-12-07, and "
+                             "where the node's ranks are not known)")
     parser.add_argument("--copies", type=int, default=1,
                         help="tile a COCO root (--coco-root) this many times, every copy a genuine image under a "
                              "new id (tests/_datasets.tile_coco_root): epochs long enough that start-up does not rule")
@@ -108,7 +144,7 @@ def main() -> None:
         url, options = s3.upload(chunks, "set"), s3.options
         n_chunks = len([p for p in chunks.iterdir() if p.suffix == ".bin"])
         print(f"{meta['num_records']} images in {n_chunks} chunks, {args.latency_ms:g} ms per chunk GET, "
-              f"{args.workers} workers, batch {args.batch_size}, {args.image_size} px")
+              f"{args.ranks} rank(s) x {args.workers} workers, batch {args.batch_size}, {args.image_size} px")
         results: dict[str, list[dict[str, float]]] = {"peer": [], "ours": []}
         user_async = "LITDATA_ASYNC_CHUNK_PREFETCH" in os.environ
         for r in range(args.repeats):
@@ -116,17 +152,24 @@ def main() -> None:
                 cache = work / f"cache-{side}-{r}"
                 dataset = _dataset(meta, args.image_size, seed=r)
                 collate = StreamBatchCollate(dataset, DetectionCollate())
-                if side == "peer":
-                    if not user_async:  # LitData's default for the peer (ours turns it off in its workers)
-                        os.environ.pop("LITDATA_ASYNC_CHUNK_PREFETCH", None)
-                    records = StreamRecords(url, cache_dir=str(cache), shuffle=True, seed=r, storage_options=options)
-                    loader: Any = StreamingDataLoader(records, batch_size=args.batch_size, collate_fn=collate,
-                                                      num_workers=args.workers)
-                else:
-                    loader = stream_train_loader(StreamOptions(url, cache_dir=str(cache), storage_options=options),
-                                                 dataset, DetectionCollate(), batch_size=args.batch_size,
-                                                 num_workers=args.workers)
-                row = _epoch(loader, in_flight)
+                loaders: list[Any] = []
+                for rank in range(args.ranks):
+                    if side == "peer":
+                        if not user_async:  # LitData's default for the peer (ours may turn it off in its workers)
+                            os.environ.pop("LITDATA_ASYNC_CHUNK_PREFETCH", None)
+                        records = StreamRecords(url, cache_dir=str(cache), shuffle=True, seed=r,
+                                                storage_options=options)
+                        records.distributed_env = _DistributedEnv(args.ranks, rank, 1)
+                        loaders.append(StreamingDataLoader(records, batch_size=args.batch_size, collate_fn=collate,
+                                                           num_workers=args.workers))
+                    else:
+                        stream = StreamOptions(url, cache_dir=str(cache), storage_options=options)
+                        loaders.append(stream_train_loader(stream, dataset, DetectionCollate(),
+                                                           batch_size=args.batch_size, num_workers=args.workers,
+                                                           world=(rank, args.ranks)))
+                        # the simulated ranks stream at once, as a node's processes do (as the DataModule sets it)
+                        loaders[-1].dataset.ranks_on_node = args.ranks if args.node_split else None
+                row = _epoch(loaders[0], in_flight) if args.ranks == 1 else _node_epoch(loaders, in_flight)
                 results[side].append(row)
                 print(f"repeat {r} {side}: {row['images_per_s']:.1f} images/s ({row['steady_per_s']:.1f} after the "
                       f"first batch), first batch {row['first_batch_s']:.2f} s, {row['images']} images, "

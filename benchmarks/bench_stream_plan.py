@@ -6,7 +6,7 @@ Before its first batch, every worker of every rank sets up the epoch's global or
 it downloads for its rank, and its plan of chunk visits. ``OrderedRecords.__iter__`` makes each
 as it is read: the order a block at a time
 (:class:`~seg_datamodule.io.stream.order.EpochOrder`), the downloads a block at a time as the
-reader nears them (:class:`~seg_datamodule.io.stream.plan.RankDownloads`), the plan a segment at a
+reader nears them (:class:`~seg_datamodule.io.stream.plan.NodeDownloads`), the plan a segment at a
 time (:class:`~seg_datamodule.io.stream.plan.WorkerPlan`); up front only the chunks' permutation
 and the worker's places in the order (numpy). This times that, to the first batch's segment and
 its downloads, 8 blocks ahead. The peer, timed in the same run on the same layout, is everything
@@ -28,7 +28,7 @@ import numpy as np
 from litdata.streaming.elastic import worker_plan_to_chunks
 
 from seg_datamodule.io.stream.order import EpochOrder, chunk_offsets, epoch_order, worker_positions
-from seg_datamodule.io.stream.plan import RankDownloads, WorkerPlan, gc_paused, worker_plan
+from seg_datamodule.io.stream.plan import Deal, NodeDownloads, WorkerPlan, gc_paused, worker_plan
 
 
 def _whole_downloads(order: np.ndarray, offsets: np.ndarray, global_batch: int, workers: int, worker: int) -> list:
@@ -60,7 +60,7 @@ def _stages(sizes: list[int], batch: int, workers: int, repeats: int) -> dict[st
         order = EpochOrder(0, 0, sizes)
         plan = WorkerPlan(order, *worker_positions(len(order), *deal), offsets)
         plan.ensure(0)
-        downloads = RankDownloads(order, *deal)
+        downloads = NodeDownloads(order, Deal(*deal))
         for _ in range(9):  # the first block and 8 ahead (OrderedRecords' default reach)
             downloads.next_block()
 
@@ -94,7 +94,7 @@ def main() -> None:
     order, offsets, deal = epoch_order(1, 0, check), chunk_offsets(check), (args.batch_size, 1, 0, args.workers, 0)
     made = WorkerPlan(EpochOrder(1, 0, check), *worker_positions(len(order), *deal), offsets, segment_items=40)
     if (list(zip(made.make_all().chunks, made.item_lists)), made.positions) != worker_plan(order, offsets, *deal) or \
-            RankDownloads(EpochOrder(1, 0, check), *deal).all() != _whole_downloads(order, offsets, *deal[:1],
+            NodeDownloads(EpochOrder(1, 0, check), Deal(*deal)).all() != _whole_downloads(order, offsets, *deal[:1],
                                                                                      args.workers, 0):
         raise SystemExit("the plans or download lists differ: the comparison would be void")
     for n in args.sizes:

@@ -1,6 +1,7 @@
 """One streamed training run for the stream resume and DDP tests, in its own process (SIGKILL).
 
-``python _stream_run.py OUT STREAM --workers W [--kill-at STEP] [--ckpt PATH] [--devices 2]``
+``python _stream_run.py OUT STREAM --workers W [--kill-at STEP] [--ckpt PATH] [--devices 2]
+[--max-cache-size 300KB|none] [--storage-options JSON]``
 trains the demo model for two epochs on ``COCOSegDataModule(train_stream=STREAM)`` with a
 checkpoint after every step; it records every trained batch as ``tests/data/_resume_run.py`` does
 (its ``Fingerprints`` callback) and, when fit ends, the DataModule's counts.
@@ -33,11 +34,14 @@ def main() -> None:
     parser.add_argument("--ckpt", default=None)
     parser.add_argument("--batch-size", type=int, default=4)
     parser.add_argument("--devices", type=int, default=1, help="> 1: DDP on that many CPU processes")
+    parser.add_argument("--max-cache-size", default="300KB", help="none: LitData's default budget")
+    parser.add_argument("--storage-options", default="{}", help="JSON: the S3 server's endpoint and keys")
     args = parser.parse_args()
     args.out.mkdir(parents=True, exist_ok=True)
     dm = COCOSegDataModule(train_stream=args.stream, image_size=96, batch_size=args.batch_size,
                            num_workers=args.workers, seed=5, stream_cache_dir=str(args.out.parent / "cache"),
-                           stream_max_cache_size="300KB")
+                           stream_max_cache_size=None if args.max_cache_size == "none" else args.max_cache_size,
+                           stream_storage_options=json.loads(args.storage_options))
     trainer = Trainer(
         accelerator="cpu", devices=args.devices, strategy="ddp" if args.devices > 1 else "auto", max_epochs=2,
         logger=False, enable_progress_bar=False, enable_model_summary=False, limit_val_batches=0,

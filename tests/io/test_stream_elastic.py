@@ -214,6 +214,30 @@ def test_one_ranks_workers_split_the_downloads_and_fetch_several_at_once(
     del partial
 
 
+def test_the_ranks_whose_workers_split_a_nodes_downloads(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Known (the DataModule's Trainer, or torchrun's ``LOCAL_WORLD_SIZE``), the node's ranks split
+    its downloads; LitData's own count of nodes is trusted only for a rank alone on its node
+    (on several CPU nodes it says one); simulated ranks (stepped in turn) never wait on each other."""
+    from types import SimpleNamespace
+
+    from litdata.utilities.env import _DistributedEnv
+
+    from seg_datamodule.io.stream.ordered import OrderedRecords
+
+    def on_node(known: int | None, simulated: bool, world: int, nodes: int) -> int | None:
+        records = SimpleNamespace(ranks_on_node=known, _simulated=simulated)
+        return OrderedRecords._ranks_on_node(records, _DistributedEnv(world, 0, nodes))  # type: ignore[arg-type]
+
+    monkeypatch.delenv("LOCAL_WORLD_SIZE", raising=False)
+    assert on_node(None, False, 1, 1) == 1 and on_node(None, False, 4, 4) == 1  # alone on its node
+    assert on_node(None, False, 4, 1) is None and on_node(None, True, 2, 1) is None  # may share: each its own
+    assert on_node(4, False, 8, 1) == 4 and on_node(2, True, 2, 1) == 2  # told
+    monkeypatch.setenv("LOCAL_WORLD_SIZE", "2")
+    assert on_node(None, False, 4, 1) == 2 and on_node(None, True, 4, 1) is None  # torchrun's, not a simulation's
+    with pytest.raises(ValueError, match="ranks_on_node must be a positive divisor of the world size 4, got 3"):
+        on_node(3, False, 4, 1)
+
+
 def test_a_reader_sees_a_chunk_a_co_worker_published_within_milliseconds(tmp_path: Path) -> None:
     """LitData's own wait looks at the file once a second when its prefetch thread did not fetch
     the chunk; the wrapped provider (``chunk_cache.see_co_workers_downloads``) sees it at once."""
@@ -289,6 +313,35 @@ def _run(out: Path, stream: str, *args: str) -> subprocess.CompletedProcess:
     env = dict(os.environ, PYTHONPATH=str(HERE.parents[1]))
     return subprocess.run([sys.executable, str(HERE / "_stream_run.py"), str(out), stream, *args], env=env,
                           capture_output=True, text=True, timeout=900)
+
+
+@pytest.mark.slow
+def test_ddp_ranks_of_a_node_split_its_downloads_and_train_on_the_global_batches(
+    s3: LoopbackS3, chunks: tuple[Path, dict], tmp_path: Path
+) -> None:
+    """DDP on two CPU processes x 2 workers from the S3 server (0.2 s a chunk GET), LitData's default
+    cache (it holds the set): the DataModule tells the loader the Trainer's processes share the
+    node (``ranks_on_node``), so the four workers split the node's chunks. Each chunk is fetched
+    once in two epochs, more than one GET per worker is in flight (each worker fetching what it
+    reads, one at a time, has at most one: 4), and the steps train on the global batches of one
+    process with a batch of 8 (read from the same S3)."""
+    import json
+
+    url = s3.upload(chunks[0], "node")
+    in_flight = s3.delay_chunk_gets(0.2)
+    options = ("--max-cache-size", "none", "--storage-options", json.dumps(s3.options))
+    ddp = _run(tmp_path / "ddp" / "run", url, "--batch-size", "4", "--devices", "2", "--workers", "2", *options)
+    assert ddp.returncode == 0, ddp.stderr[-3000:]
+    gets = s3.gets("node")
+    num_chunks = len([p for p in chunks[0].iterdir() if p.suffix == ".bin"])
+    assert len(gets) == num_chunks and set(gets.values()) == {1}, gets
+    assert max(in_flight) > 4, in_flight
+    one = _run(tmp_path / "one" / "run", url, "--batch-size", "8", *options)
+    assert one.returncode == 0, one.stderr[-3000:]
+    want, ranks = read_steps(tmp_path / "one" / "run"), [read_steps(tmp_path / "ddp" / "run", r) for r in (0, 1)]
+    assert sorted(want) == sorted(ranks[0]) == sorted(ranks[1]) and len(want) == 12  # 6 steps an epoch
+    for step in want:
+        assert ranks[0][step]["image_ids"] + ranks[1][step]["image_ids"] == want[step]["image_ids"], step
 
 
 @pytest.mark.slow

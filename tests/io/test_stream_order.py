@@ -22,7 +22,7 @@ from seg_datamodule.io.stream.order import (
     worker_batches,
     worker_positions,
 )
-from seg_datamodule.io.stream.plan import RankDownloads, WorkerPlan, gc_paused, worker_plan, worker_visits
+from seg_datamodule.io.stream.plan import Deal, NodeDownloads, WorkerPlan, gc_paused, worker_plan, worker_visits
 
 
 def _rank_stream(order: np.ndarray, global_batch: int, world: int, rank: int, workers: int,
@@ -249,33 +249,38 @@ def test_a_workers_plan_is_its_batches_visits_and_their_places_in_the_order(
     assert all(order[p] == item for item, p in positions.items())
 
 
-@settings(max_examples=60, deadline=None)
+@settings(max_examples=80, deadline=None)
 @given(sizes=_sizes, seed=st.integers(0, 2**40), world=st.sampled_from([1, 2, 4]), workers=st.integers(0, 5),
        data=st.data())
-def test_a_ranks_workers_download_each_chunk_it_reads_once_in_the_order_first_needed(
+def test_a_nodes_workers_download_each_chunk_its_ranks_read_once_in_the_order_first_needed(
         sizes: list[int], seed: int, world: int, workers: int, data: st.DataObject) -> None:
     order = epoch_order(seed, 1, sizes, 2)
     offsets = chunk_offsets(sizes)
-    rank = data.draw(st.integers(0, world - 1))
+    on_node = data.draw(st.sampled_from([d for d in (1, 2, 4) if world % d == 0]))
+    node = data.draw(st.integers(0, world // on_node - 1))
+    ranks = range(node * on_node, (node + 1) * on_node)
     consumed = data.draw(st.integers(0, len(order) // 8)) * 8
-    lists = [RankDownloads(EpochOrder(seed, 1, sizes, 2), 8, world, rank, workers, w, consumed).all()
-             for w in range(max(1, workers))]
-    # the reference: every item the rank's workers read, step by step, and the chunk each lies in
-    read = [i for w in range(max(1, workers)) for b in worker_batches(order, 8, world, rank, workers, w, consumed)
-            for i in b.tolist()]
+    streams = [(rank, w) for rank in ranks for w in range(max(1, workers))]  # rank by rank, worker by worker
+    lists = [NodeDownloads(EpochOrder(seed, 1, sizes, 2), Deal(8, world, rank, workers, w, consumed), on_node).all()
+             for rank, w in streams]
+    # the reference: every item the node's ranks read, step by step, and the chunk each lies in
     first_need: dict[int, int] = {}
-    for k, batch in enumerate(_rank_stream(order, 8, world, rank, workers, consumed)):
-        for i in batch:
-            first_need.setdefault(int(np.searchsorted(offsets, i, side="right") - 1), k)
+    for rank in ranks:
+        for k, batch in enumerate(_rank_stream(order, 8, world, rank, workers, consumed)):
+            for i in batch:
+                chunk = int(np.searchsorted(offsets, i, side="right") - 1)
+                first_need[chunk] = min(first_need.get(chunk, k), k)
     assert sorted(c for chunks in lists for c in chunks) == sorted(first_need)  # each once, all of them
-    assert set(first_need) == {int(np.searchsorted(offsets, i, side="right") - 1) for i in read}
-    for chunks in lists:  # each list in the order the rank first needs its chunks
+    for chunks in lists:  # each list in the order the node first needs its chunks
         assert [first_need[c] for c in chunks] == sorted(first_need[c] for c in chunks)
     # dealt round-robin to the workers with a batch left; the others download nothing
-    with_batches = [w for w in range(max(1, workers)) if worker_batches(order, 8, world, rank, workers, w, consumed)]
-    assert all(not lists[w] for w in range(max(1, workers)) if w not in with_batches)
-    assert [len(lists[w]) for w in with_batches] == [len(range(w, len(first_need), len(with_batches)))
-                                                       for w in range(len(with_batches))]
+    live = [j for j, (rank, w) in enumerate(streams) if worker_batches(order, 8, world, rank, workers, w, consumed)]
+    assert all(not lists[j] for j in range(len(streams)) if j not in live)
+    assert [len(lists[j]) for j in live] == [len(range(k, len(first_need), len(live))) for k in range(len(live))]
+    if on_node == 1:  # a rank alone: its workers download what it reads
+        read = {int(np.searchsorted(offsets, i, side="right") - 1) for w in range(max(1, workers))
+                for b in worker_batches(order, 8, world, node, workers, w, consumed) for i in b.tolist()}
+        assert set(first_need) == read
 
 
 @settings(max_examples=60, deadline=None)
@@ -320,29 +325,38 @@ class _HandOrder(EpochOrder):
         self._blocks = [np.array(items, np.int64)]
 
 
-def test_rank_downloads_by_hand() -> None:
+def test_node_downloads_by_hand() -> None:
     # chunks of 2 items; the order 5 4 0 1 2 3 reads chunk 2, then 0, then 1
     order = _HandOrder([5, 4, 0, 1, 2, 3], [2, 2, 2])
 
-    def downloads(*deal: int, consumed: int = 0) -> list[int]:
-        return RankDownloads(order, 2, *deal, consumed=consumed).all()
+    def downloads(*deal: int, consumed: int = 0, on_node: int = 1) -> list[int]:
+        return NodeDownloads(order, Deal(2, *deal, consumed=consumed), on_node).all()
 
     assert downloads(1, 0, 0, 0) == [2, 0, 1]
     assert downloads(1, 0, 2, 0) == [2, 1]
     assert downloads(1, 0, 2, 1) == [0]
     assert downloads(1, 0, 4, 3) == []  # three batches: a fourth worker has none
     assert downloads(1, 0, 2, 0, consumed=4) == [1]  # a resume needs chunk 1 only
-    # at two ranks each downloads only what it reads: rank 0 items 0, 1, 2; rank 1 items 5, 4, 3
+    # at two ranks on two nodes each downloads only what it reads: rank 0 items 0, 1, 2; rank 1 items 5, 4, 3
     order = _HandOrder([0, 5, 1, 4, 2, 3], [2, 2, 2])
     assert downloads(2, 0, 1, 0) == [0, 1]
     assert downloads(2, 1, 1, 0) == [2, 1]
+    # two ranks on one node: the node reads chunks 0, 2, 1 (first needed in that order), dealt to
+    # rank 0's worker, rank 1's, rank 0's
+    assert downloads(2, 0, 1, 0, on_node=2) == [0, 1]
+    assert downloads(2, 1, 1, 0, on_node=2) == [2]
+    # with two workers a rank (three batches each: both workers have one), chunks 0, 2, 1 go
+    # round-robin over rank 0's workers 0 and 1, then rank 1's
+    assert [downloads(2, r, 2, w, on_node=2) for r in (0, 1) for w in (0, 1)] == [[0], [2], [1], []]
     with pytest.raises(ValueError, match="worker must be in"):
         downloads(1, 0, 2, 2)
+    with pytest.raises(ValueError, match="ranks_on_node must divide the world size 2, got 3"):
+        downloads(2, 0, 1, 0, on_node=3)
 
 
-def test_rank_downloads_are_made_a_block_at_a_time() -> None:
+def test_node_downloads_are_made_a_block_at_a_time() -> None:
     order = EpochOrder(0, 0, [10] * 40, 4)  # ten blocks of four chunks
-    downloads = RankDownloads(order, 8, 1, 0, 2, 1)
+    downloads = NodeDownloads(order, Deal(8, 1, 0, 2, 1))
     first = downloads.next_block()
     assert len(order._blocks) == 1 and downloads.next == 1  # the first block only was made
     need = dict.fromkeys(int(np.searchsorted(order.offsets, i, side="right") - 1) for i in order.block(0).tolist())

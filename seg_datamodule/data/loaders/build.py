@@ -187,6 +187,8 @@ class LoaderFactory:
             kwargs["persistent_workers"] = False  # LitData's epoch lives in workers
             loader = stream_train_loader(self.stream_options, dataset, kwargs.pop("collate_fn"),
                                          batch_size=batch_size, progress=context.progress, counts=counts, **kwargs)
+            # The Trainer's processes of one node share its cache: their workers split its downloads.
+            loader.dataset.ranks_on_node = context.local_ranks
         else:
             sampler = self.sampler(context)
             if context.epoch is not None:  # a reloaded loader: its length is the coming epoch's

@@ -16,6 +16,8 @@ order, so a LitData that stopped following the plan is an error, not a silent ot
 
 from __future__ import annotations
 
+import os
+
 from collections import Counter, deque
 from collections.abc import Sequence
 from time import time
@@ -37,7 +39,7 @@ from seg_datamodule.io.stream.order import (
     per_rank_batch,
     worker_positions,
 )
-from seg_datamodule.io.stream.plan import RankDownloads, WorkerPlan, gc_paused
+from seg_datamodule.io.stream.plan import Deal, NodeDownloads, WorkerPlan, gc_paused
 
 __all__ = ["OrderedRecords"]
 
@@ -108,6 +110,13 @@ class OrderedRecords(StreamRecords):
     #: Where the downloads are split: how far past the item read (in places of the order) this
     #: worker's downloads are handed to LitData. None: 8 blocks and 4 steps of every worker.
     ahead_items: int | None = None
+    #: The ranks sharing this node's cache, consecutive ranks (the DataModule sets the Trainer's
+    #: ``num_devices``; torchrun's ``LOCAL_WORLD_SIZE`` is read otherwise). Known, their workers split
+    #: the node's downloads, and a reader waits on chunks other ranks' workers fetch: the ranks must
+    #: stream at once, as a job's processes do. None: one rank alone on its node splits its own;
+    #: ranks that may share a node (or are simulated with ``world``, stepped in turn from one
+    #: process) each fetch what they read.
+    ranks_on_node: int | None = None
 
     def __init__(self, input_dir: str, *, window: int = DEFAULT_WINDOW, world: tuple[int, int] | None = None,
                  **kwargs: Any) -> None:
@@ -123,6 +132,7 @@ class OrderedRecords(StreamRecords):
                 BaseItemLoader._wait_until_chunk_ready.__code__.co_consts:
             raise RuntimeError("litdata's item loader waits on chunks without a readiness provider: a co-worker's "
                                "download would be seen late (verified on litdata 0.2.76)")
+        self._simulated = world is not None
         if world is not None:
             rank, size = world
             if not 0 <= rank < size:
@@ -179,17 +189,17 @@ class OrderedRecords(StreamRecords):
                                "the checked index.json's chunk sizes; the global order cannot be served")
         self._shuffle_num_chunks = len(intervals)
         reader = self.cache._reader
-        # In the global order every worker of a node reads every chunk of a block. With one rank on
-        # the node and a cache that holds the set, its workers split the downloads (each chunk is on
-        # one worker's list, ``RankDownloads``) and each fetches its own with LitData's async
-        # prefetch, several at once. Otherwise each worker's list is every chunk it reads, fetched
-        # one at a time under LitData's per-chunk lock (its async path takes none: 8 of 12 chunks
-        # were fetched twice an epoch), so that a chunk deleted under a budget, or needed by a
-        # reader that started late, is fetched again by whoever needs it. A user's own setting of
-        # the async variable wins.
+        # In the global order every worker of a node reads every chunk of a block. With a cache that
+        # holds the set, the workers of the node's ranks split the downloads (each chunk is on one
+        # worker's list, ``NodeDownloads``) and each fetches its own with LitData's async prefetch,
+        # several at once. Otherwise each worker's list is every chunk it reads, fetched one at a
+        # time under LitData's per-chunk lock (its async path takes none: 8 of 12 chunks were
+        # fetched twice an epoch), so that a chunk deleted under a budget, or needed by a reader
+        # that started late, is fetched again by whoever needs it. A user's own setting of the
+        # async variable wins.
         budget = reader._max_cache_size
-        self._split_downloads = int(env.world_size) // max(1, int(env.num_nodes)) <= 1 and (
-            not budget or int(reader.config.num_bytes) <= int(budget))
+        on_node = self._ranks_on_node(env)
+        self._split_downloads = on_node is not None and (not budget or int(reader.config.num_bytes) <= int(budget))
         choose_async_prefetch(on=self._split_downloads)
         self.on_demand_bytes = False
         # 1. This worker's plan of the epoch's order, made as it is read (``EpochOrder``, ``WorkerPlan``:
@@ -198,15 +208,15 @@ class OrderedRecords(StreamRecords):
         # _setup_elastic_resume).
         with gc_paused():
             order = EpochOrder(self.seed, int(self.current_epoch) - 1, self.chunk_sizes, self.window)
-            deal = (self._global_batch(), env.world_size, env.global_rank, self.worker_env.world_size,
-                    self.worker_env.rank, self.start)
+            deal = Deal(self._global_batch(), int(env.world_size), int(env.global_rank),
+                        int(self.worker_env.world_size), int(self.worker_env.rank), self.start)
             positions, starts = worker_positions(len(order), *deal)
             self._plan = plan = WorkerPlan(order, positions, starts, self.offsets, segment_items=self.segment_items)
-            if self._split_downloads:  # this worker's share of the rank's chunks, a block at a time
-                self._downloads: RankDownloads | list[int] = RankDownloads(order, *deal)
+            if self._split_downloads:  # this worker's share of the node's chunks, a block at a time
+                self._downloads: NodeDownloads | list[int] = NodeDownloads(order, deal, on_node or 1)
                 blocks = max(order.num_blocks, 1)
                 self._ahead = self.ahead_items if self.ahead_items is not None else \
-                    _AHEAD_BLOCKS * len(order) // blocks + 4 * max(1, deal[3]) * deal[0]
+                    _AHEAD_BLOCKS * len(order) // blocks + 4 * max(1, deal.num_workers) * deal.global_batch
             else:  # each chunk once, in the order of its first visit; its visits are counted below
                 self._downloads = list(dict.fromkeys(plan.make_all().chunks))
         self.worker_chunks, self.worker_intervals, self._elastic_item_lists = (
@@ -284,6 +294,24 @@ class OrderedRecords(StreamRecords):
             if isinstance(item, dict):
                 item["position"] = self._plan.positions.get(int(index.index), -1)
         return item
+
+    def _ranks_on_node(self, env: _DistributedEnv) -> int | None:
+        """The ranks whose workers split the node's downloads; None: each worker fetches what it reads.
+
+        Raises:
+            ValueError: a known count of ranks on the node does not divide the world size.
+        """
+        world = int(env.world_size)
+        known = self.ranks_on_node
+        if known is None and not self._simulated and os.environ.get("LOCAL_WORLD_SIZE", "").isdigit():
+            known = int(os.environ["LOCAL_WORLD_SIZE"])
+        if known is not None:
+            if known < 1 or world % known:
+                raise ValueError(f"ranks_on_node must be a positive divisor of the world size {world}, got {known}")
+            return known
+        # LitData's count of nodes is a guess (on several CPU nodes it says one): trusted only for
+        # a rank alone on its node, whose own workers split what it reads.
+        return 1 if world // max(1, int(env.num_nodes)) <= 1 else None
 
     def _more_downloads(self, item: int, last: bool) -> list[int]:
         """The chunks to hand LitData's prefetch thread as ``item`` (an item id) is read.

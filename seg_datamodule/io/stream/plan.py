@@ -3,22 +3,22 @@
 Issue 63. :mod:`seg_datamodule.io.stream.order` deals the epoch's order to ranks and workers as
 batches; a LitData reader takes them chunk by chunk. Here a worker's batches become visits (a
 batch's items grouped by chunk, :func:`chunk_visits`), made whole (:func:`worker_plan`) or as they
-are read (:class:`WorkerPlan`), and a rank's chunks are split among its workers' downloads
-(:class:`RankDownloads`). Nothing here imports LitData or torch.
+are read (:class:`WorkerPlan`), and a node's chunks are split among its ranks' workers' downloads
+(:class:`NodeDownloads`). Nothing here imports LitData or torch.
 """
 
 from __future__ import annotations
 
 import contextlib
 import gc
-from typing import Iterator, Sequence
+from typing import Iterator, NamedTuple, Sequence
 
 import numpy as np
 
 from seg_datamodule.io.stream.order import EpochOrder, batch_count, first_batch, per_rank_batch, worker_positions
 from seg_datamodule.ops.checks import check_int
 
-__all__ = ["RankDownloads", "WorkerPlan", "chunk_visits", "gc_paused", "worker_plan", "worker_visits"]
+__all__ = ["Deal", "NodeDownloads", "WorkerPlan", "chunk_visits", "gc_paused", "worker_plan", "worker_visits"]
 
 
 def worker_visits(batches: Sequence[np.ndarray], offsets: np.ndarray) -> list[tuple[int, list[int]]]:
@@ -165,58 +165,82 @@ class WorkerPlan:
         self._next = last
 
 
-class RankDownloads:
-    """The chunks worker ``worker`` downloads for all of its rank's workers, block by block of the order.
+class Deal(NamedTuple):
+    """Where one worker stands in the deal of an epoch's order (the arguments of
+    :func:`~seg_datamodule.io.stream.order.worker_batches` after the order)."""
 
-    Every worker of a rank reads from every chunk of a block, so each chunk the rank reads after
-    ``consumed`` is given to one worker: the chunks in the order of their first item among the
-    rank's, dealt round-robin to the workers that have a batch left. Together the rank's workers
-    download each chunk once. A chunk lies in one block, and the rank reads the blocks in order,
-    so the list is made a block at a time (:meth:`next_block`), as far ahead as the reader needs.
+    global_batch: int
+    world_size: int
+    rank: int
+    num_workers: int = 0
+    worker: int = 0
+    consumed: int = 0
+
+
+class NodeDownloads:
+    """The chunks one worker downloads for all the readers of its node, block by block of the order.
+
+    Every worker of every rank reads from every chunk of a block, so each chunk the node's ranks
+    read after ``consumed`` is given to one of their workers: the chunks in the order of their first
+    item among the node's, dealt round-robin over its ranks' workers that have a batch left (rank by
+    rank, worker by worker). Together the node's workers download each chunk once. A chunk lies in
+    one block, and the ranks read the blocks in order, so the list is made a block at a time
+    (:meth:`next_block`), as far ahead as the reader needs. The node's ranks are ``ranks_on_node``
+    consecutive ranks (Lightning numbers a node's processes so), reading one slice of every global
+    batch; with one rank on the node, the rank's workers split what it reads.
 
     Args:
         order: the epoch's :class:`~seg_datamodule.io.stream.order.EpochOrder`.
-        global_batch, world_size, rank, num_workers, worker, consumed: as
-            :func:`~seg_datamodule.io.stream.order.worker_batches`.
+        deal (Deal): the worker's place in the deal.
+        ranks_on_node (int): ranks sharing the node's cache; divides ``deal.world_size``.
+
+    Raises:
+        ValueError: ``deal.worker`` outside ``[0, num_workers)``, or ``ranks_on_node`` does not divide
+            the world size.
     """
 
-    def __init__(self, order: EpochOrder, global_batch: int, world_size: int, rank: int, num_workers: int = 0,
-                 worker: int = 0, consumed: int = 0) -> None:
+    def __init__(self, order: EpochOrder, deal: Deal, ranks_on_node: int = 1) -> None:
+        global_batch, world_size, rank, num_workers, worker, consumed = deal
         self.order, self.global_batch = order, global_batch
         self._size = per_rank_batch(global_batch, world_size)
-        self._lane = rank * self._size  # the rank's slice of each global batch
+        local = check_int("ranks_on_node", ranks_on_node, 1)
+        if world_size % local:
+            raise ValueError(f"ranks_on_node must divide the world size {world_size}, got {ranks_on_node}")
+        self._lane = (rank // local) * local * self._size  # the node's slice of each global batch
+        self._width = local * self._size
         streams = max(1, check_int("num_workers", num_workers, 0))
         if not 0 <= worker < streams:
             raise ValueError(f"worker must be in [0, {streams}), got {worker}")
         n = len(order)
         first = first_batch(n, global_batch, consumed)
         batches = batch_count(n, global_batch, world_size) - first
-        self._active = min(streams, max(batches, 0))  # a worker without a batch never reads, so never downloads
-        self._worker = worker
+        active = min(streams, max(batches, 0))  # a worker without a batch never reads, so never downloads
+        self._streams = local * active
+        self._stream = (rank % local) * active + worker if worker < active else self._streams
         self._begin, self._end = first * global_batch, min(n, (first + max(batches, 0)) * global_batch)
         self.next = int(order.block_of(np.int64(self._begin))) if self._begin < self._end else order.num_blocks
-        self._dealt = 0  # the rank's chunks listed so far, by all of its workers
+        self._dealt = 0  # the node's chunks listed so far, by all of its workers
 
     @property
     def done(self) -> bool:
-        """No block left with a chunk the rank reads."""
-        return self._worker >= self._active or self.next >= self.order.num_blocks or \
+        """No block left with a chunk the node reads."""
+        return self._stream >= self._streams or self.next >= self.order.num_blocks or \
             self.order.starts[self.next] >= self._end
 
     def next_block(self) -> list[int]:
         """This worker's chunks of the next block (possibly none), in the order first needed; [] when done."""
         if self.done:
             return []
-        order, size, batch = self.order, self._size, self.global_batch
+        order, width, batch = self.order, self._width, self.global_batch
         lo, hi = max(int(order.starts[self.next]), self._begin), min(int(order.starts[self.next + 1]), self._end)
         self.next += 1
         ks = np.arange(lo // batch, (hi - 1) // batch + 1, dtype=np.int64)
-        positions = ((ks * batch + self._lane)[:, None] + np.arange(size, dtype=np.int64)).ravel()
+        positions = ((ks * batch + self._lane)[:, None] + np.arange(width, dtype=np.int64)).ravel()
         positions = positions[(positions >= lo) & (positions < hi)]
         chunks = np.searchsorted(order.offsets, order.take(positions), side="right") - 1
         read, first = np.unique(chunks, return_index=True)
         listed = read[np.argsort(first, kind="stable")]
-        mine = listed[(self._dealt + np.arange(len(listed))) % self._active == self._worker].tolist()
+        mine = listed[(self._dealt + np.arange(len(listed))) % self._streams == self._stream].tolist()
         self._dealt += len(listed)
         return mine
 
