@@ -16,7 +16,9 @@ their batches with the same collate (``StreamBatchCollate``: the same ``SegDatas
   every worker reading from the current window of chunks; the workers of the node's ranks split
   the chunks (``plan.NodeDownloads``) and each fetches its share with LitData's async prefetch.
 
-``--ranks R`` streams as R ranks of one node (simulated: ``world=(rank, R)``, each rank's loader
+``--max-cache-size`` gives both sides the same cache budget: below the chunk set, LitData deletes
+chunks as it goes, and this project's workers fetch what they read one at a time (the guide's
+limit (4)). ``--ranks R`` streams as R ranks of one node (simulated: ``world=(rank, R)``, each rank's loader
 iterated in its own thread with its own workers, all sharing one cache directory, as the ranks
 of a node share LitData's cache); a batch of ``--batch-size`` a rank on both sides, and images
 per second counted over all ranks until the last one ends.
@@ -115,6 +117,8 @@ def main() -> None:
     parser.add_argument("--chunk-bytes", default="256KB")
     parser.add_argument("--repeats", type=int, default=2)
     parser.add_argument("--ranks", type=int, default=1, help="simulated ranks of one node, streaming at once")
+    parser.add_argument("--max-cache-size", default=None,
+                        help="the node's cache budget on both sides (50MB); default LitData's (100 GB)")
     parser.add_argument("--no-node-split", dest="node_split", action="store_false",
                         help="with --ranks > 1: each worker fetches what it reads (as before 2026-12-07, and "
                              "where the node's ranks are not known)")
@@ -157,13 +161,15 @@ def main() -> None:
                     if side == "peer":
                         if not user_async:  # LitData's default for the peer (ours may turn it off in its workers)
                             os.environ.pop("LITDATA_ASYNC_CHUNK_PREFETCH", None)
+                        budget = {} if args.max_cache_size is None else {"max_cache_size": args.max_cache_size}
                         records = StreamRecords(url, cache_dir=str(cache), shuffle=True, seed=r,
-                                                storage_options=options)
+                                                storage_options=options, **budget)
                         records.distributed_env = _DistributedEnv(args.ranks, rank, 1)
                         loaders.append(StreamingDataLoader(records, batch_size=args.batch_size, collate_fn=collate,
                                                            num_workers=args.workers))
                     else:
-                        stream = StreamOptions(url, cache_dir=str(cache), storage_options=options)
+                        stream = StreamOptions(url, cache_dir=str(cache), max_cache_size=args.max_cache_size,
+                                               storage_options=options)
                         loaders.append(stream_train_loader(stream, dataset, DetectionCollate(),
                                                            batch_size=args.batch_size, num_workers=args.workers,
                                                            world=(rank, args.ranks)))

@@ -106,7 +106,8 @@ REACHES: dict[str, PrivateReach] = {
         "ChunkedIndex.chunk_indexes and is_last_index); the chunks' reference counts "
         "(BinaryReader.acquire_shared_locks, _shared_chunk_indexes, ChunksConfig._chunk_lock_filepath and its "
         "'.cnt' file under a '.cnt.lock' FileLock); the item loader's readiness provider "
-        "(BaseItemLoader.set_chunk_ready_provider)",
+        "(BaseItemLoader.set_chunk_ready_provider); the prefetch thread's disk-slot gate "
+        "(PrepareChunksThread._slot_budget_enabled, switched off per ChunksConfig)",
         "StreamTrainLoader's global order (OrderedRecords) and its checkpoints", ("0.2.76", "0.2.76")),
 }
 

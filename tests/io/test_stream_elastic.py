@@ -190,6 +190,47 @@ def test_chunk_downloads_per_epoch_per_node(
         assert max(per_epoch[1].values()) == 1 and len(per_epoch[1]) == num_chunks
 
 
+def test_a_budget_of_ten_megabytes_below_the_set_streams_past_litdatas_disk_slot_gate(
+    s3: LoopbackS3, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """From 10 MB (and twice a chunk) LitData 0.2.76 gates downloads on node-wide disk slots, each
+    freed only when its chunk is deleted; in the global order a chunk goes only when the node's
+    last visit ends, and with the gate every reader waited on a chunk no thread would fetch (12 MB
+    over 27 chunks of 1 MB at 50 ms a GET: a reader's timeout; with no latency the slots did not
+    run out). With the gate off for these readers
+    (``chunk_cache.without_slot_gate``) the epoch streams the batches of a run with no budget, each
+    chunk fetched at most three times (the bound of the 1 MB case above)."""
+    from litdata.streaming import item_loader
+
+    from _datasets import tile_coco_root
+
+    monkeypatch.setattr(item_loader, "_MAX_WAIT_TIME", 30)  # a reader stuck fails in 30 s, not 120 (forked too)
+    root = tile_coco_root(HERE.parent / "fixtures" / "coco-cc-by", tmp_path / "tiled", 32)  # 160 real images
+    folder, meta = demo_chunk_set(root, tmp_path / "chunks", "1MB")
+    num_chunks = len([p for p in folder.iterdir() if p.suffix == ".bin"])
+    assert num_chunks >= 20 and sum(p.stat().st_size for p in folder.iterdir()) > 20e6  # the gate's range
+    url = s3.upload(folder, "gate")
+    want = _epoch(_loaders(url, meta, tmp_path / "whole", 1, 0, s3.options))
+    before = s3.gets("gate")
+    s3.delay_chunk_gets(0.05)  # a remote store's latency
+    assert _epoch(_loaders(url, meta, tmp_path / "budget", 1, 2, s3.options, "12MB")) == want
+    gets = {key: n - before.get(key, 0) for key, n in s3.gets("gate").items()}
+    assert len(gets) == num_chunks and max(gets.values()) <= 3, gets
+
+
+def test_a_litdata_without_the_slot_gate_switch_is_refused_when_the_loader_is_built(
+    chunks: tuple[Path, dict], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from litdata.streaming.reader import PrepareChunksThread
+
+    from seg_datamodule.io.stream.ordered import OrderedRecords
+
+    monkeypatch.delattr(PrepareChunksThread, "_slot_budget_enabled")
+    with pytest.raises(RuntimeError, match=r"^litdata's prefetch thread has no _slot_budget_enabled: its disk-slot "
+                                           r"gate cannot be turned off under a cache budget \(verified on litdata"):
+        OrderedRecords(str(chunks[0]))
+
+
 def test_one_ranks_workers_split_the_downloads_and_fetch_several_at_once(
     s3: LoopbackS3, chunks: tuple[Path, dict], tmp_path: Path
 ) -> None:

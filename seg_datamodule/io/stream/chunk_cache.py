@@ -3,8 +3,10 @@
 In the global order every worker of a node reads every chunk of a block, which LitData's own
 shuffle never asks of it. :class:`~seg_datamodule.io.stream.ordered.OrderedRecords` therefore
 switches LitData's async prefetch per path (:func:`choose_async_prefetch`), lets a reader see a
-chunk a co-worker downloaded within milliseconds (:func:`see_co_workers_downloads`), and counts
-a chunk's references per visit (:func:`change_references`), through LitData's own files and setters.
+chunk a co-worker downloaded within milliseconds (:func:`see_co_workers_downloads`), counts
+a chunk's references per visit (:func:`change_references`), through LitData's own files and setters,
+and turns LitData's disk-slot gate off where the references decide what is deleted
+(:func:`without_slot_gate`).
 """
 
 from __future__ import annotations
@@ -17,9 +19,10 @@ from typing import Any, Callable
 
 from filelock import FileLock, Timeout
 from litdata.streaming.item_loader import BaseItemLoader
+from litdata.streaming.reader import PrepareChunksThread
 from litdata.streaming.sampler import ChunkedIndex
 
-__all__ = ["ChunkReady", "change_references", "choose_async_prefetch", "see_co_workers_downloads"]
+__all__ = ["ChunkReady", "change_references", "choose_async_prefetch", "see_co_workers_downloads", "without_slot_gate"]
 
 _ASYNC_PREFETCH = "LITDATA_ASYNC_CHUNK_PREFETCH"  # litdata.streaming.async_prefetch.async_chunk_prefetch_enabled
 
@@ -145,3 +148,38 @@ def change_references(config: Any, chunk: int, delta: int) -> int:
         raise RuntimeError(f"{count_path}: the chunk's reference count stayed locked for {_LOCK_TIMEOUT_S:.0f} s") \
             from None
     return count
+
+
+_NO_SLOT_GATE = "_seg_datamodule_no_slot_gate"  # set on a ChunksConfig whose prefetch threads take no slots
+
+
+def _slot_gate_switch(gate: Callable[[Any], bool]) -> Callable[[Any], bool]:
+    """``PrepareChunksThread._slot_budget_enabled``, off for a thread whose config is marked."""
+
+    def enabled(thread: Any) -> bool:
+        return False if getattr(thread._config, _NO_SLOT_GATE, False) else gate(thread)
+
+    enabled.switches = gate  # type: ignore[attr-defined]
+    return enabled
+
+
+def without_slot_gate(config: Any) -> None:
+    """Turn LitData's shared disk-slot gate off for the prefetch threads of ``config`` 's reader.
+
+    With a budget of 10 MB or more below the chunk set, LitData 0.2.76 reserves a node-wide slot
+    per chunk a prefetch thread downloads and frees it only when that chunk is deleted. In the
+    global order every worker reads every chunk of a block and a chunk goes only when the node's
+    last visit to it ends, so the slots ran out with every reader waiting on a chunk no thread
+    would fetch (20 MB over 118 chunks of 1 MB, and 50 MB over 474, at 50 ms a GET: a reader's
+    120 s timeout in each). Here what is deleted is decided by the references counted per visit
+    (:func:`change_references`), and the prefetch runs one chunk at a time; the budget is then
+    exceeded by what is fetched ahead (24 MB at most against 20 MB). Other readers in the process
+    keep the gate.
+
+    Args:
+        config: the reader's ``litdata.streaming.config.ChunksConfig``.
+    """
+    if not hasattr(PrepareChunksThread._slot_budget_enabled, "switches"):
+        PrepareChunksThread._slot_budget_enabled = _slot_gate_switch(  # type: ignore[method-assign]
+            PrepareChunksThread._slot_budget_enabled)
+    setattr(config, _NO_SLOT_GATE, True)

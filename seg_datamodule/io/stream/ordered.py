@@ -25,10 +25,16 @@ from typing import Any
 
 from litdata import StreamingDataset
 from litdata.streaming.item_loader import BaseItemLoader
+from litdata.streaming.reader import PrepareChunksThread
 from litdata.streaming.sampler import ChunkedIndex
 from litdata.utilities.env import _DistributedEnv, _WorkerEnv
 
-from seg_datamodule.io.stream.chunk_cache import change_references, choose_async_prefetch, see_co_workers_downloads
+from seg_datamodule.io.stream.chunk_cache import (
+    change_references,
+    choose_async_prefetch,
+    see_co_workers_downloads,
+    without_slot_gate,
+)
 from seg_datamodule.io.stream.loader import StreamRecords
 from seg_datamodule.io.stream.order import (
     DEFAULT_WINDOW,
@@ -132,6 +138,9 @@ class OrderedRecords(StreamRecords):
                 BaseItemLoader._wait_until_chunk_ready.__code__.co_consts:
             raise RuntimeError("litdata's item loader waits on chunks without a readiness provider: a co-worker's "
                                "download would be seen late (verified on litdata 0.2.76)")
+        if not callable(getattr(PrepareChunksThread, "_slot_budget_enabled", None)):
+            raise RuntimeError("litdata's prefetch thread has no _slot_budget_enabled: its disk-slot gate cannot be "
+                               "turned off under a cache budget (verified on litdata 0.2.76)")
         self._simulated = world is not None
         if world is not None:
             rank, size = world
@@ -257,6 +266,8 @@ class OrderedRecords(StreamRecords):
         counted = Counter() if self._split_downloads or visits is None else visits
         for chunk, count in counted.items():
             change_references(config, chunk, count)
+        if counted and budget:  # the references decide what goes; LitData's slots would run out
+            without_slot_gate(config)
         self._visits_left, self._reading = counted, None
         # Every chunk memory-mapped, shared ones too: in the global order every worker reads every
         # block, and LitData 0.2.76 reads a chunk it may not map through a file handle it drops
