@@ -16,9 +16,11 @@ their batches with the same collate (``StreamBatchCollate``: the same ``SegDatas
   every worker reading from the current window of chunks; the workers of the node's ranks split
   the chunks (``plan.NodeDownloads``) and each fetches its share with LitData's async prefetch.
 
-``--max-cache-size`` gives both sides the same cache budget: below the chunk set, LitData deletes
-chunks as it goes, and this project's workers fetch what they read one at a time (the guide's
-limit (4)). ``--ranks R`` streams as R ranks of one node (simulated: ``world=(rank, R)``, each rank's loader
+``--max-cache-size`` gives both sides the same cache budget: below the chunk set, chunks are
+deleted as they are read, and this project's workers still split the downloads, handed over as far
+ahead as the budget allows (or, under a budget smaller than a few blocks past the readers, fetch
+what they read one at a time: the guide's limit (4)). The most bytes of chunk files on disk at
+once is sampled every 10 ms. ``--ranks R`` streams as R ranks of one node (simulated: ``world=(rank, R)``, each rank's loader
 iterated in its own thread with its own workers, all sharing one cache directory, as the ranks
 of a node share LitData's cache); a batch of ``--batch-size`` a rank on both sides, and images
 per second counted over all ranks until the last one ends.
@@ -79,6 +81,37 @@ def _epoch(loader: Any, in_flight: list[int]) -> dict[str, float]:
     mine = in_flight[before:]
     return {"images_per_s": images / wall, "steady_per_s": steady, "first_batch_s": float(first or 0.0),
             "images": images, "gets": len(mine), "in_flight": max(mine, default=0)}
+
+
+class DiskPeak:
+    """The most bytes of chunk files (partial downloads too) under ``folder`` at once, sampled every 10 ms."""
+
+    def __init__(self, folder: Path) -> None:
+        self.folder, self.peak, self._stop = folder, 0, threading.Event()
+        self._thread = threading.Thread(target=self._sample, daemon=True)
+
+    def _size(self) -> int:
+        total = 0
+        for root, _, names in os.walk(self.folder):
+            for name in names:
+                if name.startswith("chunk-") and ".cnt" not in name and not name.endswith(".lock"):
+                    try:
+                        total += os.stat(os.path.join(root, name)).st_size
+                    except FileNotFoundError:  # deleted or renamed as it was listed
+                        pass
+        return total
+
+    def _sample(self) -> None:
+        while not self._stop.wait(0.01):
+            self.peak = max(self.peak, self._size())
+
+    def __enter__(self) -> "DiskPeak":
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._stop.set()
+        self._thread.join()
 
 
 def _node_epoch(loaders: list[Any], in_flight: list[int]) -> dict[str, float]:
@@ -175,11 +208,13 @@ def main() -> None:
                                                            world=(rank, args.ranks)))
                         # the simulated ranks stream at once, as a node's processes do (as the DataModule sets it)
                         loaders[-1].dataset.ranks_on_node = args.ranks if args.node_split else None
-                row = _epoch(loaders[0], in_flight) if args.ranks == 1 else _node_epoch(loaders, in_flight)
+                with DiskPeak(cache) as disk:
+                    row = _epoch(loaders[0], in_flight) if args.ranks == 1 else _node_epoch(loaders, in_flight)
                 results[side].append(row)
                 print(f"repeat {r} {side}: {row['images_per_s']:.1f} images/s ({row['steady_per_s']:.1f} after the "
                       f"first batch), first batch {row['first_batch_s']:.2f} s, {row['images']} images, "
-                      f"{row['gets']} chunk GETs, at most {row['in_flight']} in flight", flush=True)
+                      f"{row['gets']} chunk GETs, at most {row['in_flight']} in flight, "
+                      f"at most {disk.peak / 1e6:.1f} MB of chunks on disk", flush=True)
                 shutil.rmtree(cache, ignore_errors=True)
         s3.stop()
         peer = statistics.median(r["images_per_s"] for r in results["peer"])

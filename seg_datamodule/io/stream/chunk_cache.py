@@ -5,14 +5,15 @@ shuffle never asks of it. :class:`~seg_datamodule.io.stream.ordered.OrderedRecor
 switches LitData's async prefetch per path (:func:`choose_async_prefetch`), lets a reader see a
 chunk a co-worker downloaded within milliseconds (:func:`see_co_workers_downloads`), counts
 a chunk's references per visit (:func:`change_references`), through LitData's own files and setters,
-and turns LitData's disk-slot gate off where the references decide what is deleted
-(:func:`without_slot_gate`).
+and, under a cache budget, lets those references alone decide what is deleted
+(:func:`references_decide_deletes`).
 """
 
 from __future__ import annotations
 
 import contextlib
 import os
+from queue import Empty
 from threading import Event
 from time import time
 from typing import Any, Callable
@@ -22,7 +23,8 @@ from litdata.streaming.item_loader import BaseItemLoader
 from litdata.streaming.reader import PrepareChunksThread
 from litdata.streaming.sampler import ChunkedIndex
 
-__all__ = ["ChunkReady", "change_references", "choose_async_prefetch", "see_co_workers_downloads", "without_slot_gate"]
+__all__ = ["ChunkReady", "change_references", "choose_async_prefetch", "references_decide_deletes",
+           "see_co_workers_downloads"]
 
 _ASYNC_PREFETCH = "LITDATA_ASYNC_CHUNK_PREFETCH"  # litdata.streaming.async_prefetch.async_chunk_prefetch_enabled
 
@@ -42,6 +44,8 @@ def choose_async_prefetch(on: bool) -> None:
 
 _LOCK_TIMEOUT_S = 30.0  # waiting on a co-worker's count update; LitData's own waits 1-3 s, then drops it
 _POLL_S = 0.01  # how often a reader waiting on a co-worker's download looks for the file
+CO_WORKER_GRACE_S = 2.0  # a reader waiting this long on a co-worker's chunk fetches it itself (LitData: 30 s)
+_NEW_WAIT_S = 2.5  # a chunk not asked about for this long: a new wait on it
 
 
 class ChunkReady:
@@ -85,22 +89,52 @@ class ChunkReady:
 
 
 class _CoWorkerReadiness:
-    """LitData's provider of readiness events (``PrepareChunksThread.get_ready_event``), giving :class:`ChunkReady`."""
+    """LitData's provider of readiness events (``PrepareChunksThread.get_ready_event``), giving :class:`ChunkReady`.
 
-    def __init__(self, provider: Callable[[int], Event], config: Any) -> None:
-        self.provider, self.config = provider, config
+    A reader that has waited ``grace_s`` on a chunk asks its own prefetch thread to fetch it
+    (LitData's force download), where LitData asks after 30 s. A chunk on a co-worker's list can be
+    missing for good: under a cache budget, a reader that started late (another rank's, not yet
+    counting its visits when the chunk's last counted visit ended) finds it deleted, and no
+    co-worker fetches it again. Asking early costs no GET where the co-worker is fetching it
+    (LitData's force download leaves a chunk whose download lock is held), nor where it has not
+    begun (its download finds the file there).
+
+    Args:
+        provider: LitData's readiness events, by chunk.
+        config: the reader's ``ChunksConfig``.
+        force: LitData's item loader's ``force_download``.
+        grace_s: seconds of waiting before a reader fetches the chunk itself.
+    """
+
+    def __init__(self, provider: Callable[[int], Event], config: Any, force: Callable[[int], None],
+                 grace_s: float) -> None:
+        self.provider, self.config, self.force, self.grace_s = provider, config, force, grace_s
+        self._waits: dict[int, tuple[float, float, bool]] = {}  # chunk: (wait began, last asked, fetch asked)
 
     def __call__(self, chunk_index: int) -> ChunkReady:
+        now = time()
+        began, last, asked = self._waits.get(chunk_index, (now, now, False))
+        if now - last > _NEW_WAIT_S:  # LitData's wait asks at least once a second: this is another wait
+            began, asked = now, False
+        if not asked and now - began >= self.grace_s:
+            self.force(chunk_index)
+            asked = True
+        self._waits[chunk_index] = (began, now, asked)
         path, _, size = self.config[ChunkedIndex(index=-1, chunk_index=chunk_index)]
         return ChunkReady(self.provider(chunk_index), path, size)
 
 
-def see_co_workers_downloads(loader: BaseItemLoader, config: Any) -> None:
-    """Make ``loader`` wait on :class:`ChunkReady` s: LitData installs its provider through this setter."""
+def see_co_workers_downloads(loader: BaseItemLoader, config: Any, grace_s: float | None = None) -> None:
+    """Make ``loader`` wait on :class:`ChunkReady` s, and fetch a chunk itself after ``grace_s``.
+
+    LitData installs its provider through the loader's ``set_chunk_ready_provider``; this wraps it
+    (``_CoWorkerReadiness``). ``grace_s`` None: :data:`CO_WORKER_GRACE_S` when it is installed.
+    """
     setter = type(loader).set_chunk_ready_provider
 
     def install(provider: Callable[[int], Event] | None) -> None:
-        setter(loader, None if provider is None else _CoWorkerReadiness(provider, config))
+        grace = CO_WORKER_GRACE_S if grace_s is None else grace_s
+        setter(loader, None if provider is None else _CoWorkerReadiness(provider, config, loader.force_download, grace))
 
     loader.set_chunk_ready_provider = install  # type: ignore[method-assign]
 
@@ -150,36 +184,88 @@ def change_references(config: Any, chunk: int, delta: int) -> int:
     return count
 
 
-_NO_SLOT_GATE = "_seg_datamodule_no_slot_gate"  # set on a ChunksConfig whose prefetch threads take no slots
+# Set on a ChunksConfig whose prefetch threads follow the global order's rules: True, chunks are
+# deleted at their node's last visit (a budget below the set); False, kept (a cache that holds it).
+_COUNTED = "_seg_datamodule_delete_at_last_visit"
 
 
-def _slot_gate_switch(gate: Callable[[Any], bool]) -> Callable[[Any], bool]:
-    """``PrepareChunksThread._slot_budget_enabled``, off for a thread whose config is marked."""
-
-    def enabled(thread: Any) -> bool:
-        return False if getattr(thread._config, _NO_SLOT_GATE, False) else gate(thread)
-
-    enabled.switches = gate  # type: ignore[attr-defined]
-    return enabled
+def _slot_gate(thread: Any) -> bool:
+    """``PrepareChunksThread._slot_budget_enabled`` for a marked config: no slots are taken."""
+    return False
 
 
-def without_slot_gate(config: Any) -> None:
-    """Turn LitData's shared disk-slot gate off for the prefetch threads of ``config`` 's reader.
+def _counted_deletes(thread: Any, timeout: float = 0.1) -> None:
+    """``PrepareChunksThread._maybe_delete_chunks`` for a marked config: every visit's end queued, at once.
 
-    With a budget of 10 MB or more below the chunk set, LitData 0.2.76 reserves a node-wide slot
-    per chunk a prefetch thread downloads and frees it only when that chunk is deleted. In the
-    global order every worker reads every chunk of a block and a chunk goes only when the node's
-    last visit to it ends, so the slots ran out with every reader waiting on a chunk no thread
-    would fetch (20 MB over 118 chunks of 1 MB, and 50 MB over 474, at 50 ms a GET: a reader's
-    120 s timeout in each). Here what is deleted is decided by the references counted per visit
-    (:func:`change_references`), and the prefetch runs one chunk at a time; the budget is then
-    exceeded by what is fetched ahead (24 MB at most against 20 MB). Other readers in the process
-    keep the gate.
+    LitData's reader queues one entry per visit's end (after dropping the visit's reference), and
+    LitData takes one entry a turn of its thread, a turn that waits up to 0.1 s on the download
+    queue: in the global order nearly every item is a visit of its own, the entries piled up and
+    chunks outlived their last visit by minutes (290 MB of chunks on disk under a budget of 50 MB).
+    Here every queued entry is taken, each as LitData counts it (one fewer chunk in its window), and
+    a chunk goes once no reference is left to it: its node's last visit has ended.
+    """
+    queue = thread._to_delete_queue
+    wait = timeout
+    while True:
+        try:
+            chunk_index = queue.get(timeout=wait) if wait > 0 else queue.get_nowait()
+        except (Empty, OSError, EOFError):  # empty, or closed as the thread ends
+            return
+        wait = 0.0
+        thread._pre_download_counter -= 1
+        config = thread._config
+        if not getattr(config, _COUNTED):
+            continue
+        # A count's file exists while a reference is held (change_references, LitData's decrement);
+        # a chunk no longer there was deleted by the co-worker that dropped its last reference.
+        if os.path.exists(config[ChunkedIndex(index=-1, chunk_index=chunk_index)][0]) and \
+                not os.path.exists(config._chunk_lock_filepath(chunk_index) + ".cnt"):
+            thread._apply_delete(chunk_index)
+
+
+_SWITCHED: dict[str, Callable[..., Any]] = {"_slot_budget_enabled": _slot_gate,
+                                            "_maybe_delete_chunks": _counted_deletes}
+
+
+def _switch(name: str, method: Callable[..., Any]) -> Callable[..., Any]:
+    """``PrepareChunksThread.<name>``, our ``_SWITCHED[name]`` for a thread whose config is marked."""
+    ours = _SWITCHED[name]
+
+    def switched(thread: Any, *args: Any, **kwargs: Any) -> Any:
+        return (ours if hasattr(thread._config, _COUNTED) else method)(thread, *args, **kwargs)
+
+    switched.switches = method  # type: ignore[attr-defined]
+    return switched
+
+
+def references_decide_deletes(config: Any, delete: bool = True) -> None:
+    """Under a cache budget, let the per-visit references of ``config`` 's readers alone decide what is deleted.
+
+    For the prefetch threads of ``config`` 's reader, LitData 0.2.76's shared disk-slot gate goes
+    off (``_slot_gate``), and a chunk is deleted as soon as the visit that drops its last reference
+    ends (``_counted_deletes``; LitData deletes only a chunk whose count is 0:
+    :func:`change_references`). Both matter in the global order, where every worker reads every
+    chunk of a block and a chunk goes only when the node's last visit to it ends:
+
+    * The slot gate (from 10 MB and twice a chunk) reserves a node-wide slot per chunk a thread
+      downloads and frees it only when that chunk is deleted; the slots ran out with every reader
+      waiting on a chunk no thread would fetch (20 MB over 118 chunks of 1 MB, and 50 MB over 474,
+      at 50 ms a GET: a reader's 120 s timeout in each).
+    * LitData's thread takes one ended visit a turn, and a turn can wait 0.1 s; nearly every item
+      of the global order is a visit of its own.
+
+    What stays on disk is then what the readers still have to read and what was fetched ahead of
+    them, which :class:`~seg_datamodule.io.stream.ordered.OrderedRecords` bounds by the budget.
+    Other readers in the process keep LitData's rules.
 
     Args:
         config: the reader's ``litdata.streaming.config.ChunksConfig``.
+        delete: False where the cache holds the set: the ended visits are taken at once all the
+            same (LitData's thread counts its window by them, and held back its downloads), and
+            nothing is deleted.
     """
-    if not hasattr(PrepareChunksThread._slot_budget_enabled, "switches"):
-        PrepareChunksThread._slot_budget_enabled = _slot_gate_switch(  # type: ignore[method-assign]
-            PrepareChunksThread._slot_budget_enabled)
-    setattr(config, _NO_SLOT_GATE, True)
+    for name in _SWITCHED:
+        method = getattr(PrepareChunksThread, name)
+        if not hasattr(method, "switches"):
+            setattr(PrepareChunksThread, name, _switch(name, method))
+    setattr(config, _COUNTED, bool(delete))

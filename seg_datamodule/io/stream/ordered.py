@@ -32,8 +32,8 @@ from litdata.utilities.env import _DistributedEnv, _WorkerEnv
 from seg_datamodule.io.stream.chunk_cache import (
     change_references,
     choose_async_prefetch,
+    references_decide_deletes,
     see_co_workers_downloads,
-    without_slot_gate,
 )
 from seg_datamodule.io.stream.loader import StreamRecords
 from seg_datamodule.io.stream.order import (
@@ -198,18 +198,18 @@ class OrderedRecords(StreamRecords):
                                "the checked index.json's chunk sizes; the global order cannot be served")
         self._shuffle_num_chunks = len(intervals)
         reader = self.cache._reader
-        # In the global order every worker of a node reads every chunk of a block. With a cache that
-        # holds the set, the workers of the node's ranks split the downloads (each chunk is on one
+        # In the global order every worker of a node reads every chunk of a block. Where the node's
+        # ranks are known, the workers of its ranks split the downloads (each chunk is on one
         # worker's list, ``NodeDownloads``) and each fetches its own with LitData's async prefetch,
-        # several at once. Otherwise each worker's list is every chunk it reads, fetched one at a
-        # time under LitData's per-chunk lock (its async path takes none: 8 of 12 chunks were
-        # fetched twice an epoch), so that a chunk deleted under a budget, or needed by a reader
-        # that started late, is fetched again by whoever needs it. A user's own setting of the
-        # async variable wins.
+        # several at once, handed over as far ahead of the reader as the cache budget allows
+        # (``_ahead``). Otherwise, or under a budget too small to read ahead of the readers' spread,
+        # each worker's list is every chunk it reads, fetched one at a time under LitData's per-chunk
+        # lock (its async path takes none: 8 of 12 chunks were fetched twice an epoch), so that a
+        # chunk deleted under a budget, or needed by a reader that started late, is fetched again by
+        # whoever needs it. A user's own setting of the async variable wins.
         budget = reader._max_cache_size
+        below = bool(budget) and int(reader.config.num_bytes) > int(budget)
         on_node = self._ranks_on_node(env)
-        self._split_downloads = on_node is not None and (not budget or int(reader.config.num_bytes) <= int(budget))
-        choose_async_prefetch(on=self._split_downloads)
         self.on_demand_bytes = False
         # 1. This worker's plan of the epoch's order, made as it is read (``EpochOrder``, ``WorkerPlan``:
         # up front only the chunks' permutation and the worker's places in the order), and 2.
@@ -221,13 +221,15 @@ class OrderedRecords(StreamRecords):
                         int(self.worker_env.world_size), int(self.worker_env.rank), self.start)
             positions, starts = worker_positions(len(order), *deal)
             self._plan = plan = WorkerPlan(order, positions, starts, self.offsets, segment_items=self.segment_items)
+            self._ahead = self._ahead_places(order, deal, int(budget) if below else None, int(reader.config.num_bytes))
+            self._split_downloads = on_node is not None and self._ahead is not None
             if self._split_downloads:  # this worker's share of the node's chunks, a block at a time
                 self._downloads: NodeDownloads | list[int] = NodeDownloads(order, deal, on_node or 1)
-                blocks = max(order.num_blocks, 1)
-                self._ahead = self.ahead_items if self.ahead_items is not None else \
-                    _AHEAD_BLOCKS * len(order) // blocks + 4 * max(1, deal.num_workers) * deal.global_batch
-            else:  # each chunk once, in the order of its first visit; its visits are counted below
-                self._downloads = list(dict.fromkeys(plan.make_all().chunks))
+            if not self._split_downloads or below:  # its visits are counted below
+                made = plan.make_all()
+            if not self._split_downloads:  # each chunk once, in the order of its first visit
+                self._downloads = list(dict.fromkeys(made.chunks))
+        choose_async_prefetch(on=self._split_downloads)
         self.worker_chunks, self.worker_intervals, self._elastic_item_lists = (
             _PlanList(plan, "chunks"), _PlanList(plan, "intervals"), _PlanList(plan, "items"))
         self.stop_length = plan.num_items
@@ -260,14 +262,14 @@ class OrderedRecords(StreamRecords):
         # worker with nothing to download would have LitData fetch each chunk as it reads it.
         reader._chunks_queued_for_download = True
         config = reader.config
-        # With the downloads split, the cache holds the set and LitData deletes nothing, so no
+        # With the downloads split and a cache that holds the set, LitData deletes nothing, so no
         # count is kept: a count costs a file lock and two file operations per chunk (about 1 ms),
         # before the first batch, for every chunk the worker reads (nearly all of them).
-        counted = Counter() if self._split_downloads or visits is None else visits
+        counted = Counter() if (self._split_downloads and not below) or visits is None else visits
         for chunk, count in counted.items():
             change_references(config, chunk, count)
-        if counted and budget:  # the references decide what goes; LitData's slots would run out
-            without_slot_gate(config)
+        if below or self._split_downloads:  # under a budget the references decide what goes
+            references_decide_deletes(config, delete=below)
         self._visits_left, self._reading = counted, None
         # Every chunk memory-mapped, shared ones too: in the global order every worker reads every
         # block, and LitData 0.2.76 reads a chunk it may not map through a file handle it drops
@@ -323,6 +325,35 @@ class OrderedRecords(StreamRecords):
         # LitData's count of nodes is a guess (on several CPU nodes it says one): trusted only for
         # a rank alone on its node, whose own workers split what it reads.
         return 1 if world // max(1, int(env.num_nodes)) <= 1 else None
+
+    def _ahead_places(self, order: EpochOrder, deal: Deal, budget: int | None, set_bytes: int) -> int | None:
+        """How far past the item read, in places of the order, a worker hands over its downloads.
+
+        With a cache that holds the set: :attr:`ahead_items`, or 8 blocks and 4 steps of every
+        worker (a node's readers spread over about 2 steps of every worker: the DataLoader's
+        prefetch). Under a budget the cache holds the blocks the node's readers are in and those
+        handed over ahead of them: the look-ahead is at most the budget's whole blocks (in mean
+        chunks) less two (where the readers are) and less the readers' spread, and at least that
+        spread (a reader ahead of a chunk's downloader would wait on it).
+
+        Args:
+            order: the epoch's order.
+            deal: the worker's place in the deal.
+            budget: the cache budget in bytes, where it is below the set; None: the cache holds the set.
+            set_bytes: the chunk set's bytes.
+
+        Returns:
+            int | None: places of the order; None where the budget holds less than two spreads past
+            the readers' blocks (each worker then fetches what it reads).
+        """
+        blocks = max(order.num_blocks, 1)
+        spread = 4 * max(1, deal.num_workers) * deal.global_batch
+        ahead = self.ahead_items if self.ahead_items is not None else _AHEAD_BLOCKS * len(order) // blocks + spread
+        if budget is None:
+            return ahead
+        held = budget * len(self.chunk_sizes) // max(set_bytes, 1) // max(1, self.window) - 2  # whole blocks
+        room = held * len(order) // blocks - spread
+        return min(ahead, room) if room >= spread else None
 
     def _more_downloads(self, item: int, last: bool) -> list[int]:
         """The chunks to hand LitData's prefetch thread as ``item`` (an item id) is read.
