@@ -20,7 +20,9 @@ their batches with the same collate (``StreamBatchCollate``: the same ``SegDatas
 deleted as they are read, and this project's workers still split the downloads, handed over as far
 ahead as the budget allows (or, under a budget smaller than a few blocks past the readers, fetch
 what they read one at a time: the guide's limit (4)). The most bytes of chunk files on disk at
-once is sampled every 10 ms. ``--ranks R`` streams as R ranks of one node (simulated: ``world=(rank, R)``, each rank's loader
+once is sampled every 10 ms. ``--peer-max-cache-size none`` leaves the peer LitData's default
+budget (the cache holds the set): at 2 simulated ranks x 2 workers under 50 MB LitData's own
+shuffle timed out (its disk-slot gate: a reader's 120 s wait on a chunk). ``--ranks R`` streams as R ranks of one node (simulated: ``world=(rank, R)``, each rank's loader
 iterated in its own thread with its own workers, all sharing one cache directory, as the ranks
 of a node share LitData's cache); a batch of ``--batch-size`` a rank on both sides, and images
 per second counted over all ranks until the last one ends.
@@ -58,6 +60,7 @@ from seg_datamodule.transforms.layouts.mosaic import MosaicAffine
 
 _TESTS = Path(__file__).resolve().parents[1] / "tests"
 sys.path[:0] = [str(_TESTS), str(_TESTS / "io")]  # the tests' loopback S3 server and tiled COCO roots
+from _disk_peak import DiskPeak  # noqa: E402
 from _s3_server import LoopbackS3  # noqa: E402
 
 
@@ -66,11 +69,16 @@ def _dataset(meta: dict, image_size: int, seed: int) -> SegDataset:
     return SegDataset(window_from_meta(meta), augment, train=True, seed=seed)
 
 
-def _epoch(loader: Any, in_flight: list[int]) -> dict[str, float]:
-    """One epoch of ``loader``; ``in_flight``: the server's count of chunk GETs in flight as each arrived."""
+def _epoch(loader: Any, in_flight: list[int], step: Any = None) -> dict[str, float]:
+    """One epoch of ``loader``; ``in_flight``: the server's count of chunk GETs in flight as each arrived.
+
+    ``step``, where given, is called after each batch (the ranks' barrier of :func:`_node_epoch`).
+    """
     before, start = len(in_flight), time.perf_counter()
     first, images, first_images = None, 0, 0
     for batch in loader:
+        if step is not None:
+            step()
         images += len(batch.image_ids)
         if first is None:
             first = time.perf_counter() - start
@@ -83,47 +91,23 @@ def _epoch(loader: Any, in_flight: list[int]) -> dict[str, float]:
             "images": images, "gets": len(mine), "in_flight": max(mine, default=0)}
 
 
-class DiskPeak:
-    """The most bytes of chunk files (partial downloads too) under ``folder`` at once, sampled every 10 ms."""
-
-    def __init__(self, folder: Path) -> None:
-        self.folder, self.peak, self._stop = folder, 0, threading.Event()
-        self._thread = threading.Thread(target=self._sample, daemon=True)
-
-    def _size(self) -> int:
-        total = 0
-        for root, _, names in os.walk(self.folder):
-            for name in names:
-                if name.startswith("chunk-") and ".cnt" not in name and not name.endswith(".lock"):
-                    try:
-                        total += os.stat(os.path.join(root, name)).st_size
-                    except FileNotFoundError:  # deleted or renamed as it was listed
-                        pass
-        return total
-
-    def _sample(self) -> None:
-        while not self._stop.wait(0.01):
-            self.peak = max(self.peak, self._size())
-
-    def __enter__(self) -> "DiskPeak":
-        self._thread.start()
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self._stop.set()
-        self._thread.join()
-
-
 def _node_epoch(loaders: list[Any], in_flight: list[int]) -> dict[str, float]:
     """One epoch of every rank's loader at once (a thread each), counted as :func:`_epoch` over the node.
 
-    Images per second: all ranks' images over the time until the last rank ends; after the first
-    batch: the sum of each rank's own rate after its first batch.
+    The ranks take each batch in step, as a DDP run's gradient all-reduce holds its ranks (a
+    barrier after each batch): without it one rank ran ahead, and the chunks between the ranks
+    stayed on disk. Images per second: all ranks' images over the time until the last rank ends;
+    after the first batch: the sum of each rank's own rate after its first batch.
     """
     before, start, rows = len(in_flight), time.perf_counter(), [{} for _ in loaders]
+    barrier = threading.Barrier(len(loaders))
 
     def run(i: int) -> None:
-        rows[i] = _epoch(loaders[i], [])
+        try:
+            rows[i] = _epoch(loaders[i], [], step=barrier.wait)
+        except BaseException:
+            barrier.abort()  # the other ranks stop waiting on this one
+            raise
         rows[i]["end"] = time.perf_counter() - start
 
     threads = [threading.Thread(target=run, args=(i,)) for i in range(len(loaders))]
@@ -152,6 +136,8 @@ def main() -> None:
     parser.add_argument("--ranks", type=int, default=1, help="simulated ranks of one node, streaming at once")
     parser.add_argument("--max-cache-size", default=None,
                         help="the node's cache budget on both sides (50MB); default LitData's (100 GB)")
+    parser.add_argument("--peer-max-cache-size", default="same",
+                        help="the peer's budget: 'same' (--max-cache-size), 'none' (LitData's default), or a size")
     parser.add_argument("--no-node-split", dest="node_split", action="store_false",
                         help="with --ranks > 1: each worker fetches what it reads (as before 2026-12-07, and "
                              "where the node's ranks are not known)")
@@ -182,6 +168,8 @@ def main() -> None:
         n_chunks = len([p for p in chunks.iterdir() if p.suffix == ".bin"])
         print(f"{meta['num_records']} images in {n_chunks} chunks, {args.latency_ms:g} ms per chunk GET, "
               f"{args.ranks} rank(s) x {args.workers} workers, batch {args.batch_size}, {args.image_size} px")
+        peer_budget = {"same": args.max_cache_size, "none": None}.get(args.peer_max_cache_size,
+                                                                      args.peer_max_cache_size)
         results: dict[str, list[dict[str, float]]] = {"peer": [], "ours": []}
         user_async = "LITDATA_ASYNC_CHUNK_PREFETCH" in os.environ
         for r in range(args.repeats):
@@ -194,7 +182,7 @@ def main() -> None:
                     if side == "peer":
                         if not user_async:  # LitData's default for the peer (ours may turn it off in its workers)
                             os.environ.pop("LITDATA_ASYNC_CHUNK_PREFETCH", None)
-                        budget = {} if args.max_cache_size is None else {"max_cache_size": args.max_cache_size}
+                        budget = {} if peer_budget is None else {"max_cache_size": peer_budget}
                         records = StreamRecords(url, cache_dir=str(cache), shuffle=True, seed=r,
                                                 storage_options=options, **budget)
                         records.distributed_env = _DistributedEnv(args.ranks, rank, 1)

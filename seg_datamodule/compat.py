@@ -106,8 +106,9 @@ REACHES: dict[str, PrivateReach] = {
         "ChunkedIndex.chunk_indexes and is_last_index); the chunks' reference counts "
         "(BinaryReader.acquire_shared_locks, _shared_chunk_indexes, ChunksConfig._chunk_lock_filepath and its "
         "'.cnt' file under a '.cnt.lock' FileLock); the item loader's readiness provider "
-        "(BaseItemLoader.set_chunk_ready_provider); the prefetch thread's disk-slot gate "
-        "(PrepareChunksThread._slot_budget_enabled, switched off per ChunksConfig)",
+        "(BaseItemLoader.set_chunk_ready_provider) and its force_download; the prefetch thread's disk-slot gate and "
+        "deletes (PrepareChunksThread._slot_budget_enabled and _maybe_delete_chunks, switched per ChunksConfig; "
+        "_to_delete_queue, _pre_download_counter, _apply_delete)",
         "StreamTrainLoader's global order (OrderedRecords) and its checkpoints", ("0.2.76", "0.2.76")),
 }
 

@@ -31,7 +31,7 @@ from _s3_server import LoopbackS3, demo_chunk_set  # noqa: E402
 from seg_datamodule.data.batching.collate import DetectionCollate  # noqa: E402
 from seg_datamodule.data.config.options import StreamOptions  # noqa: E402
 from seg_datamodule.data.loaders.streaming import stream_train_loader  # noqa: E402
-from seg_datamodule.io.stream import window_from_meta  # noqa: E402
+from seg_datamodule.io.stream import chunk_cache, window_from_meta  # noqa: E402
 
 pytestmark = [pytest.mark.filterwarnings("ignore:.*max_cache_size.*"),
               pytest.mark.filterwarnings("ignore:.*worker processes in total.*:UserWarning"),  # 4 workers on 2 cores
@@ -93,7 +93,8 @@ def test_the_same_global_batches_for_every_world_size_and_worker_count(
 
 @pytest.mark.parametrize(("world", "workers"), [(1, 2), (2, 1)])
 def test_a_plan_made_a_batch_at_a_time_streams_the_same_global_batches(
-    s3: LoopbackS3, chunks: tuple[Path, dict], tmp_path: Path, world: int, workers: int
+    s3: LoopbackS3, chunks: tuple[Path, dict], tmp_path: Path, world: int, workers: int,
+    monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """Workers make their plans one batch at a time (``OrderedRecords.segment_items``): LitData reads
     visits that are made as it goes, across seams, and the last index is still marked (no leftover
@@ -106,6 +107,7 @@ def test_a_plan_made_a_batch_at_a_time_streams_the_same_global_batches(
         loader.dataset.segment_items = 1  # rounds up to one batch a segment
         loader.dataset.ahead_items = 1  # downloads handed over a block at a time, as the reader gets there
     before = s3.gets(f"lazy{world}{workers}")
+    monkeypatch.setattr(chunk_cache, "CO_WORKER_GRACE_S", 1000.0)  # a chunk never handed over waits 30 s
     started = time.monotonic()
     assert _epoch(loaders) == want
     # A chunk never handed over is fetched by LitData's reader only after _FORCE_DOWNLOAD_TIME
@@ -197,9 +199,10 @@ def test_a_budget_of_ten_megabytes_below_the_set_streams_past_litdatas_disk_slot
     freed only when its chunk is deleted; in the global order a chunk goes only when the node's
     last visit ends, and with the gate every reader waited on a chunk no thread would fetch (12 MB
     over 27 chunks of 1 MB at 50 ms a GET: a reader's timeout; with no latency the slots did not
-    run out). With the gate off for these readers
-    (``chunk_cache.without_slot_gate``) the epoch streams the batches of a run with no budget, each
-    chunk fetched at most three times (the bound of the 1 MB case above)."""
+    run out). With the gate off for these readers (``chunk_cache.references_decide_deletes``) the
+    epoch streams the batches of a run with no budget, each chunk fetched at most three times (the
+    bound of the 1 MB case above). 12 MB holds too few blocks past the readers to split the
+    downloads (``OrderedRecords._ahead_places``): each worker fetches what it reads."""
     from litdata.streaming import item_loader
 
     from _datasets import tile_coco_root
@@ -218,17 +221,117 @@ def test_a_budget_of_ten_megabytes_below_the_set_streams_past_litdatas_disk_slot
     assert len(gets) == num_chunks and max(gets.values()) <= 3, gets
 
 
-def test_a_litdata_without_the_slot_gate_switch_is_refused_when_the_loader_is_built(
+def test_under_a_budget_the_workers_split_the_downloads_and_the_cache_stays_within_it(
+    s3: LoopbackS3, tmp_path: Path
+) -> None:
+    """A budget below the set that holds a few blocks past the readers: the workers split the
+    downloads (several GETs in flight; fetching what each reads, one at a time, two at most), each
+    chunk is fetched once, the chunks on disk stay within the budget, and the batches are those of
+    a run with no budget. 10 MB over 54 chunks of 500 KB (24 MB), at 50 ms a GET, a global batch
+    of 2, 2 workers. Slips caught: the look-ahead not bounded by the budget
+    (``OrderedRecords._ahead_places``: 8 blocks and the spread) held 14.6 MB; LitData's thread
+    taking one ended visit a turn (not ``chunk_cache.references_decide_deletes``) kept chunks past
+    their last visit (290 MB under 50 MB in the benchmark); each worker fetching what it reads
+    failed too."""
+    from _datasets import tile_coco_root
+    from _disk_peak import DiskPeak
+
+    root = tile_coco_root(HERE.parent / "fixtures" / "coco-cc-by", tmp_path / "tiled", 32)  # 160 real images
+    folder, meta = demo_chunk_set(root, tmp_path / "chunks", "500KB")
+    num_chunks = len([p for p in folder.iterdir() if p.suffix == ".bin"])
+    set_bytes = sum(p.stat().st_size for p in folder.iterdir() if p.suffix == ".bin")
+    # the budget below holds about 40 % of it, less than LitData would fetch ahead unbounded (8 blocks)
+    assert num_chunks >= 50 and set_bytes > 22e6
+    url = s3.upload(folder, "split-budget")
+    want = _epoch(_loaders(url, meta, tmp_path / "whole", 1, 0, s3.options, global_batch=2))
+    before = s3.gets("split-budget")
+    in_flight = s3.delay_chunk_gets(0.05)  # a remote store's latency
+    loader = _loaders(url, meta, tmp_path / "budget", 1, 2, s3.options, "10MB", global_batch=2)[0]
+    with DiskPeak(tmp_path / "budget", every_s=0.005) as disk:
+        assert _epoch([loader]) == want
+    gets = {key: n - before.get(key, 0) for key, n in s3.gets("split-budget").items()}
+    assert len(gets) == num_chunks and set(gets.values()) == {1}, gets
+    assert max(in_flight) >= 3, in_flight
+    assert 0 < disk.peak <= 10e6, disk.peak
+    print(f"at most {disk.peak / 1e6:.1f} MB on disk, {max(in_flight)} GETs in flight")
+
+
+def test_a_reader_fetches_a_chunk_no_co_worker_fetches_after_two_seconds(
+    s3: LoopbackS3, chunks: tuple[Path, dict], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Rank 0 of two ranks on a node streams alone: half the chunks it reads are on the lists of
+    rank 1's workers, which never start (a rank that started late, or a chunk deleted before a
+    late reader counted its visits). Its readers fetch each such chunk themselves after
+    ``CO_WORKER_GRACE_S``; LitData's own force download comes after 30 s (here never, so a
+    reader waiting for it times out at 20 s). Rank 0's batches are those of a run where each
+    rank fetches what it reads, and each chunk is fetched once."""
+    from litdata.streaming import item_loader
+
+    monkeypatch.setattr(item_loader, "_FORCE_DOWNLOAD_TIME", 1000)  # forked with the workers
+    monkeypatch.setattr(item_loader, "_MAX_WAIT_TIME", 20)
+    monkeypatch.setattr(chunk_cache, "CO_WORKER_GRACE_S", 0.3)
+    url = s3.upload(chunks[0], "alone")
+    reference = _loaders(url, chunks[1], tmp_path / "each", 2, 0, s3.options)[0]  # ranks not known: its own
+    want = [hashlib.sha256(batch.images.numpy().tobytes()).hexdigest() for batch in reference]
+    before = s3.gets("alone")
+    loader = _loaders(url, chunks[1], tmp_path / "node", 2, 2, s3.options)[0]
+    loader.dataset.ranks_on_node = 2
+    assert [hashlib.sha256(batch.images.numpy().tobytes()).hexdigest() for batch in loader] == want
+    gets = {key: n - before.get(key, 0) for key, n in s3.gets("alone").items()}
+    assert gets and set(gets.values()) == {1}, gets
+
+
+def test_a_wait_on_a_co_workers_chunk_asks_for_it_once_after_the_grace(monkeypatch: pytest.MonkeyPatch) -> None:
+    """``_CoWorkerReadiness`` against a clock set by hand: LitData's wait asks for a chunk's readiness
+    about once a second; the fetch is asked once a wait, after ``grace_s``; a chunk not asked about
+    for 2.5 s starts a new wait."""
+    from threading import Event
+
+    now = [100.0]
+    monkeypatch.setattr(chunk_cache, "time", lambda: now[0])
+    asked: list[int] = []
+    looked_up: set[int] = set()
+
+    class Config:  # as LitData's ChunksConfig answers a ChunkedIndex: (path, begin, size)
+        def __getitem__(self, index: Any) -> tuple[str, int, int]:
+            looked_up.add(index.chunk_index)
+            return (f"/nonexistent/chunk-{index.chunk_index}.bin", 0, 10)
+
+    ready = chunk_cache._CoWorkerReadiness(lambda chunk: Event(), Config(), asked.append, grace_s=2.0)
+    for t in (100.0, 101.0, 101.9):
+        now[0] = t
+        ready(7)
+    assert asked == []
+    for t in (102.0, 103.0, 104.0):  # 2 s into the wait: asked once
+        now[0] = t
+        ready(7)
+    assert asked == [7]
+    now[0] = 104.5
+    ready(8)  # another chunk's wait is its own
+    assert asked == [7]
+    now[0] = 110.0  # chunk 7 not asked about since 104: a new wait
+    ready(7)
+    assert asked == [7]
+    now[0] = 112.0
+    ready(7)
+    assert asked == [7, 7]
+    assert looked_up == {7, 8}
+
+
+def test_a_litdata_without_the_prefetch_switches_is_refused_when_the_loader_is_built(
     chunks: tuple[Path, dict], monkeypatch: pytest.MonkeyPatch
 ) -> None:
     from litdata.streaming.reader import PrepareChunksThread
 
     from seg_datamodule.io.stream.ordered import OrderedRecords
 
-    monkeypatch.delattr(PrepareChunksThread, "_slot_budget_enabled")
-    with pytest.raises(RuntimeError, match=r"^litdata's prefetch thread has no _slot_budget_enabled: its disk-slot "
-                                           r"gate cannot be turned off under a cache budget \(verified on litdata"):
-        OrderedRecords(str(chunks[0]))
+    for name in ("_slot_budget_enabled", "_maybe_delete_chunks", "_apply_delete"):
+        with monkeypatch.context() as patch:
+            patch.delattr(PrepareChunksThread, name)
+            with pytest.raises(RuntimeError, match=rf"^litdata's prefetch thread has no {name}: its disk-slot gate "
+                                                   r"and its deletes cannot follow the global order's visits "
+                                                   r"\(verified on litdata 0\.2\.76\)$"):
+                OrderedRecords(str(chunks[0]))
 
 
 def test_one_ranks_workers_split_the_downloads_and_fetch_several_at_once(
