@@ -22,10 +22,13 @@ ahead as the budget allows (or, under a budget smaller than a few blocks past th
 what they read one at a time: the guide's limit (4)). The most bytes of chunk files on disk at
 once is sampled every 10 ms. ``--peer-max-cache-size none`` leaves the peer LitData's default
 budget (the cache holds the set): at 2 simulated ranks x 2 workers under 50 MB LitData's own
-shuffle timed out (its disk-slot gate: a reader's 120 s wait on a chunk). ``--ranks R`` streams as R ranks of one node (simulated: ``world=(rank, R)``, each rank's loader
+shuffle did not finish (two of its workers timed out after 120 s on a chunk).
+
+``--ranks R`` streams as R ranks of one node (simulated: ``world=(rank, R)``, each rank's loader
 iterated in its own thread with its own workers, all sharing one cache directory, as the ranks
-of a node share LitData's cache); a batch of ``--batch-size`` a rank on both sides, and images
-per second counted over all ranks until the last one ends.
+of a node share LitData's cache, and taking each batch in step, as DDP's all-reduce holds a
+run's ranks); a batch of ``--batch-size`` a rank on both sides, and images per second counted
+over all ranks until the last one ends.
 
 Each repeat runs one epoch of each, alternating, every epoch with an empty cache (so every chunk
 is downloaded): images per second over the epoch and after its first batch, time to the first

@@ -231,8 +231,9 @@ def test_under_a_budget_the_workers_split_the_downloads_and_the_cache_stays_with
     of 2, 2 workers. Slips caught: the look-ahead not bounded by the budget
     (``OrderedRecords._ahead_places``: 8 blocks and the spread) held 14.6 MB; LitData's thread
     taking one ended visit a turn (not ``chunk_cache.references_decide_deletes``) kept chunks past
-    their last visit (290 MB under 50 MB in the benchmark); each worker fetching what it reads
-    failed too."""
+    their last visit (290 MB under 50 MB in the benchmark); a download adding a reference of its own
+    (LitData's, for a chunk outside the reader's "shared" set) left chunks behind; each worker
+    fetching what it reads failed too."""
     from _datasets import tile_coco_root
     from _disk_peak import DiskPeak
 
@@ -253,6 +254,9 @@ def test_under_a_budget_the_workers_split_the_downloads_and_the_cache_stays_with
     assert len(gets) == num_chunks and set(gets.values()) == {1}, gets
     assert max(in_flight) >= 3, in_flight
     assert 0 < disk.peak <= 10e6, disk.peak
+    # Each chunk went at its node's last visit: none left, and no reference (a download of a chunk
+    # only a co-worker reads took one of its own, never dropped: 10 chunks left in the benchmark)
+    assert DiskPeak(tmp_path / "budget").size() == 0 and not list((tmp_path / "budget").rglob("*.cnt"))
     print(f"at most {disk.peak / 1e6:.1f} MB on disk, {max(in_flight)} GETs in flight")
 
 
