@@ -231,7 +231,7 @@ def test_under_a_budget_the_workers_split_the_downloads_and_the_cache_stays_with
     of 2, 2 workers. Slips caught: the look-ahead not bounded by the budget
     (``OrderedRecords._ahead_places``: 8 blocks and the spread) held 14.6 MB; LitData's thread
     taking one ended visit a turn (not ``chunk_cache.references_decide_deletes``) kept chunks past
-    their last visit (290 MB under 50 MB in the benchmark); a download adding a reference of its own
+    their last visit (289 MB under 50 MB in the benchmark); a download adding a reference of its own
     (LitData's, for a chunk outside the reader's "shared" set) left chunks behind; each worker
     fetching what it reads failed too."""
     from _datasets import tile_coco_root

@@ -200,7 +200,7 @@ def _counted_deletes(thread: Any, timeout: float = 0.1) -> None:
     LitData's reader queues one entry per visit's end (after dropping the visit's reference), and
     LitData takes one entry a turn of its thread, a turn that waits up to 0.1 s on the download
     queue: in the global order nearly every item is a visit of its own, the entries piled up and
-    chunks outlived their last visit by minutes (290 MB of chunks on disk under a budget of 50 MB).
+    chunks outlived their last visit by minutes (289 MB of chunks on disk under a budget of 50 MB).
     Here every queued entry is taken, each as LitData counts it (one fewer chunk in its window), and
     a chunk goes once no reference is left to it: its node's last visit has ended.
     """

@@ -351,17 +351,14 @@ class OrderedRecords(StreamRecords):
         """
         blocks = max(order.num_blocks, 1)
         workers = max(1, deal.num_workers)
+        ahead = self.ahead_items if self.ahead_items is not None else \
+            _AHEAD_BLOCKS * len(order) // blocks + 4 * workers * deal.global_batch
         if budget is None:
-            if self.ahead_items is not None:
-                return self.ahead_items
-            return _AHEAD_BLOCKS * len(order) // blocks + 4 * workers * deal.global_batch
+            return ahead
         spread = (2 * workers + 1) * deal.global_batch
         held = budget * len(self.chunk_sizes) // max(set_bytes, 1) // max(1, self.window) - 2  # whole blocks
         room = held * len(order) // blocks - spread
-        if room < spread:
-            return None
-        default = _AHEAD_BLOCKS * len(order) // blocks + 4 * workers * deal.global_batch
-        return min(self.ahead_items if self.ahead_items is not None else default, room)
+        return min(ahead, room) if room >= spread else None
 
     def _more_downloads(self, item: int, last: bool) -> list[int]:
         """The chunks to hand LitData's prefetch thread as ``item`` (an item id) is read.
