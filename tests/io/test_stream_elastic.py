@@ -202,7 +202,7 @@ def test_a_budget_of_ten_megabytes_below_the_set_streams_past_litdatas_disk_slot
     run out). With the gate off for these readers (``chunk_cache.references_decide_deletes``) the
     epoch streams the batches of a run with no budget, each chunk fetched at most three times (the
     bound of the 1 MB case above). 12 MB holds too few blocks past the readers to split the
-    downloads (``OrderedRecords._ahead_places``): each worker fetches what it reads."""
+    downloads (``plan.downloads_ahead``): each worker fetches what it reads."""
     from litdata.streaming import item_loader
 
     from _datasets import tile_coco_root
@@ -229,7 +229,7 @@ def test_under_a_budget_the_workers_split_the_downloads_and_the_cache_stays_with
     chunk is fetched once, the chunks on disk stay within the budget, and the batches are those of
     a run with no budget. 10 MB over 54 chunks of 500 KB (24 MB), at 50 ms a GET, a global batch
     of 2, 2 workers. Slips caught: the look-ahead not bounded by the budget
-    (``OrderedRecords._ahead_places``: 8 blocks and the spread) held 14.6 MB; LitData's thread
+    (``plan.downloads_ahead``: 8 blocks and the spread) held 14.6 MB; LitData's thread
     taking one ended visit a turn (not ``chunk_cache.references_decide_deletes``) kept chunks past
     their last visit (289 MB under 50 MB in the benchmark); a download adding a reference of its own
     (LitData's, for a chunk outside the reader's "shared" set) left chunks behind; each worker
@@ -257,7 +257,15 @@ def test_under_a_budget_the_workers_split_the_downloads_and_the_cache_stays_with
     # Each chunk went at its node's last visit: none left, and no reference (a download of a chunk
     # only a co-worker reads took one of its own, never dropped: 10 chunks left in the benchmark)
     assert DiskPeak(tmp_path / "budget").size() == 0 and not list((tmp_path / "budget").rglob("*.cnt"))
-    print(f"at most {disk.peak / 1e6:.1f} MB on disk, {max(in_flight)} GETs in flight")
+    # The references are counted a block at a time as its downloads are handed over, not all before
+    # the first batch (a file lock each: the first batch would wait on every chunk of the set).
+    partial = iter(_loaders(url, meta, tmp_path / "first", 1, 2, s3.options, "10MB", global_batch=2)[0])
+    assert len(next(partial)) == 2
+    counted = len(list((tmp_path / "first").rglob("*.cnt")))
+    del partial
+    print(f"at most {disk.peak / 1e6:.1f} MB on disk, {max(in_flight)} GETs in flight, {counted} chunks counted "
+          "at the first batch")
+    assert 0 < counted <= num_chunks // 3, counted
 
 
 def test_a_reader_fetches_a_chunk_no_co_worker_fetches_after_two_seconds(

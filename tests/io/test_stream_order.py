@@ -6,6 +6,8 @@ workers (:func:`_rank_stream`), written here independently of the module's own d
 
 from __future__ import annotations
 
+from collections import Counter
+
 import numpy as np
 import pytest
 from hypothesis import given, settings
@@ -22,7 +24,16 @@ from seg_datamodule.io.stream.order import (
     worker_batches,
     worker_positions,
 )
-from seg_datamodule.io.stream.plan import Deal, NodeDownloads, WorkerPlan, gc_paused, worker_plan, worker_visits
+from seg_datamodule.io.stream.plan import (
+    BlockVisits,
+    Deal,
+    NodeDownloads,
+    WorkerPlan,
+    downloads_ahead,
+    gc_paused,
+    worker_plan,
+    worker_visits,
+)
 
 
 def _rank_stream(order: np.ndarray, global_batch: int, world: int, rank: int, workers: int,
@@ -305,6 +316,50 @@ def test_a_plan_made_segment_by_segment_as_it_is_read_is_the_whole_plan(
     assert read == visits  # visits read on across a seam are one, as in the whole plan
     plan.ensure(len(visits))
     assert plan.done and plan.positions == positions and len(plan.chunks) == len(visits)
+
+
+@settings(max_examples=60, deadline=None)
+@given(sizes=_sizes, seed=st.integers(0, 2**40), world=st.sampled_from([1, 2, 4]), workers=st.integers(0, 3),
+       segment=st.integers(1, 40), data=st.data())
+def test_visits_counted_a_block_at_a_time_are_the_whole_plans_once_each(
+        sizes: list[int], seed: int, world: int, workers: int, segment: int, data: st.DataObject) -> None:
+    """``BlockVisits.through(b)`` for rising ``b`` (with repeats) hands out each visit of the whole
+    plan once, and only visits to chunks of the blocks before ``b``, as a reference recomputed
+    from the whole plan and the chunks' blocks (``epoch_order``'s window of the permuted chunks)."""
+    window = data.draw(st.integers(1, 4))
+    order, offsets = epoch_order(seed, 0, sizes, window), chunk_offsets(sizes)
+    rank, worker = data.draw(st.integers(0, world - 1)), data.draw(st.integers(0, max(1, workers) - 1))
+    consumed = data.draw(st.integers(0, len(order) // 8)) * 8
+    args = (order, offsets, 8, world, rank, workers, worker)
+    visits, _ = worker_plan(*args, consumed)
+    lazy = EpochOrder(seed, 0, sizes, window)
+    block = {int(c): i // window for i, c in enumerate(lazy.chunks)}  # each chunk's block, by hand
+    plan = WorkerPlan(lazy, *worker_positions(len(order), *args[2:], consumed), offsets, segment_items=segment)
+    counter = BlockVisits(plan, lazy)
+    stops = sorted(data.draw(st.lists(st.integers(0, lazy.num_blocks + 1), max_size=6))) + [lazy.num_blocks]
+    total: Counter = Counter()
+    for b in stops:
+        new = counter.through(b)
+        assert all(block[c] < b for c in new), (b, new)
+        total.update(new)
+        want = Counter(c for c, _ in visits if block[c] < b)
+        assert total == want, (b, total, want)  # all visits before b, none twice
+    assert total == Counter(c for c, _ in visits)
+
+
+def test_downloads_ahead_by_hand() -> None:
+    """640 items in 128 chunks of 5, window 4 (32 blocks of 20); a global batch of 8, 2 workers:
+    the readers' spread is (2 x 2 + 1) x 8 = 40 places. A cache that holds the set: 8 blocks and 4
+    steps of every worker (160 + 64). A budget of 20 chunks holds 5 blocks, 3 past the readers':
+    60 places less the spread, 20, is below the spread: none. 40 chunks: 8 past, 160 - 40 = 120."""
+    order = EpochOrder(0, 0, [5] * 128, 4)
+    deal = Deal(8, 1, 0, 2, 0)
+    assert downloads_ahead(order, deal) == 224
+    assert downloads_ahead(order, deal, ahead_items=7) == 7
+    assert downloads_ahead(order, deal, budget_chunks=20) is None
+    assert downloads_ahead(order, deal, budget_chunks=40) == 120
+    assert downloads_ahead(order, deal, ahead_items=50, budget_chunks=40) == 50
+    assert downloads_ahead(order, deal, budget_chunks=4000) == 224  # never past the default
 
 
 def test_a_plan_makes_only_the_segments_read() -> None:

@@ -45,11 +45,9 @@ from seg_datamodule.io.stream.order import (
     per_rank_batch,
     worker_positions,
 )
-from seg_datamodule.io.stream.plan import Deal, NodeDownloads, WorkerPlan, gc_paused
+from seg_datamodule.io.stream.plan import BlockVisits, Deal, NodeDownloads, WorkerPlan, downloads_ahead, gc_paused
 
 __all__ = ["OrderedRecords"]
-
-_AHEAD_BLOCKS = 8  # blocks of downloads handed over ahead of the reader (32 chunks at window 4: as many as ran at once)
 
 # The private LitData names this module sets or calls (checked at construction, as check_litdata does).
 _PLAN_ATTRIBUTES = ("worker_chunks", "worker_intervals", "_elastic_item_lists", "upcoming_indexes", "stop_length",
@@ -203,11 +201,11 @@ class OrderedRecords(StreamRecords):
         # ranks are known, the workers of its ranks split the downloads (each chunk is on one
         # worker's list, ``NodeDownloads``) and each fetches its own with LitData's async prefetch,
         # several at once, handed over as far ahead of the reader as the cache budget allows
-        # (``_ahead``). Otherwise, or under a budget too small to read ahead of the readers' spread,
-        # each worker's list is every chunk it reads, fetched one at a time under LitData's per-chunk
-        # lock (its async path takes none: 8 of 12 chunks were fetched twice an epoch), so that a
-        # chunk deleted under a budget, or needed by a reader that started late, is fetched again by
-        # whoever needs it. A user's own setting of the async variable wins.
+        # (``downloads_ahead``). Otherwise, or under a budget too small to read ahead of the
+        # readers' spread, each worker's list is every chunk it reads, fetched one at a time under
+        # LitData's per-chunk lock (its async path takes none: 8 of 12 chunks were fetched twice an
+        # epoch), so that a chunk deleted under a budget, or needed by a reader that started late,
+        # is fetched again by whoever needs it. A user's own setting of the async variable wins.
         budget = reader._max_cache_size
         below = bool(budget) and int(reader.config.num_bytes) > int(budget)
         on_node = self._ranks_on_node(env)
@@ -222,14 +220,17 @@ class OrderedRecords(StreamRecords):
                         int(self.worker_env.world_size), int(self.worker_env.rank), self.start)
             positions, starts = worker_positions(len(order), *deal)
             self._plan = plan = WorkerPlan(order, positions, starts, self.offsets, segment_items=self.segment_items)
-            self._ahead = self._ahead_places(order, deal, int(budget) if below else None, int(reader.config.num_bytes))
+            self._ahead = downloads_ahead(order, deal, self.ahead_items,
+                                          int(budget) * len(self.chunk_sizes) // max(1, int(reader.config.num_bytes))
+                                          if below else None)
             self._split_downloads = on_node is not None and self._ahead is not None
             if self._split_downloads:  # this worker's share of the node's chunks, a block at a time
                 self._downloads: NodeDownloads | list[int] = NodeDownloads(order, deal, on_node or 1)
-            if not self._split_downloads or below:  # its visits are counted below
-                made = plan.make_all()
-            if not self._split_downloads:  # each chunk once, in the order of its first visit
-                self._downloads = list(dict.fromkeys(made.chunks))
+            else:  # each chunk once, in the order of its first visit; its visits are counted below
+                self._downloads = list(dict.fromkeys(plan.make_all().chunks))
+        # Split under a budget, the visits are counted a block at a time as its downloads are handed
+        # over, before the worker reads the block (``_more_downloads``).
+        self._block_visits = BlockVisits(plan, order) if self._split_downloads and below else None
         choose_async_prefetch(on=self._split_downloads)
         self.worker_chunks, self.worker_intervals, self._elastic_item_lists = (
             _PlanList(plan, "chunks"), _PlanList(plan, "intervals"), _PlanList(plan, "items"))
@@ -265,10 +266,11 @@ class OrderedRecords(StreamRecords):
         # worker with nothing to download would have LitData fetch each chunk as it reads it.
         reader._chunks_queued_for_download = True
         config = reader.config
-        # With the downloads split and a cache that holds the set, LitData deletes nothing, so no
-        # count is kept: a count costs a file lock and two file operations per chunk (about 1 ms),
-        # before the first batch, for every chunk the worker reads (nearly all of them).
-        counted = Counter() if (self._split_downloads and not below) or visits is None else visits
+        # With the downloads split, none is counted here: with a cache that holds the set LitData
+        # deletes nothing, and under a budget they are counted a block at a time. A count costs a
+        # file lock and two file operations per chunk (about 1 ms), for every chunk the worker
+        # reads (nearly all of them): counted here, before the first batch.
+        counted = Counter() if self._split_downloads or visits is None else visits
         for chunk, count in counted.items():
             change_references(config, chunk, count)
         if below or self._split_downloads:  # under a budget the references decide what goes
@@ -329,37 +331,6 @@ class OrderedRecords(StreamRecords):
         # a rank alone on its node, whose own workers split what it reads.
         return 1 if world // max(1, int(env.num_nodes)) <= 1 else None
 
-    def _ahead_places(self, order: EpochOrder, deal: Deal, budget: int | None, set_bytes: int) -> int | None:
-        """How far past the item read, in places of the order, a worker hands over its downloads.
-
-        With a cache that holds the set: :attr:`ahead_items`, or 8 blocks and 4 steps of every
-        worker. Under a budget the cache holds the blocks the node's readers are in and those
-        handed over ahead of them. The readers spread over ``2 x num_workers + 1`` steps (the
-        DataLoader's default prefetch of 2 batches a worker, and the step being trained), so the
-        look-ahead is at most the budget's whole blocks (in mean chunks) less two and less that
-        spread, and at least the spread (a reader ahead of a chunk's downloader waits on it).
-
-        Args:
-            order: the epoch's order.
-            deal: the worker's place in the deal.
-            budget: the cache budget in bytes, where it is below the set; None: the cache holds the set.
-            set_bytes: the chunk set's bytes.
-
-        Returns:
-            int | None: places of the order; None where the budget holds less than twice the spread
-            past the readers' blocks (each worker then fetches what it reads).
-        """
-        blocks = max(order.num_blocks, 1)
-        workers = max(1, deal.num_workers)
-        ahead = self.ahead_items if self.ahead_items is not None else \
-            _AHEAD_BLOCKS * len(order) // blocks + 4 * workers * deal.global_batch
-        if budget is None:
-            return ahead
-        spread = (2 * workers + 1) * deal.global_batch
-        held = budget * len(self.chunk_sizes) // max(set_bytes, 1) // max(1, self.window) - 2  # whole blocks
-        room = held * len(order) // blocks - spread
-        return min(ahead, room) if room >= spread else None
-
     def _more_downloads(self, item: int, last: bool) -> list[int]:
         """The chunks to hand LitData's prefetch thread as ``item`` (an item id) is read.
 
@@ -371,11 +342,19 @@ class OrderedRecords(StreamRecords):
         if isinstance(downloads, list):
             return [] if self._handed else downloads
         if last:
-            return downloads.all()
-        reach = self._plan.positions.get(item, 0) + self._ahead
-        more: list[int] = []
-        while not downloads.done and reach >= downloads.order.starts[downloads.next]:
-            more.extend(downloads.next_block())
+            more = downloads.all()
+        else:
+            reach = self._plan.positions.get(item, 0) + self._ahead
+            more = []
+            while not downloads.done and reach >= downloads.order.starts[downloads.next]:
+                more.extend(downloads.next_block())
+        if self._block_visits is not None:
+            # The node's other readers are within the look-ahead of this one (``downloads_ahead``),
+            # so none has yet ended its last visit to a chunk of the blocks handed over here.
+            new = self._block_visits.through(downloads.order.num_blocks if last else downloads.next)
+            for chunk, count in new.items():
+                change_references(self.cache._reader.config, chunk, count)
+            self._visits_left.update(new)
         return more
 
     def _release_references(self) -> None:

@@ -4,13 +4,16 @@ Issue 63. :mod:`seg_datamodule.io.stream.order` deals the epoch's order to ranks
 batches; a LitData reader takes them chunk by chunk. Here a worker's batches become visits (a
 batch's items grouped by chunk, :func:`chunk_visits`), made whole (:func:`worker_plan`) or as they
 are read (:class:`WorkerPlan`), and a node's chunks are split among its ranks' workers' downloads
-(:class:`NodeDownloads`). Nothing here imports LitData or torch.
+(:class:`NodeDownloads`), handed over as far ahead as :func:`downloads_ahead` says, their visits
+counted a block at a time under a cache budget (:class:`BlockVisits`). Nothing here imports
+LitData or torch.
 """
 
 from __future__ import annotations
 
 import contextlib
 import gc
+from collections import Counter
 from typing import Iterator, NamedTuple, Sequence
 
 import numpy as np
@@ -18,7 +21,8 @@ import numpy as np
 from seg_datamodule.io.stream.order import EpochOrder, batch_count, first_batch, per_rank_batch, worker_positions
 from seg_datamodule.ops.checks import check_int
 
-__all__ = ["Deal", "NodeDownloads", "WorkerPlan", "chunk_visits", "gc_paused", "worker_plan", "worker_visits"]
+__all__ = ["AHEAD_BLOCKS", "BlockVisits", "Deal", "NodeDownloads", "WorkerPlan", "chunk_visits", "downloads_ahead",
+           "gc_paused", "worker_plan", "worker_visits"]
 
 
 def worker_visits(batches: Sequence[np.ndarray], offsets: np.ndarray) -> list[tuple[int, list[int]]]:
@@ -163,6 +167,71 @@ class WorkerPlan:
         self.item_lists.extend(chunk_items for _, chunk_items in visits)
         self.positions.update(zip(items.tolist(), self._positions[a:z].tolist()))
         self._next = last
+
+
+AHEAD_BLOCKS = 8  # blocks of downloads handed over ahead of the reader (32 chunks at window 4: as many as ran at once)
+
+
+def downloads_ahead(order: EpochOrder, deal: "Deal", ahead_items: int | None = None,
+                    budget_chunks: int | None = None) -> int | None:
+    """How far past the item read, in places of the order, a worker hands over its downloads.
+
+    With a cache that holds the set: ``ahead_items``, or 8 blocks and 4 steps of every worker.
+    Under a budget the cache holds the blocks the node's readers are in and those handed over
+    ahead of them. The readers spread over ``2 x num_workers + 1`` steps (the DataLoader's default
+    prefetch of 2 batches a worker, and the step being trained), so the look-ahead is at most the
+    budget's whole blocks less two and less that spread, and at least the spread (a reader ahead of
+    a chunk's downloader waits on it).
+
+    Args:
+        order: the epoch's order.
+        deal: the worker's place in the deal.
+        ahead_items: the look-ahead asked for; None: 8 blocks and 4 steps of every worker.
+        budget_chunks: the cache budget in mean-sized chunks, where it is below the set; None: the
+            cache holds the set.
+
+    Returns:
+        int | None: places of the order; None where the budget holds less than twice the spread
+        past the readers' blocks (each worker then fetches what it reads).
+    """
+    blocks = max(order.num_blocks, 1)
+    workers = max(1, deal.num_workers)
+    ahead = ahead_items if ahead_items is not None else \
+        AHEAD_BLOCKS * len(order) // blocks + 4 * workers * deal.global_batch
+    if budget_chunks is None:
+        return ahead
+    spread = (2 * workers + 1) * deal.global_batch
+    room = (budget_chunks // order.window - 2) * len(order) // blocks - spread  # whole blocks, as places
+    return min(ahead, room) if room >= spread else None
+
+
+class BlockVisits:
+    """A worker's chunk visits counted a block of the order at a time, as its downloads are handed over.
+
+    A worker's visits run through the blocks in order (a chunk lies in one block), so the visits
+    to the first ``b`` blocks are final once the plan's last visit lies past them.
+
+    Args:
+        plan: the worker's plan (made further here as needed).
+        order: the epoch's order.
+    """
+
+    def __init__(self, plan: WorkerPlan, order: EpochOrder) -> None:
+        self.plan = plan
+        self._block_of = np.argsort(order.chunks) // order.window  # each chunk's block
+        self._counted = 0  # the plan's visits counted so far
+
+    def through(self, blocks: int) -> Counter:
+        """Visits per chunk to the first ``blocks`` blocks, those not counted by an earlier call."""
+        plan, block_of = self.plan, self._block_of
+        while not plan.done and (not plan.chunks or block_of[plan.chunks[-1]] < blocks):
+            plan.ensure(len(plan.item_lists))
+        new, i = Counter(), self._counted
+        while i < len(plan.chunks) and block_of[plan.chunks[i]] < blocks:
+            new[plan.chunks[i]] += 1
+            i += 1
+        self._counted = i
+        return new
 
 
 class Deal(NamedTuple):
