@@ -111,6 +111,28 @@ def test_convert_coco_mini_to_s3_over_http_streams_the_local_batches(
         assert a.counts == b.counts
 
 
+def test_two_conversions_at_once_on_one_machine_both_land(s3: LoopbackS3, tmp_path: Path) -> None:
+    """LitData stages a remote output's chunks in one folder per machine and empties it when done:
+    two conversions at once deleted each other's files (an ``index.json`` gone before its upload,
+    in CI). Each now stages in a folder of its own under it (``convert._own_staging_folder``).
+    Two processes convert the CC BY fixture into two prefixes at once, sharing a staging folder
+    set by hand; both land whole and the folder is left empty."""
+    fixture = HERE.parent / "fixtures" / "coco-cc-by"
+    staging = tmp_path / "staging"
+    env = {**os.environ, "DATA_OPTIMIZER_CACHE_FOLDER": str(staging)}
+    code = "import sys; from seg_datamodule.io.stream.cli import convert_main; convert_main(sys.argv[1:])"
+    runs = [subprocess.Popen([sys.executable, "-c", code, str(fixture / "annotations" / "instances_train2017.json"),
+                              str(fixture / "train2017"), f"s3://bucket/both{i}", "--chunk-bytes", "200KB",
+                              "--num-workers", "1"], env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                             text=True) for i in range(2)]
+    results = [run.communicate(timeout=300) for run in runs]
+    for run, (_, err) in zip(runs, results):
+        assert run.returncode == 0, err[-3000:]
+    landed = [sorted(key.rsplit("/", 1)[-1] for key in s3.keys(f"both{i}")) for i in range(2)]
+    assert landed[0] == landed[1] and "index.json" in landed[0] and any(k.endswith(".bin") for k in landed[0]), landed
+    assert not list(staging.iterdir())  # each conversion's own folder removed
+
+
 def _timed(call: Any) -> tuple[BaseException, float]:
     start = time.perf_counter()
     with pytest.raises(OSError) as err:

@@ -21,15 +21,17 @@ the index is built, as for the DataModule) and :class:`ChunkOptions` (how the ch
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import json
 import multiprocessing
 import os
+import shutil
 import tempfile
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, Iterator
 
 import numpy as np
 
@@ -214,6 +216,37 @@ def _check_options(index_options: IndexOptions, chunk_options: ChunkOptions) -> 
             raise TypeError(f"{name} must be of type {kind.__name__}, got {value!r}")
 
 
+_STAGING = "DATA_OPTIMIZER_CACHE_FOLDER"  # litdata.processing.data_processor._get_cache_dir
+
+
+@contextlib.contextmanager
+def _own_staging_folder(remote: bool) -> Iterator[None]:
+    """Stage a remote conversion's chunks in a folder of its own, removed afterwards.
+
+    LitData 0.2.76's ``optimize`` writes a remote output's chunks first into one folder per machine
+    (``<tmp>/chunks``, or ``DATA_OPTIMIZER_CACHE_FOLDER``) and empties it when done, so two
+    conversions at once on one machine deleted each other's files (an ``index.json`` gone before
+    its upload, seen in CI). Here the variable names a fresh folder (under the user's, where set)
+    while ``optimize`` runs; its worker processes inherit it.
+    """
+    if not remote:
+        yield
+        return
+    before = os.environ.get(_STAGING)
+    if before:
+        os.makedirs(before, exist_ok=True)
+    own = tempfile.mkdtemp(prefix="seg-datamodule-convert-", dir=before or None)
+    os.environ[_STAGING] = own
+    try:
+        yield
+    finally:
+        if before is None:
+            os.environ.pop(_STAGING, None)
+        else:
+            os.environ[_STAGING] = before
+        shutil.rmtree(own, ignore_errors=True)
+
+
 def convert_index(
     index: CocoIndex, output_dir: str, index_options: IndexOptions = _DEFAULT_INDEX,
     chunk_options: ChunkOptions = _DEFAULT_CHUNKS, *, storage_options: dict[str, Any] | None = None,
@@ -244,12 +277,13 @@ def convert_index(
     # DataLoader made later in the process would then spawn its workers. Put it back.
     start_method = multiprocessing.get_start_method(allow_none=True)
     try:
-        litdata.optimize(
-            functools.partial(_record, index), inputs, output_dir if remote else out,
-            chunk_bytes=chunk_options.chunk_bytes, num_workers=chunk_options.num_workers,
-            mode="overwrite" if chunk_options.overwrite else None, verbose=False, storage_options=storage_options,
-            start_method=chunk_options.start_method,
-        )
+        with _own_staging_folder(remote):
+            litdata.optimize(
+                functools.partial(_record, index), inputs, output_dir if remote else out,
+                chunk_bytes=chunk_options.chunk_bytes, num_workers=chunk_options.num_workers,
+                mode="overwrite" if chunk_options.overwrite else None, verbose=False, storage_options=storage_options,
+                start_method=chunk_options.start_method,
+            )
     finally:
         multiprocessing.set_start_method(start_method, force=True)
     # 3. The metadata beside the chunks.
