@@ -33,7 +33,9 @@ against the same Ultralytics runs): ``--variant old-cadence --ours model.init_ar
 data-vs-loop 2x2 in place of this project's side (``benchmarks/_parity_cells.py``):
 ``ultralytics-loop-our-data`` (Ultralytics' trainer fed this DataModule's batches) or
 ``our-loop-ultralytics-data`` (the Lightning loop and ``YOLOSegModule`` fed Ultralytics' loader).
-The last epoch's ratio is printed with its 95 % bootstrap interval over the seeds.
+Every epoch's ratio is printed with its 95 % bootstrap interval over the seeds and, with 4 seeds
+or more, Ultralytics against itself: the ratio of the means of its later half of seeds over its
+earlier half, what a ratio of means reads where nothing differs but the seeds.
 
 20 epochs by default: from scratch at nominal batch 64 every run of either side scores 0.000
 until epoch 7 and takes off between epochs 8 and 12, so at 10 epochs the last epoch measures when
@@ -374,18 +376,28 @@ def ratio_interval(ours: list[float], theirs: list[float], draws: int = 10_000, 
 
 def summarise(results: list[dict[str, Any]], epochs: int, label: dict[str, str]) -> list[dict[str, Any]]:
     """Per epoch: each side's mean and standard deviation of segm AP / AP50 over seeds, the ratio of
-    means and its 95 % bootstrap interval (:func:`ratio_interval`)."""
+    means and its 95 % bootstrap interval (:func:`ratio_interval`), and Ultralytics against itself.
+
+    ``peer_halves/segm_AP`` is the ratio of the means of Ultralytics' later half of seeds over its
+    earlier half (None under 4 seeds): what the ratio of means reads where the two sides are the
+    same trainer, so the spread a ratio of this many seeds shows with no difference at all.
+    """
     rows = []
     for e in range(epochs):
         row: dict[str, Any] = {"epoch": e + 1}
         for key in ("segm_AP", "segm_AP50"):
-            values = {side: [r["epochs"][e][key] for r in results
+            values = {side: [r["epochs"][e][key] for r in sorted(results, key=lambda r: r["seed"])
                              if r["side"] == side and r.get("label", side) == label[side]] for side in SIDES}
             for side in SIDES:
                 row[f"{side}/{key}"] = (float(np.mean(values[side])), float(np.std(values[side])))
             theirs = row[f"ultralytics/{key}"][0]
             row[f"ratio/{key}"] = row[f"seg_datamodule/{key}"][0] / theirs if theirs > 0 else math.nan
             row[f"ratio_ci95/{key}"] = ratio_interval(values["seg_datamodule"], values["ultralytics"])
+        peer = [r["epochs"][e]["segm_AP"] for r in sorted(results, key=lambda r: r["seed"])
+                if r["side"] == "ultralytics"]
+        half = len(peer) // 2  # with an odd count the middle seed sits out
+        early, late = np.mean(peer[:half]) if half else 0.0, np.mean(peer[-half:]) if half else 0.0
+        row["peer_halves/segm_AP"] = float(late / early) if half >= 2 and early > 0 else None
         rows.append(row)
     return rows
 
@@ -444,11 +456,15 @@ def main(argv: list[str] | None = None) -> None:
     print(f"\nYOLO11n-seg {a.start}, schedule {a.schedule}: {a.train} train / {a.val} val generated images, "
           f"canvas {a.imgsz}, batch {a.batch}, {a.epochs} epochs, seeds {a.seeds}, device {a.device}; "
           f"ultralytics {ultralytics.__version__}" + (f"; this project's variant {a.variant}: {a.ours}" if a.variant else ""))
-    print("epoch  segm AP: ultralytics        seg_datamodule     ratio | AP50: ultralytics    seg_datamodule     ratio")
+    print("epoch  segm AP: ultralytics        seg_datamodule     ratio (95 % interval)  ultralytics' halves | "
+          "AP50: ultralytics    seg_datamodule     ratio")
     for r in rows:
         u, s, u50, s50 = (r["ultralytics/segm_AP"], r["seg_datamodule/segm_AP"],
                           r["ultralytics/segm_AP50"], r["seg_datamodule/segm_AP50"])
-        print(f"{r['epoch']:5d}  {u[0]:.4f} +- {u[1]:.4f}   {s[0]:.4f} +- {s[1]:.4f}   {r['ratio/segm_AP']:5.2f} | "
+        lo, hi = r["ratio_ci95/segm_AP"]
+        halves = r["peer_halves/segm_AP"]
+        print(f"{r['epoch']:5d}  {u[0]:.4f} +- {u[1]:.4f}   {s[0]:.4f} +- {s[1]:.4f}   {r['ratio/segm_AP']:5.2f} "
+              f"({lo:5.2f}-{hi:5.2f})  {'' if halves is None else f'{halves:5.2f}':>19s} | "
               f"{u50[0]:.4f} +- {u50[1]:.4f}   {s50[0]:.4f} +- {s50[1]:.4f}   {r['ratio/segm_AP50']:5.2f}")
     if rows:
         lo, hi = rows[-1]["ratio_ci95/segm_AP"]

@@ -113,3 +113,50 @@ def test_the_data_folder_is_reused_only_with_its_own_settings(parity, tmp_path) 
         parity.make_dataset(data, **dict(kwargs, seed=6))
     assert str(err.value) == (f"{data} holds a run made with other settings (seed 5 there, 6 now): "
                               "delete it, or pass another --out")
+
+
+def test_ultralytics_against_itself_is_its_later_seeds_over_its_earlier(parity) -> None:
+    def run(side: str, seed: int, ap: float) -> dict:
+        return {"side": side, "label": side, "seed": seed, "epochs": [{"segm_AP": ap, "segm_AP50": ap}]}
+
+    label = {"ultralytics": "ultralytics", "seg_datamodule": "seg_datamodule"}
+    ours = [run("seg_datamodule", s, 0.5) for s in range(5)]
+    # listed out of seed order: the halves are by seed, not by position
+    peer = [run("ultralytics", 3, 0.6), run("ultralytics", 0, 0.2), run("ultralytics", 4, 0.5),
+            run("ultralytics", 1, 0.4), run("ultralytics", 2, 9.0)]
+    (row,) = parity.summarise(ours + peer, 1, label)
+    assert row["peer_halves/segm_AP"] == pytest.approx(((0.6 + 0.5) / 2) / ((0.2 + 0.4) / 2))  # seed 2 sits out
+    (row,) = parity.summarise(ours + peer[:3], 1, label)  # 3 seeds: no halves of 2
+    assert row["peer_halves/segm_AP"] is None
+    zero = [run("ultralytics", s, 0.0 if s < 2 else 0.3) for s in range(4)]
+    (row,) = parity.summarise(ours + zero, 1, label)  # the earlier half at 0: no ratio
+    assert row["peer_halves/segm_AP"] is None
+
+
+def test_batch_numbers_by_hand() -> None:
+    spec = importlib.util.spec_from_file_location("parity_batches", ROOT / "benchmarks" / "parity_batches.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    torch = pytest.importorskip("torch")
+    img = torch.full((2, 3, 32, 32), 114, dtype=torch.uint8)  # two grey canvases
+    img[0, 0, :16, :16] = 200  # image 0: a red-ish quarter (saturation 86/200 there)
+    masks = torch.zeros(3, 8, 8, dtype=torch.uint8)
+    masks[0, :4, :4] = 1  # 16 of 64 cells, its box 0.5 x 0.5 of the canvas: 16 / 16 cells
+    masks[1, 0, :2] = 1  # 2 cells in a box of 0.25 x 0.25 (4 cells): 0.5
+    masks[2, 4:, 4:] = 1  # image 1's one instance: 16 cells, box 0.5 x 1.0 (32 cells)
+    batch = {"img": img, "batch_idx": torch.tensor([0.0, 0.0, 1.0]),
+             "bboxes": torch.tensor([[0.25, 0.25, 0.5, 0.5], [0.1, 0.1, 0.25, 0.25], [0.75, 0.5, 0.5, 1.0]]),
+             "masks": masks}
+    got = module.batch_stats([batch])
+    assert got["instances / image"].tolist() == [2, 1]
+    assert got["box width"].tolist() == pytest.approx([0.5, 0.25, 0.5])
+    assert got["mask px (stride 4)"].tolist() == [16, 2, 16]
+    assert got["mask / box"].tolist() == pytest.approx([1.0, 0.5, 0.5])
+    assert got["masks cover"].tolist() == pytest.approx([16 / 64, 16 / 64])
+    assert got["saturation"].tolist() == pytest.approx([0.25 * 86 / 200, 0.0], abs=1e-6)
+    assert got["value"].tolist() == pytest.approx([(0.25 * 200 + 0.75 * 114) / 255, 114 / 255], abs=1e-6)
+    assert got["padding grey"].tolist() == [114, 114]
+    empty = module.batch_stats([{**batch, "batch_idx": torch.zeros(0), "bboxes": torch.zeros(0, 4),
+                                 "masks": torch.zeros(0, 8, 8)}])
+    assert empty["instances / image"].tolist() == [0, 0] and empty["masks cover"].tolist() == [0.0, 0.0]
+    assert len(empty["box width"]) == 0
