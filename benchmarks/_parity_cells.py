@@ -110,8 +110,13 @@ def ultralytics_loop_our_data(spec: dict[str, Any]) -> None:
 # ------------------------------------------------------------------------------ our loop, Ultralytics' batches
 
 
-def _ultralytics_loader(spec: dict[str, Any]) -> tuple[Any, Any, Any]:
-    """Ultralytics' train dataset and loader, built as its trainer builds them; returns them and the args."""
+def _ultralytics_loader(spec: dict[str, Any], overlap_mask: bool = True) -> tuple[Any, Any, Any]:
+    """Ultralytics' train dataset and loader, built as its trainer builds them; returns them and the args.
+
+    Args:
+        spec: the run (``ultralytics``: ``model.train`` keyword arguments).
+        overlap_mask: Ultralytics' default, one (H / 4, W / 4) mask an image; False: one per instance.
+    """
     from ultralytics.cfg import get_cfg
     from ultralytics.data import build_dataloader, build_yolo_dataset
     from ultralytics.data.utils import check_det_dataset
@@ -119,7 +124,7 @@ def _ultralytics_loader(spec: dict[str, Any]) -> tuple[Any, Any, Any]:
     from ultralytics.utils.torch_utils import init_seeds
 
     u = spec["ultralytics"]
-    args = get_cfg(DEFAULT_CFG, {**u, "task": "segment", "mode": "train", "overlap_mask": True})
+    args = get_cfg(DEFAULT_CFG, {**u, "task": "segment", "mode": "train", "overlap_mask": overlap_mask})
     init_seeds(args.seed + 1)  # as BaseTrainer.__init__ seeds before it builds the loaders
     data = check_det_dataset(args.data)
     dataset = build_yolo_dataset(args, data["train"], args.batch, data, mode="train", rect=False, stride=32)

@@ -82,26 +82,14 @@ def batch_stats(batches: Iterable[dict[str, Any]]) -> dict[str, np.ndarray]:
     return {k: np.asarray(v, np.float64) for k, v in out.items()}
 
 
-def ultralytics_args(a: argparse.Namespace, data_yaml: Path) -> Any:
-    """Ultralytics' train settings of the benchmark's run (seed 0), per-instance masks."""
-    from ultralytics.cfg import get_cfg
-    from ultralytics.utils import DEFAULT_CFG
+def ultralytics_batches(a: argparse.Namespace, data_yaml: Path, epochs: int) -> tuple[list[dict[str, Any]], Any]:
+    """``epochs`` epochs of Ultralytics' own train loader (seed 0, per-instance masks), built as its
+    trainer builds it; returns them and its train settings."""
+    from _parity_cells import _ultralytics_loader
 
-    kwargs = tp.ultralytics_kwargs(Path(tempfile.mkdtemp()), data_yaml, 0, a)
-    return get_cfg(DEFAULT_CFG, {**kwargs, "task": "segment", "mode": "train", "overlap_mask": False})
-
-
-def ultralytics_batches(args: Any, epochs: int) -> list[dict[str, Any]]:
-    """``epochs`` epochs of Ultralytics' own train loader, built as its trainer builds it."""
-    from ultralytics.data import build_dataloader, build_yolo_dataset
-    from ultralytics.data.utils import check_det_dataset
-    from ultralytics.utils.torch_utils import init_seeds
-
-    init_seeds(args.seed + 1)  # as BaseTrainer.__init__ seeds before it builds the loaders
-    data = check_det_dataset(args.data)
-    dataset = build_yolo_dataset(args, data["train"], args.batch, data, mode="train", rect=False, stride=32)
-    loader = build_dataloader(dataset, batch=args.batch, workers=args.workers, shuffle=True, rank=-1, drop_last=False)
-    return [batch for _ in range(epochs) for batch in loader]
+    spec = {"ultralytics": tp.ultralytics_kwargs(a.out / "parity_batches", data_yaml, 0, a)}  # nothing is written
+    _, loader, args = _ultralytics_loader(spec, overlap_mask=False)
+    return [batch for _ in range(epochs) for batch in loader], args
 
 
 def our_batches(a: argparse.Namespace, data_yaml: Path, weights: str | None, epochs: int) -> list[dict[str, Any]]:
@@ -110,11 +98,11 @@ def our_batches(a: argparse.Namespace, data_yaml: Path, weights: str | None, epo
 
     from _parity_cells import OurBatches, _cli
 
-    overlay = tp.our_overlay(Path(tempfile.mkdtemp()), data_yaml, 0, a, weights)
-    cli = _cli([str(tp.CONFIG), str(overlay)])
-    cli.datamodule.trainer = cli.trainer
-    batches = OurBatches(cli.datamodule)
-    return [{k: v.cpu() if torch.is_tensor(v) else v for k, v in b.items()} for _ in range(epochs) for b in batches]
+    with tempfile.TemporaryDirectory() as run:  # the overlay, and what the DataModule's setup logs; nothing trains
+        cli = _cli([str(tp.CONFIG), str(tp.our_overlay(Path(run), data_yaml, 0, a, weights))])
+        cli.datamodule.trainer = cli.trainer
+        batches = OurBatches(cli.datamodule)
+        return [{k: v.cpu() if torch.is_tensor(v) else v for k, v in b.items()} for _ in range(epochs) for b in batches]
 
 
 def loss_and_gradient(weights: str, args: Any, batches: list[dict[str, Any]]) -> np.ndarray:
@@ -171,8 +159,8 @@ def main(argv: list[str] | None = None) -> None:
         sys.exit(f"{a.out} holds no benchmark data{' or checkpoint' if a.start == 'finetuned' else ''}: "
                  f"run benchmarks/train_parity.py --out {a.out} --start {a.start} first")
     start = str(weights) if a.start == "finetuned" else None
-    args = ultralytics_args(a, data_yaml)
-    theirs, ours = ultralytics_batches(args, a.draw_epochs), our_batches(a, data_yaml, start, a.draw_epochs)
+    theirs, args = ultralytics_batches(a, data_yaml, a.draw_epochs)
+    ours = our_batches(a, data_yaml, start, a.draw_epochs)
     ts, os_ = batch_stats(theirs), batch_stats(ours)
     print(f"\n{a.draw_epochs} epochs of batches each ({len(theirs)} and {len(ours)} batches), canvas {a.imgsz}, "
           f"batch {a.batch}; this project's changes: {a.ours or 'none'}")
