@@ -35,7 +35,11 @@ data-vs-loop 2x2 in place of this project's side (``benchmarks/_parity_cells.py`
 ``our-loop-ultralytics-data`` (the Lightning loop and ``YOLOSegModule`` fed Ultralytics' loader).
 Every epoch's ratio is printed with its 95 % bootstrap interval over the seeds and, with 4 seeds
 or more, Ultralytics against itself: the ratio of the means of its later half of seeds over its
-earlier half, what a ratio of means reads where nothing differs but the seeds.
+earlier half, what a ratio of means reads where nothing differs but the seeds. ``--stop-after N``
+trains each new run on the ``--epochs`` schedule (its warmup, decay and ``close_mosaic``) but stops
+it after epoch N: the same numbers, epoch for epoch, as the full run's first N, so more seeds for
+the early epochs cost a fraction of a full run (a run already trained further is reused; the
+summary goes to ``results-epochs1-N.json``).
 
 20 epochs by default: from scratch at nominal batch 64 every run of either side scores 0.000
 until epoch 7 and takes off between epochs 8 and 12, so at 10 epochs the last epoch measures when
@@ -47,6 +51,7 @@ Usage (needs ``pip install "seg-datamodule[ultralytics]"``)::
     python benchmarks/train_parity.py                        # scratch, nominal batch 64, seeds 0 1 2
     python benchmarks/train_parity.py --schedule step --start finetuned --epochs 10
     python benchmarks/train_parity.py --cell ultralytics-loop-our-data --seeds 0 1 2 3 4 5
+    python benchmarks/train_parity.py --schedule step --start finetuned --seeds 0 1 2 3 4 5 6 7 8 9 10 11 --stop-after 8
     python benchmarks/train_parity.py --train 400 --val 100 --imgsz 320 --epochs 30 --device 0   # longer, GPU
 """
 
@@ -178,10 +183,19 @@ def ultralytics_kwargs(run: Path, data_yaml: Path, seed: int, a: argparse.Namesp
     )
 
 
+def ultralytics_script(weights: str | None, kwargs: dict[str, Any], stop_after: int | None) -> str:
+    """The Python run in a subprocess to train Ultralytics' side (``stop_after``: its last epoch, None: all)."""
+    script = f"from ultralytics import YOLO\nmodel = YOLO({(weights or 'yolo11n-seg.yaml')!r})\n"
+    if stop_after is not None:  # its loop breaks after on_fit_epoch_end once trainer.stop is set
+        script += (f"model.add_callback('on_fit_epoch_end', lambda t: setattr(t, 'stop', t.stop or t.epoch + 1 >= "
+                   f"{stop_after}))\n")
+    return script + f"model.train(**{kwargs!r})\n"
+
+
 def train_ultralytics(run: Path, data_yaml: Path, seed: int, a: argparse.Namespace, weights: str | None) -> list[Path]:
     """Ultralytics' trainer; returns its per-epoch checkpoints in epoch order."""
-    kwargs = ultralytics_kwargs(run, data_yaml, seed, a)
-    script = (f"from ultralytics import YOLO\nYOLO({(weights or 'yolo11n-seg.yaml')!r}).train(**{kwargs!r})\n")
+    script = ultralytics_script(weights, ultralytics_kwargs(run, data_yaml, seed, a),
+                                a.stop_after if a.stop_after is not None and a.stop_after < a.epochs else None)
     seconds = _run([sys.executable, "-c", script], run / "train.log")
     (run / "seconds").write_text(f"{seconds:.1f}\n")
     return _ultralytics_checkpoints(run)
@@ -213,6 +227,9 @@ def our_overlay(run: Path, data_yaml: Path, seed: int, a: argparse.Namespace, we
                  "num_workers": a.workers, "close_mosaic": a.close_mosaic, "seed": seed,
                  "pin_memory": a.device != "cpu"},
     }
+    if a.stop_after is not None and a.stop_after < a.epochs:
+        overlay["trainer"]["callbacks"].append({"class_path": "benchmarks._parity_stop.StopAfterEpoch",
+                                                "init_args": {"epoch": a.stop_after}})
     for item in a.ours:  # --ours model.init_args.schedule=lightning: one change at a time
         key, _, value = item.partition("=")
         *parents, leaf = key.split(".")
@@ -323,7 +340,7 @@ def pretrain(out: Path, a: argparse.Namespace) -> str:
     if done.is_file():
         return str(done)
     data = make_dataset(out / "pretrain_data", num_train=a.train, num_val=a.val, size=a.size, seed=a.data_seed + 1)
-    p = argparse.Namespace(**{**vars(a), "epochs": a.pretrain_epochs, "schedule": "step"})
+    p = argparse.Namespace(**{**vars(a), "epochs": a.pretrain_epochs, "schedule": "step", "stop_after": None})
     (out / "pretrain").mkdir(parents=True, exist_ok=True)
     print(f"pretraining on other data ({a.pretrain_epochs} epochs, Ultralytics) ...", flush=True)
     train_ultralytics(out / "pretrain", data, 0, p, None)
@@ -339,14 +356,18 @@ def run_side(side: str, seed: int, out: Path, data_yaml: Path, weights: str | No
     settings = run_settings(side, a)
     if result_file.is_file():
         check_settings(run, settings)
-        return json.loads(result_file.read_text())
+        result = json.loads(result_file.read_text())
+        if len(result["epochs"]) < a.kept:
+            raise SystemExit(f"{run} holds {len(result['epochs'])} epochs of the schedule (--stop-after), "
+                             f"{a.kept} asked for: delete it to train it further")
+        return {**result, "epochs": result["epochs"][: a.kept]}
     run.mkdir(parents=True, exist_ok=True)
     (run / SETTINGS).write_text(json.dumps(settings, indent=1))
     print(f"training {side} seed {seed} ...", flush=True)
     trainer = train_ultralytics if side == "ultralytics" else train_cell if a.cell else train_ours
     ckpts = trainer(run, data_yaml, seed, a, weights)
-    if len(ckpts) != a.epochs:
-        raise RuntimeError(f"{run}: {len(ckpts)} epoch checkpoints, expected {a.epochs}")
+    if len(ckpts) != a.kept:
+        raise RuntimeError(f"{run}: {len(ckpts)} epoch checkpoints, expected {a.kept}")
     epochs = []
     for ckpt in ckpts:
         pt = as_ultralytics_checkpoint(ckpt, names) if ckpt.suffix == ".ckpt" else ckpt
@@ -382,22 +403,21 @@ def summarise(results: list[dict[str, Any]], epochs: int, label: dict[str, str])
     earlier half (None under 4 seeds): what the ratio of means reads where the two sides are the
     same trainer, so the spread a ratio of this many seeds shows with no difference at all.
     """
-    rows = []
+    rows, by_seed = [], sorted(results, key=lambda r: r["seed"])
     for e in range(epochs):
         row: dict[str, Any] = {"epoch": e + 1}
         for key in ("segm_AP", "segm_AP50"):
-            values = {side: [r["epochs"][e][key] for r in sorted(results, key=lambda r: r["seed"])
+            values = {side: [r["epochs"][e][key] for r in by_seed
                              if r["side"] == side and r.get("label", side) == label[side]] for side in SIDES}
             for side in SIDES:
                 row[f"{side}/{key}"] = (float(np.mean(values[side])), float(np.std(values[side])))
             theirs = row[f"ultralytics/{key}"][0]
             row[f"ratio/{key}"] = row[f"seg_datamodule/{key}"][0] / theirs if theirs > 0 else math.nan
             row[f"ratio_ci95/{key}"] = ratio_interval(values["seg_datamodule"], values["ultralytics"])
-        peer = [r["epochs"][e]["segm_AP"] for r in sorted(results, key=lambda r: r["seed"])
-                if r["side"] == "ultralytics"]
+        peer = [r["epochs"][e]["segm_AP"] for r in by_seed if r["side"] == "ultralytics"]
         half = len(peer) // 2  # with an odd count the middle seed sits out
-        early, late = np.mean(peer[:half]) if half else 0.0, np.mean(peer[-half:]) if half else 0.0
-        row["peer_halves/segm_AP"] = float(late / early) if half >= 2 and early > 0 else None
+        early = np.mean(peer[:half]) if half >= 2 else 0.0
+        row["peer_halves/segm_AP"] = float(np.mean(peer[-half:]) / early) if early > 0 else None
         rows.append(row)
     return rows
 
@@ -420,6 +440,10 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--pretrain-epochs", type=int, default=10)
     parser.add_argument("--batch", type=int, default=16)
     parser.add_argument("--workers", type=int, default=2)
+    parser.add_argument("--stop-after", type=int, metavar="N",
+                        help="train on the --epochs schedule but stop each new run after its epoch N (the warmup, "
+                             "decay and close_mosaic stay those of --epochs): more seeds for the early epochs at a "
+                             "fraction of the cost; a run trained further is reused, its first N epochs")
     parser.add_argument("--close-mosaic", type=int, default=2)
     parser.add_argument("--device", default="cpu", help="cpu, or a CUDA index (0)")
     parser.add_argument("--sides", nargs="+", choices=SIDES, default=list(SIDES))
@@ -433,6 +457,11 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     a.size, a.nc = tuple(a.size), 4
     if bool(a.ours) != bool(a.variant):
         parser.error("--ours changes need a --variant name (their runs' folder), and a --variant some --ours changes")
+    if a.stop_after is not None and not 1 <= a.stop_after <= a.epochs:
+        parser.error(f"--stop-after must be between 1 and --epochs ({a.epochs}), got {a.stop_after}")
+    if a.stop_after is not None and a.cell:
+        parser.error("--stop-after trains Ultralytics' side and this project's, not a --cell")
+    a.kept = a.epochs if a.stop_after is None else a.stop_after
     if a.cell:
         a.variant = a.cell + (f"-{a.variant}" if a.variant else "")
     return a
@@ -452,9 +481,11 @@ def main(argv: list[str] | None = None) -> None:
     results = [run_side(side, seed, out, data_yaml, weights, a, val_json, val_images, names)
                for seed in a.seeds for side in a.sides]
     label = {"ultralytics": "ultralytics", "seg_datamodule": f"seg_datamodule-{a.variant}" if a.variant else "seg_datamodule"}
-    rows = summarise(results, a.epochs, label) if set(a.sides) == set(SIDES) else []
+    rows = summarise(results, a.kept, label) if set(a.sides) == set(SIDES) else []
     print(f"\nYOLO11n-seg {a.start}, schedule {a.schedule}: {a.train} train / {a.val} val generated images, "
-          f"canvas {a.imgsz}, batch {a.batch}, {a.epochs} epochs, seeds {a.seeds}, device {a.device}; "
+          f"canvas {a.imgsz}, batch {a.batch}, {a.epochs} epochs"
+          + (f" (stopped after epoch {a.kept})" if a.kept < a.epochs else "")
+          + f", seeds {a.seeds}, device {a.device}; "
           f"ultralytics {ultralytics.__version__}" + (f"; this project's variant {a.variant}: {a.ours}" if a.variant else ""))
     print("epoch  segm AP: ultralytics        seg_datamodule     ratio (95 % interval)  ultralytics' halves | "
           "AP50: ultralytics    seg_datamodule     ratio")
@@ -468,13 +499,15 @@ def main(argv: list[str] | None = None) -> None:
               f"{u50[0]:.4f} +- {u50[1]:.4f}   {s50[0]:.4f} +- {s50[1]:.4f}   {r['ratio/segm_AP50']:5.2f}")
     if rows:
         lo, hi = rows[-1]["ratio_ci95/segm_AP"]
-        print(f"last epoch: segm AP ratio {rows[-1]['ratio/segm_AP']:.2f}, 95 % bootstrap interval over seeds "
+        which = "last epoch" if a.kept == a.epochs else f"epoch {a.kept}"
+        print(f"{which}: segm AP ratio {rows[-1]['ratio/segm_AP']:.2f}, 95 % bootstrap interval over seeds "
               f"{lo:.2f}-{hi:.2f}")
-    for side in a.sides:
+    for side in a.sides if a.kept == a.epochs else ():  # runs stopped early and runs reused differ in length
         secs = [r["train_seconds"] for r in results if r["side"] == side]
         side = label[side]
         print(f"{side}: training wall time {np.mean(secs):.0f} s per run (mean of {len(secs)})")
-    (out / f"results{'-' + a.variant if a.variant else ''}.json").write_text(json.dumps({"args": {k: str(v) for k, v in vars(a).items()},
+    name = f"results{'-' + a.variant if a.variant else ''}{f'-epochs1-{a.kept}' if a.kept < a.epochs else ''}.json"
+    (out / name).write_text(json.dumps({"args": {k: str(v) for k, v in vars(a).items()},
                                                   "runs": results, "summary": rows}, indent=1))
 
 

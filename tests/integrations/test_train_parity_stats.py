@@ -160,3 +160,102 @@ def test_batch_numbers_by_hand() -> None:
                                  "masks": torch.zeros(0, 8, 8)}])
     assert empty["instances / image"].tolist() == [0, 0] and empty["masks cover"].tolist() == [0.0, 0.0]
     assert len(empty["box width"]) == 0
+
+
+def test_stop_after_is_checked_against_the_schedule(parity, capsys) -> None:
+    assert _args(parity).kept == 20 and _args(parity, "--stop-after 8").kept == 8
+    assert _args(parity, "--stop-after 8").epochs == 20  # the schedule stays the full one
+    for bad, said in (("--stop-after 0", "between 1 and --epochs (20), got 0"),
+                      ("--stop-after 21", "between 1 and --epochs (20), got 21"),
+                      ("--stop-after 5 --epochs 4", "between 1 and --epochs (4), got 5"),
+                      ("--stop-after 8 --cell our-loop-ultralytics-data", "not a --cell")):
+        with pytest.raises(SystemExit):
+            _args(parity, bad)
+        assert said in capsys.readouterr().err
+
+
+def test_a_run_stopped_early_serves_its_epochs_and_no_more(parity, tmp_path) -> None:
+    a = _args(parity, "--stop-after 3")
+    run = tmp_path / "ultralytics_seed0"
+    run.mkdir()
+    (run / parity.SETTINGS).write_text(json.dumps(parity.run_settings("ultralytics", a)))
+    epochs = [{"segm_AP": 0.1 * e, "segm_AP50": 0.2 * e} for e in range(1, 6)]
+    (run / "result.json").write_text(json.dumps({"side": "ultralytics", "label": "ultralytics", "seed": 0,
+                                                 "train_seconds": 1.0, "epochs": epochs}))
+    kw = dict(out=tmp_path, data_yaml=None, weights=None, val_json=None, val_images=None, names=[])
+    assert parity.run_side("ultralytics", 0, a=a, **kw)["epochs"] == epochs[:3]  # reused, its first 3
+    assert parity.run_side("ultralytics", 0, a=_args(parity, "--stop-after 5"), **kw)["epochs"] == epochs
+    with pytest.raises(SystemExit) as err:  # a run of 5 epochs is not the full schedule's 20
+        parity.run_side("ultralytics", 0, a=_args(parity), **kw)
+    assert str(err.value) == (f"{run} holds 5 epochs of the schedule (--stop-after), 20 asked for: "
+                              "delete it to train it further")
+
+
+def test_ultralytics_side_stops_after_its_epoch(parity, monkeypatch) -> None:
+    """The script's callback, run against a stand-in for ``ultralytics.YOLO`` and its trainer's epochs."""
+    import sys
+    import types
+
+    seen: dict = {}
+
+    class FakeYOLO:
+        def __init__(self, weights: str) -> None:
+            seen["weights"], seen["callbacks"] = weights, []
+
+        def add_callback(self, event: str, fn) -> None:
+            seen["callbacks"].append((event, fn))
+
+        def train(self, **kwargs) -> None:
+            seen["kwargs"] = kwargs
+
+    monkeypatch.setitem(sys.modules, "ultralytics", types.SimpleNamespace(YOLO=FakeYOLO))
+    exec(parity.ultralytics_script(None, {"epochs": 20, "seed": 3}, None), {})
+    assert seen == {"weights": "yolo11n-seg.yaml", "callbacks": [], "kwargs": {"epochs": 20, "seed": 3}}
+    exec(parity.ultralytics_script("/w/last.pt", {"epochs": 20}, 4), {})
+    [(event, fn)] = seen["callbacks"]
+    assert event == "on_fit_epoch_end" and seen["weights"] == "/w/last.pt" and seen["kwargs"] == {"epochs": 20}
+    stops = []
+    for epoch in range(6):  # Ultralytics' trainer.epoch counts from 0
+        trainer = types.SimpleNamespace(epoch=epoch, stop=False)
+        fn(trainer)
+        stops.append(trainer.stop)
+    assert stops == [False, False, False, True, True, True]
+    stopped = types.SimpleNamespace(epoch=0, stop=True)  # a stop already asked for (early stopping) stands
+    fn(stopped)
+    assert stopped.stop is True
+
+
+def test_our_side_stops_after_its_epoch_with_the_full_schedule(parity, tmp_path, monkeypatch) -> None:
+    """This project's side: ``StopAfterEpoch`` in the overlay ends a real Lightning run after epoch N,
+    its checkpoint written and ``max_epochs`` (the schedule's length) untouched."""
+    import lightning.pytorch as pl
+    from lightning.pytorch.callbacks import ModelCheckpoint
+    from lightning.pytorch.demos.boring_classes import BoringModel
+
+    monkeypatch.syspath_prepend(str(ROOT))  # the CLI's subprocess runs in the repository root
+    from benchmarks._parity_stop import StopAfterEpoch
+
+    a = _args(parity, "--stop-after 2")
+    overlay = json.loads(parity.our_overlay(tmp_path, tmp_path / "data.yaml", 0, a, None).read_text())
+    stop = [c for c in overlay["trainer"]["callbacks"] if c["class_path"] == "benchmarks._parity_stop.StopAfterEpoch"]
+    assert stop == [{"class_path": "benchmarks._parity_stop.StopAfterEpoch", "init_args": {"epoch": 2}}]
+    assert overlay["trainer"]["max_epochs"] == 20
+    full = json.loads(parity.our_overlay(tmp_path, tmp_path / "data.yaml", 0, _args(parity), None).read_text())
+    assert [c["class_path"] for c in full["trainer"]["callbacks"]] == ["lightning.pytorch.callbacks.ModelCheckpoint"]
+
+    max_epochs_seen: list[int] = []
+
+    class Model(BoringModel):
+        def on_train_epoch_start(self) -> None:
+            max_epochs_seen.append(self.trainer.max_epochs)
+
+    ckpt = ModelCheckpoint(dirpath=tmp_path / "ckpt", filename="epoch{epoch}", auto_insert_metric_name=False,
+                           every_n_epochs=1, save_top_k=-1)
+    trainer = pl.Trainer(max_epochs=5, limit_train_batches=2, limit_val_batches=0, num_sanity_val_steps=0,
+                         callbacks=[StopAfterEpoch(2), ckpt], logger=False, enable_progress_bar=False,
+                         enable_model_summary=False, accelerator="cpu")
+    trainer.fit(Model())
+    assert sorted(p.name for p in (tmp_path / "ckpt").iterdir()) == ["epoch0.ckpt", "epoch1.ckpt"]
+    assert max_epochs_seen == [5, 5] and trainer.max_epochs == 5
+    with pytest.raises(ValueError, match="epoch must be >= 1, got 0"):
+        StopAfterEpoch(0)
