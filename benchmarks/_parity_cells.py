@@ -18,7 +18,9 @@
   as its trainer closes it.
 
 ``SPEC.json`` holds what ``train_parity.py`` passes: ``run`` (the folder), ``configs`` (the CLI's
-``--config`` files), ``ultralytics`` (the keyword arguments of ``YOLO(...).train``) and ``weights``.
+``--config`` files), ``ultralytics`` (the keyword arguments of ``YOLO(...).train``), ``weights`` and
+``stop_after`` (``--stop-after``: the last epoch to train, None for all; this project's loop reads
+it from the configs, as ``benchmarks._parity_stop.StopAfterEpoch``).
 """
 
 from __future__ import annotations
@@ -104,7 +106,11 @@ def ultralytics_loop_our_data(spec: dict[str, Any]) -> None:
                 raise ValueError(f"Ultralytics' batch {batch_size} != the DataModule's {datamodule.batch_size}")
             return OurBatches(datamodule)
 
-    YOLO(spec["weights"] or "yolo11n-seg.yaml").train(trainer=OurDataTrainer, **{**spec["ultralytics"], "overlap_mask": False})
+    model = YOLO(spec["weights"] or "yolo11n-seg.yaml")
+    if spec.get("stop_after") is not None:  # as train_parity.ultralytics_script stops Ultralytics' side
+        stop_after = int(spec["stop_after"])
+        model.add_callback("on_fit_epoch_end", lambda t: setattr(t, "stop", t.stop or t.epoch + 1 >= stop_after))
+    model.train(trainer=OurDataTrainer, **{**spec["ultralytics"], "overlap_mask": False})
 
 
 # ------------------------------------------------------------------------------ our loop, Ultralytics' batches
@@ -184,6 +190,7 @@ def our_loop_ultralytics_data(spec: dict[str, Any]) -> None:
 CELLS = {"ultralytics-loop-our-data": ultralytics_loop_our_data, "our-loop-ultralytics-data": our_loop_ultralytics_data}
 
 if __name__ == "__main__":
+    sys.path.insert(0, str(ROOT))  # the configs' class paths: benchmarks._parity_stop
     if len(sys.argv) != 3 or sys.argv[1] not in CELLS:
         sys.exit(f"usage: {Path(sys.argv[0]).name} {{{','.join(CELLS)}}} SPEC.json")
     CELLS[sys.argv[1]](json.loads(Path(sys.argv[2]).read_text()))

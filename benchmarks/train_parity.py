@@ -258,7 +258,8 @@ def train_cell(run: Path, data_yaml: Path, seed: int, a: argparse.Namespace, wei
     """An off-diagonal cell of the 2x2 (``benchmarks/_parity_cells.py``): one trainer on the other's batches."""
     spec = {"run": str(run.resolve()), "weights": weights,
             "configs": [str(CONFIG), str(our_overlay(run, data_yaml, seed, a, weights))],
-            "ultralytics": ultralytics_kwargs(run, data_yaml, seed, a)}
+            "ultralytics": ultralytics_kwargs(run, data_yaml, seed, a),
+            "stop_after": a.stop_after if a.stop_after is not None and a.stop_after < a.epochs else None}
     (run / "spec.json").write_text(json.dumps(spec, indent=1))
     argv = [sys.executable, str(ROOT / "benchmarks" / "_parity_cells.py"), a.cell, str(run / "spec.json")]
     seconds = _run(argv, run / "train.log")
@@ -459,8 +460,6 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         parser.error("--ours changes need a --variant name (their runs' folder), and a --variant some --ours changes")
     if a.stop_after is not None and not 1 <= a.stop_after <= a.epochs:
         parser.error(f"--stop-after must be between 1 and --epochs ({a.epochs}), got {a.stop_after}")
-    if a.stop_after is not None and a.cell:
-        parser.error("--stop-after trains Ultralytics' side and this project's, not a --cell")
     a.kept = a.epochs if a.stop_after is None else a.stop_after
     if a.cell:
         a.variant = a.cell + (f"-{a.variant}" if a.variant else "")

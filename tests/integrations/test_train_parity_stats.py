@@ -167,8 +167,7 @@ def test_stop_after_is_checked_against_the_schedule(parity, capsys) -> None:
     assert _args(parity, "--stop-after 8").epochs == 20  # the schedule stays the full one
     for bad, said in (("--stop-after 0", "between 1 and --epochs (20), got 0"),
                       ("--stop-after 21", "between 1 and --epochs (20), got 21"),
-                      ("--stop-after 5 --epochs 4", "between 1 and --epochs (4), got 5"),
-                      ("--stop-after 8 --cell our-loop-ultralytics-data", "not a --cell")):
+                      ("--stop-after 5 --epochs 4", "between 1 and --epochs (4), got 5")):
         with pytest.raises(SystemExit):
             _args(parity, bad)
         assert said in capsys.readouterr().err
