@@ -107,9 +107,10 @@ def ultralytics_loop_our_data(spec: dict[str, Any]) -> None:
             return OurBatches(datamodule)
 
     model = YOLO(spec["weights"] or "yolo11n-seg.yaml")
-    if spec.get("stop_after") is not None:  # as train_parity.ultralytics_script stops Ultralytics' side
-        stop_after = int(spec["stop_after"])
-        model.add_callback("on_fit_epoch_end", lambda t: setattr(t, "stop", t.stop or t.epoch + 1 >= stop_after))
+    if spec.get("stop_after") is not None:
+        from benchmarks._parity_stop import stop_ultralytics_after
+
+        model.add_callback("on_fit_epoch_end", stop_ultralytics_after(int(spec["stop_after"])))
     model.train(trainer=OurDataTrainer, **{**spec["ultralytics"], "overlap_mask": False})
 
 

@@ -186,16 +186,15 @@ def ultralytics_kwargs(run: Path, data_yaml: Path, seed: int, a: argparse.Namesp
 def ultralytics_script(weights: str | None, kwargs: dict[str, Any], stop_after: int | None) -> str:
     """The Python run in a subprocess to train Ultralytics' side (``stop_after``: its last epoch, None: all)."""
     script = f"from ultralytics import YOLO\nmodel = YOLO({(weights or 'yolo11n-seg.yaml')!r})\n"
-    if stop_after is not None:  # its loop breaks after on_fit_epoch_end once trainer.stop is set
-        script += (f"model.add_callback('on_fit_epoch_end', lambda t: setattr(t, 'stop', t.stop or t.epoch + 1 >= "
-                   f"{stop_after}))\n")
+    if stop_after is not None:  # the subprocess runs in the repository root
+        script += ("from benchmarks._parity_stop import stop_ultralytics_after\n"
+                   f"model.add_callback('on_fit_epoch_end', stop_ultralytics_after({stop_after}))\n")
     return script + f"model.train(**{kwargs!r})\n"
 
 
 def train_ultralytics(run: Path, data_yaml: Path, seed: int, a: argparse.Namespace, weights: str | None) -> list[Path]:
     """Ultralytics' trainer; returns its per-epoch checkpoints in epoch order."""
-    script = ultralytics_script(weights, ultralytics_kwargs(run, data_yaml, seed, a),
-                                a.stop_after if a.stop_after is not None and a.stop_after < a.epochs else None)
+    script = ultralytics_script(weights, ultralytics_kwargs(run, data_yaml, seed, a), a.stop_after)
     seconds = _run([sys.executable, "-c", script], run / "train.log")
     (run / "seconds").write_text(f"{seconds:.1f}\n")
     return _ultralytics_checkpoints(run)
@@ -227,7 +226,7 @@ def our_overlay(run: Path, data_yaml: Path, seed: int, a: argparse.Namespace, we
                  "num_workers": a.workers, "close_mosaic": a.close_mosaic, "seed": seed,
                  "pin_memory": a.device != "cpu"},
     }
-    if a.stop_after is not None and a.stop_after < a.epochs:
+    if a.stop_after is not None:
         overlay["trainer"]["callbacks"].append({"class_path": "benchmarks._parity_stop.StopAfterEpoch",
                                                 "init_args": {"epoch": a.stop_after}})
     for item in a.ours:  # --ours model.init_args.schedule=lightning: one change at a time
@@ -259,7 +258,7 @@ def train_cell(run: Path, data_yaml: Path, seed: int, a: argparse.Namespace, wei
     spec = {"run": str(run.resolve()), "weights": weights,
             "configs": [str(CONFIG), str(our_overlay(run, data_yaml, seed, a, weights))],
             "ultralytics": ultralytics_kwargs(run, data_yaml, seed, a),
-            "stop_after": a.stop_after if a.stop_after is not None and a.stop_after < a.epochs else None}
+            "stop_after": a.stop_after}
     (run / "spec.json").write_text(json.dumps(spec, indent=1))
     argv = [sys.executable, str(ROOT / "benchmarks" / "_parity_cells.py"), a.cell, str(run / "spec.json")]
     seconds = _run(argv, run / "train.log")
@@ -460,6 +459,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         parser.error("--ours changes need a --variant name (their runs' folder), and a --variant some --ours changes")
     if a.stop_after is not None and not 1 <= a.stop_after <= a.epochs:
         parser.error(f"--stop-after must be between 1 and --epochs ({a.epochs}), got {a.stop_after}")
+    if a.stop_after == a.epochs:  # the whole schedule: nothing to stop
+        a.stop_after = None
     a.kept = a.epochs if a.stop_after is None else a.stop_after
     if a.cell:
         a.variant = a.cell + (f"-{a.variant}" if a.variant else "")

@@ -165,6 +165,7 @@ def test_batch_numbers_by_hand() -> None:
 def test_stop_after_is_checked_against_the_schedule(parity, capsys) -> None:
     assert _args(parity).kept == 20 and _args(parity, "--stop-after 8").kept == 8
     assert _args(parity, "--stop-after 8").epochs == 20  # the schedule stays the full one
+    assert _args(parity, "--stop-after 20").stop_after is None  # the whole schedule: nothing stops
     for bad, said in (("--stop-after 0", "between 1 and --epochs (20), got 0"),
                       ("--stop-after 21", "between 1 and --epochs (20), got 21"),
                       ("--stop-after 5 --epochs 4", "between 1 and --epochs (4), got 5")):
@@ -195,6 +196,8 @@ def test_ultralytics_side_stops_after_its_epoch(parity, monkeypatch) -> None:
     import sys
     import types
 
+    monkeypatch.syspath_prepend(str(ROOT))  # the script's subprocess runs in the repository root
+
     seen: dict = {}
 
     class FakeYOLO:
@@ -222,6 +225,10 @@ def test_ultralytics_side_stops_after_its_epoch(parity, monkeypatch) -> None:
     stopped = types.SimpleNamespace(epoch=0, stop=True)  # a stop already asked for (early stopping) stands
     fn(stopped)
     assert stopped.stop is True
+    from benchmarks._parity_stop import stop_ultralytics_after
+
+    with pytest.raises(ValueError, match="epoch must be >= 1, got 0"):
+        stop_ultralytics_after(0)
 
 
 def test_our_side_stops_after_its_epoch_with_the_full_schedule(parity, tmp_path, monkeypatch) -> None:
