@@ -12,6 +12,7 @@ that step starts (no clean-up); ``--ckpt`` resumes from a checkpoint; ``--copy-p
 from __future__ import annotations
 
 import argparse
+import faulthandler
 import hashlib
 import json
 import os
@@ -46,6 +47,7 @@ class Fingerprints(Callback):
 
 
 def main() -> None:
+    faulthandler.register(signal.SIGUSR1, all_threads=True)  # tests/_child.py asks a hung run for its stacks
     parser = argparse.ArgumentParser()
     parser.add_argument("out", type=Path)
     parser.add_argument("demo_dir")

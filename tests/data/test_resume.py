@@ -11,6 +11,7 @@ from pathlib import Path
 
 import pytest
 
+from _child import run_child
 from _datasets import make_dataset
 from seg_datamodule import DetectionCollate, EpochShardSampler, SegDataset
 from seg_datamodule.data.loaders.arguments import worker_init_fn
@@ -158,9 +159,8 @@ def test_the_sampler_skips_without_loading() -> None:
 
 def _run(out: Path, demo_dir: Path, workers: int, *args: str) -> subprocess.CompletedProcess:
     env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(HERE.parents[1]), os.environ.get("PYTHONPATH", "")]))
-    return subprocess.run([sys.executable, str(HERE / "_resume_run.py"), str(out), str(demo_dir),
-                           "--workers", str(workers), *args], env=env, capture_output=True, text=True,
-                          timeout=600)
+    return run_child([sys.executable, str(HERE / "_resume_run.py"), str(out), str(demo_dir),
+                      "--workers", str(workers), *args], env, out.parent / f"logs-{out.name}")
 
 
 

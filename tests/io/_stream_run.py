@@ -10,7 +10,9 @@ checkpoint after every step; it records every trained batch as ``tests/data/_res
 from __future__ import annotations
 
 import argparse
+import faulthandler
 import json
+import signal
 import sys
 from pathlib import Path
 
@@ -26,6 +28,7 @@ from seg_datamodule.models import YolactLite  # noqa: E402
 
 
 def main() -> None:
+    faulthandler.register(signal.SIGUSR1, all_threads=True)  # tests/_child.py asks a hung run for its stacks
     parser = argparse.ArgumentParser()
     parser.add_argument("out", type=Path)
     parser.add_argument("stream")

@@ -22,6 +22,7 @@ pytest.importorskip("litdata")
 
 from litdata import StreamingDataset  # noqa: E402
 
+from _child import run_child  # noqa: E402
 from _datasets import make_dataset  # noqa: E402
 from _recorder import read_counts, read_steps  # noqa: E402
 
@@ -392,8 +393,8 @@ HERE = Path(__file__).resolve().parent
 def _run(out: Path, stream: str, workers: int, *args: str) -> subprocess.CompletedProcess:
     root = str(HERE.parents[1])
     env = dict(os.environ, PYTHONPATH=root)
-    return subprocess.run([sys.executable, str(HERE / "_stream_run.py"), str(out), stream, "--workers", str(workers),
-                           *args], env=env, capture_output=True, text=True, timeout=600)
+    return run_child([sys.executable, str(HERE / "_stream_run.py"), str(out), stream, "--workers", str(workers),
+                      *args], env, out.parent / f"logs-{out.name}")
 
 
 @pytest.mark.slow

@@ -24,6 +24,7 @@ pytest.importorskip("litdata")
 
 from litdata.constants import _FORCE_DOWNLOAD_TIME  # noqa: E402
 
+from _child import run_child  # noqa: E402
 from _datasets import make_dataset  # noqa: E402
 from _recorder import read_counts, read_steps  # noqa: E402
 from _s3_server import LoopbackS3, demo_chunk_set  # noqa: E402
@@ -467,8 +468,8 @@ HERE = Path(__file__).resolve().parent
 def _run(out: Path, stream: str, *args: str) -> subprocess.CompletedProcess:
     """``_stream_run.py`` (two epochs of the demo model, a checkpoint every step) in its own process."""
     env = dict(os.environ, PYTHONPATH=str(HERE.parents[1]))
-    return subprocess.run([sys.executable, str(HERE / "_stream_run.py"), str(out), stream, *args], env=env,
-                          capture_output=True, text=True, timeout=900)
+    return run_child([sys.executable, str(HERE / "_stream_run.py"), str(out), stream, *args], env,
+                     out.parent / f"logs-{out.name}", timeout_s=600)
 
 
 @pytest.mark.slow

@@ -21,6 +21,7 @@ import torch
 
 pytest.importorskip("litdata")
 
+from _child import run_child  # noqa: E402
 from _datasets import make_dataset  # noqa: E402
 from _recorder import read_counts, read_steps  # noqa: E402
 from _s3_server import LoopbackS3, demo_chunk_set  # noqa: E402
@@ -272,8 +273,8 @@ def test_ranks_sharing_a_chunk_cache_wait_for_the_index_another_rank_downloads(
 def _run(out: Path, stream: str, *args: str) -> subprocess.CompletedProcess:
     """``_stream_run.py`` in its own process; it reaches the server through ``AWS_ENDPOINT_URL``."""
     env = dict(os.environ, PYTHONPATH=str(HERE.parents[1]))
-    return subprocess.run([sys.executable, str(HERE / "_stream_run.py"), str(out), stream, *args], env=env,
-                          capture_output=True, text=True, timeout=600)
+    return run_child([sys.executable, str(HERE / "_stream_run.py"), str(out), stream, *args], env,
+                     out.parent / f"logs-{out.name}")
 
 
 @pytest.mark.slow
