@@ -10,8 +10,10 @@ side by side with their ratio:
 
 * instances per image, box width and height (fractions of the canvas), mask pixels on the
   stride-4 grid, the mask's share of its box, the canvas share the masks cover;
-* colour: the mean channel value, HSV saturation and value per image, and the grey of the padding
-  (the most common exact grey of an image, its share over 5 %);
+* colour: the mean channel value, HSV saturation and value per image, the grey of the padding
+  (the most common exact grey of an image, its share over 5 %) and the canvas share it fills
+  (the share of the image's most common exact grey: the mosaic's and the affine's border), and
+  the sharpness (the mean step between neighbouring pixels);
 * with ``--start finetuned``: the loss terms and the gradient's total norm before clipping of
   each batch at the checkpoint both sides start from, through Ultralytics' own model and loss
   (``overlap_mask=False`` on both), with no optimiser step.
@@ -24,6 +26,7 @@ Usage (needs ``pip install "seg-datamodule[ultralytics]"``)::
 
     python benchmarks/parity_batches.py --out runs/train_parity --start finetuned
     python benchmarks/parity_batches.py --out runs/train_parity --start finetuned --ours data.mask_fill=ultralytics
+    python benchmarks/parity_batches.py --out runs/train_parity --start finetuned --prescale
 """
 
 from __future__ import annotations
@@ -41,7 +44,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 import train_parity as tp  # noqa: E402  (the benchmark's data, settings and overlay)
 
 KEYS = ("instances / image", "box width", "box height", "mask px (stride 4)", "mask / box", "masks cover",
-        "channel mean", "saturation", "value", "padding grey")
+        "channel mean", "saturation", "value", "padding grey", "padding share", "sharpness")
 
 
 def batch_stats(batches: Iterable[dict[str, Any]]) -> dict[str, np.ndarray]:
@@ -75,10 +78,15 @@ def batch_stats(batches: Iterable[dict[str, Any]]) -> dict[str, np.ndarray]:
         out["channel mean"] += img.mean((1, 2, 3)).tolist()
         out["saturation"] += ((high - low) / high.clamp(min=1e-6)).mean((1, 2)).tolist()
         out["value"] += high.mean((1, 2)).tolist()
+        # Mean step between neighbouring pixels: resampling twice (resize, then warp) blurs more than once.
+        out["sharpness"] += ((img[..., 1:] - img[..., :-1]).abs().mean((1, 2, 3))
+                             + (img[..., 1:, :] - img[..., :-1, :]).abs().mean((1, 2, 3))).div(2).tolist()
         for im in b["img"].numpy().astype(np.int64):
             grey = (im[0] == im[1]) & (im[1] == im[2])
+            counts = np.bincount(im[0][grey], minlength=256)
+            out["padding share"].append(counts.max() / grey.size)  # the border fill, greyed by HSV per image
             if grey.mean() > 0.05:
-                out["padding grey"].append(float(np.bincount(im[0][grey], minlength=256).argmax()))
+                out["padding grey"].append(float(counts.argmax()))
     return {k: np.asarray(v, np.float64) for k, v in out.items()}
 
 
@@ -144,8 +152,10 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--schedule", choices=("nbs64", "step"), default="step")
     parser.add_argument("--epochs", type=int, default=3, help="epochs of batches drawn from each loader")
     parser.add_argument("--ours", action="append", default=[], metavar="KEY=VALUE")
+    parser.add_argument("--prescale", action="store_true", help="train_parity.py --prescale's data")
     a = parser.parse_args(argv)
     b = tp.parse_args(["--out", str(a.out), "--start", a.start, "--schedule", a.schedule]
+                      + (["--prescale"] if a.prescale else [])
                       + [w for item in a.ours for w in ("--ours", item)] + (["--variant", "x"] if a.ours else []))
     b.draw_epochs = a.epochs
     return b
@@ -153,11 +163,12 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
 
 def main(argv: list[str] | None = None) -> None:
     a = parse_args(argv)
-    data_yaml = a.out / "data" / "data.yaml"
+    data_yaml = a.out / ("data_prescaled" if a.prescale else "data") / "data.yaml"
     weights = a.out / "pretrain" / "train" / "weights" / "last.pt"
     if not data_yaml.is_file() or (a.start == "finetuned" and not weights.is_file()):
         sys.exit(f"{a.out} holds no benchmark data{' or checkpoint' if a.start == 'finetuned' else ''}: "
-                 f"run benchmarks/train_parity.py --out {a.out} --start {a.start} first")
+                 f"run benchmarks/train_parity.py --out {a.out} --start {a.start}"
+                 f"{' --prescale' if a.prescale else ''} first")
     start = str(weights) if a.start == "finetuned" else None
     theirs, args = ultralytics_batches(a, data_yaml, a.draw_epochs)
     ours = our_batches(a, data_yaml, start, a.draw_epochs)

@@ -39,7 +39,11 @@ earlier half, what a ratio of means reads where nothing differs but the seeds. `
 trains each new run on the ``--epochs`` schedule (its warmup, decay and ``close_mosaic``) but stops
 it after epoch N: the same numbers, epoch for epoch, as the full run's first N, so more seeds for
 the early epochs cost a fraction of a full run (a run already trained further is reused; the
-summary goes to ``results-epochs1-N.json``).
+summary goes to ``results-epochs1-N.json``). ``--prescale`` stores the train images already
+resized to the canvas's long side, as Ultralytics' ``load_image`` resizes each image before its
+mosaic and warp: its loader then resamples them once, as this DataModule does (one warp from the
+stored image), where on the generated images it resamples twice; data and runs go to their own
+folders (``data_prescaled``, ``<start>_<schedule>_prescaled``).
 
 20 epochs by default: from scratch at nominal batch 64 every run of either side scores 0.000
 until epoch 7 and takes off between epochs 8 and 12, so at 10 epochs the last epoch measures when
@@ -52,6 +56,7 @@ Usage (needs ``pip install "seg-datamodule[ultralytics]"``)::
     python benchmarks/train_parity.py --schedule step --start finetuned --epochs 10
     python benchmarks/train_parity.py --cell ultralytics-loop-our-data --seeds 0 1 2 3 4 5
     python benchmarks/train_parity.py --schedule step --start finetuned --seeds 0 1 2 3 4 5 6 7 8 9 10 11 --stop-after 8
+    python benchmarks/train_parity.py --schedule step --start finetuned --seeds 0 1 2 3 4 5 --stop-after 5 --prescale
     python benchmarks/train_parity.py --train 400 --val 100 --imgsz 320 --epochs 30 --device 0   # longer, GPU
 """
 
@@ -68,6 +73,7 @@ import time
 from pathlib import Path
 from typing import Any
 
+import cv2
 import numpy as np
 import yaml
 
@@ -80,12 +86,20 @@ SETTINGS = "settings.json"  # each run's and the data's settings: a folder made 
 # ------------------------------------------------------------------------------ data
 
 
-def make_dataset(root: Path, *, num_train: int, num_val: int, size: tuple[int, int], seed: int) -> Path:
-    """The generated COCO dataset at ``root`` and its Ultralytics copy; returns ``root/data.yaml``."""
+def make_dataset(root: Path, *, num_train: int, num_val: int, size: tuple[int, int], seed: int,
+                 prescale: int | None = None) -> Path:
+    """The generated COCO dataset at ``root`` and its Ultralytics copy; returns ``root/data.yaml``.
+
+    ``prescale``: the Ultralytics copy's train images are stored as PNGs already resized to that
+    long side, as Ultralytics' ``load_image`` resizes each image it augments (``prescale_image``),
+    so its loader resamples them once (the warp) as this DataModule does, not twice.
+    """
     from seg_datamodule.demo.data import generate_demo_dataset
     from ultralytics.data.converter import merge_multi_segment
 
     settings = {"num_train": num_train, "num_val": num_val, "size": list(size), "seed": seed}
+    if prescale is not None:
+        settings["prescale"] = prescale
     if (root / "data.yaml").is_file():
         check_settings(root, settings)
         return root / "data.yaml"
@@ -111,7 +125,9 @@ def make_dataset(root: Path, *, num_train: int, num_val: int, size: tuple[int, i
         (root / "labels" / split).mkdir(parents=True, exist_ok=True)
         for im in data["images"]:
             link = root / "images" / split / im["file_name"]
-            if not link.exists():
+            if split == "train" and prescale is not None:
+                cv2.imwrite(str(link.with_suffix(".png")), prescale_image(Path(images) / im["file_name"], prescale))
+            elif not link.exists():
                 link.symlink_to((Path(images) / im["file_name"]).resolve())
             (root / "labels" / split / f"{Path(im['file_name']).stem}.txt").write_text(
                 "".join(f"{line}\n" for line in lines[im["id"]]))
@@ -122,10 +138,26 @@ def make_dataset(root: Path, *, num_train: int, num_val: int, size: tuple[int, i
     return root / "data.yaml"
 
 
+def prescale_image(path: Path, long_side: int) -> np.ndarray:
+    """The image at ``path`` (BGR) as Ultralytics' ``BaseDataset.load_image`` gives it while augmenting:
+    resized to ``long_side`` on its long side (each side ``ceil``-ed, at most ``long_side``), ``INTER_LINEAR``."""
+    image = cv2.imread(str(path))
+    if image is None:
+        raise FileNotFoundError(f"{path}: not a readable image")
+    h, w = image.shape[:2]
+    r = long_side / max(h, w)
+    if r == 1:
+        return image
+    return cv2.resize(image, (min(math.ceil(w * r), long_side), min(math.ceil(h * r), long_side)),
+                      interpolation=cv2.INTER_LINEAR)
+
+
 def run_settings(side: str, a: argparse.Namespace) -> dict[str, Any]:
     """What one run's numbers depend on besides its seed (its folder already names the start, schedule and variant)."""
     keys = ("train", "val", "size", "data_seed", "imgsz", "epochs", "batch", "workers", "close_mosaic", "device")
     settings = {k: list(v) if isinstance(v, tuple) else v for k, v in vars(a).items() if k in keys}
+    if getattr(a, "prescale", False):  # recorded only where set: runs made before the flag stay reusable
+        settings["prescale"] = True
     if a.start == "finetuned":
         settings["pretrain_epochs"] = a.pretrain_epochs
     if side != "ultralytics":
@@ -445,6 +477,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                              "decay and close_mosaic stay those of --epochs): more seeds for the early epochs at a "
                              "fraction of the cost; a run trained further is reused, its first N epochs")
     parser.add_argument("--close-mosaic", type=int, default=2)
+    parser.add_argument("--prescale", action="store_true",
+                        help="train images stored resized to --imgsz as Ultralytics' load_image resizes them, so "
+                             "both sides resample them once (their own data and run folders, *_prescaled)")
     parser.add_argument("--device", default="cpu", help="cpu, or a CUDA index (0)")
     parser.add_argument("--sides", nargs="+", choices=SIDES, default=list(SIDES))
     parser.add_argument("--ours", action="append", default=[], metavar="KEY=VALUE",
@@ -469,11 +504,14 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
 
 def main(argv: list[str] | None = None) -> None:
     a = parse_args(argv)
-    out = a.out / f"{a.start}_{a.schedule}"
+    suffix = "_prescaled" if a.prescale else ""
+    out = a.out / f"{a.start}_{a.schedule}{suffix}"
     out.mkdir(parents=True, exist_ok=True)
-    data_yaml = make_dataset(a.out / "data", num_train=a.train, num_val=a.val, size=a.size, seed=a.data_seed)
-    val_json = a.out / "data" / "annotations" / "instances_val2017.json"
-    val_images = a.out / "data" / "val2017"
+    data = a.out / f"data{suffix}"
+    data_yaml = make_dataset(data, num_train=a.train, num_val=a.val, size=a.size, seed=a.data_seed,
+                             prescale=a.imgsz if a.prescale else None)
+    val_json = data / "annotations" / "instances_val2017.json"
+    val_images = data / "val2017"
     names = [line.split(": ", 1)[1].strip('"') for line in data_yaml.read_text().splitlines() if line.startswith("  ")]
     weights = pretrain(a.out, a) if a.start == "finetuned" else None
     import ultralytics

@@ -156,6 +156,9 @@ def test_batch_numbers_by_hand() -> None:
     assert got["saturation"].tolist() == pytest.approx([0.25 * 86 / 200, 0.0], abs=1e-6)
     assert got["value"].tolist() == pytest.approx([(0.25 * 200 + 0.75 * 114) / 255, 114 / 255], abs=1e-6)
     assert got["padding grey"].tolist() == [114, 114]
+    assert got["padding share"].tolist() == [0.75, 1.0]
+    # One step of 86 grey levels along 16 rows of one channel, and along 16 columns: 16 of 3 x 32 x 31 each way.
+    assert got["sharpness"].tolist() == pytest.approx([16 * 86 / 255 / (3 * 32 * 31), 0.0], abs=1e-7)
     empty = module.batch_stats([{**batch, "batch_idx": torch.zeros(0), "bboxes": torch.zeros(0, 4),
                                  "masks": torch.zeros(0, 8, 8)}])
     assert empty["instances / image"].tolist() == [0, 0] and empty["masks cover"].tolist() == [0.0, 0.0]
@@ -265,3 +268,43 @@ def test_our_side_stops_after_its_epoch_with_the_full_schedule(parity, tmp_path,
     assert max_epochs_seen == [5, 5] and trainer.max_epochs == 5
     with pytest.raises(ValueError, match="epoch must be >= 1, got 0"):
         StopAfterEpoch(0)
+
+
+def test_prescale_resizes_as_ultralytics_load_image_sizes_it(parity, tmp_path: Path) -> None:
+    cv2 = pytest.importorskip("cv2")
+    rng = np.random.default_rng(0)
+    for (h, w), want in (((200, 300), (171, 256)), ((360, 240), (256, 171)), ((256, 100), (256, 100)),
+                         ((100, 120), (214, 256))):
+        image = rng.integers(0, 256, (h, w, 3), dtype=np.uint8)
+        cv2.imwrite(str(tmp_path / "im.png"), image)
+        got = parity.prescale_image(tmp_path / "im.png", 256)
+        assert got.shape[:2] == want  # ceil(side x 256 / long side), the long side 256 (an upscale too)
+        if (h, w) == want:
+            assert np.array_equal(got, image)  # already that size: untouched
+    with pytest.raises(FileNotFoundError, match=r"nothing\.jpg: not a readable image"):
+        parity.prescale_image(tmp_path / "nothing.jpg", 256)
+
+
+@pytest.mark.needs("ultralytics")
+def test_prescaled_data_holds_resized_train_pngs_and_the_same_labels(parity, tmp_path: Path) -> None:
+    cv2 = pytest.importorskip("cv2")
+    plain = parity.make_dataset(tmp_path / "data", num_train=4, num_val=2, size=(240, 360), seed=3)
+    scaled = parity.make_dataset(tmp_path / "data_prescaled", num_train=4, num_val=2, size=(240, 360), seed=3,
+                                 prescale=256)
+    train = sorted((scaled.parent / "images" / "train").iterdir())
+    assert [p.suffix for p in train] == [".png"] * 4
+    for png in train:
+        source = plain.parent / "images" / "train" / png.with_suffix(".jpg").name
+        original = cv2.imread(str(source))
+        got = cv2.imread(str(png))
+        r = 256 / max(original.shape[:2])
+        assert got.shape[:2] == tuple(min(math.ceil(s * r), 256) for s in original.shape[:2])
+        assert np.array_equal(got, cv2.resize(original, got.shape[1::-1], interpolation=cv2.INTER_LINEAR))
+    assert all(p.is_symlink() for p in (scaled.parent / "images" / "val").iterdir())
+    for split in ("train", "val"):  # normalised labels: the same lines for the resized images
+        for label in (plain.parent / "labels" / split).iterdir():
+            assert (scaled.parent / "labels" / split / label.name).read_text() == label.read_text()
+    assert json.loads((scaled.parent / parity.SETTINGS).read_text())["prescale"] == 256
+    assert "prescale" not in json.loads((plain.parent / parity.SETTINGS).read_text())
+    with pytest.raises(SystemExit, match="prescale None there, 256 now"):
+        parity.make_dataset(tmp_path / "data", num_train=4, num_val=2, size=(240, 360), seed=3, prescale=256)
